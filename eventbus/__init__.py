@@ -1,0 +1,105 @@
+"""A typed asyncio event bus with ordered subscriptions, safe-point barriers and a
+versioned extension contract.
+
+This module only re-exports the public API; the implementation lives in private modules.
+"""
+
+from ._bus import BusStatistics as BusStatistics
+from ._bus import EventBus as EventBus
+from ._codec import decode_event as decode_event
+from ._codec import encode_event as encode_event
+from ._codec import event_types as event_types
+from ._decisions import Decision as Decision
+from ._decisions import SafePoint as SafePoint
+from ._errors import BusClosedError as BusClosedError
+from ._errors import BusNotRunningError as BusNotRunningError
+from ._errors import EventDecodeError as EventDecodeError
+from ._errors import ExtensionError as ExtensionError
+from ._errors import SafePointError as SafePointError
+from ._errors import SubscriberOverflowError as SubscriberOverflowError
+from ._events import BatchReconciled as BatchReconciled
+from ._events import BatchReport as BatchReport
+from ._events import CheckpointRestored as CheckpointRestored
+from ._events import CheckpointSaved as CheckpointSaved
+from ._events import Event as Event
+from ._events import ExtensionFailed as ExtensionFailed
+from ._events import FaultInjected as FaultInjected
+from ._events import FitFailed as FitFailed
+from ._events import FitFinished as FitFinished
+from ._events import FitStarted as FitStarted
+from ._events import Lagged as Lagged
+from ._events import RolloutRejected as RolloutRejected
+from ._events import RolloutRestarted as RolloutRestarted
+from ._events import SafePointOutcome as SafePointOutcome
+from ._events import SafePointReached as SafePointReached
+from ._events import SafePointResolved as SafePointResolved
+from ._events import SampleWait as SampleWait
+from ._events import SampleWaitState as SampleWaitState
+from ._events import StepFinished as StepFinished
+from ._events import StepStarted as StepStarted
+from ._events import Vote as Vote
+from ._events import WeightsSynced as WeightsSynced
+from ._events import WorkerLost as WorkerLost
+from ._events import WorkerRestarted as WorkerRestarted
+from ._extensions import RUNTIME_EXTENSION_API_VERSION as RUNTIME_EXTENSION_API_VERSION
+from ._extensions import Capability as Capability
+from ._extensions import ExtensionContext as ExtensionContext
+from ._extensions import Registration as Registration
+from ._extensions import RegistrationStatistics as RegistrationStatistics
+from ._extensions import RuntimeExtension as RuntimeExtension
+from ._sinks import JsonlSink as JsonlSink
+from ._sinks import LoggingSink as LoggingSink
+from ._sinks import read_events as read_events
+from ._subscription import Subscription as Subscription
+from ._subscription import SubscriptionStatistics as SubscriptionStatistics
+
+__all__ = (
+    "RUNTIME_EXTENSION_API_VERSION",
+    "BatchReconciled",
+    "BatchReport",
+    "BusClosedError",
+    "BusNotRunningError",
+    "BusStatistics",
+    "Capability",
+    "CheckpointRestored",
+    "CheckpointSaved",
+    "Decision",
+    "Event",
+    "EventBus",
+    "EventDecodeError",
+    "ExtensionContext",
+    "ExtensionError",
+    "ExtensionFailed",
+    "FaultInjected",
+    "FitFailed",
+    "FitFinished",
+    "FitStarted",
+    "JsonlSink",
+    "Lagged",
+    "LoggingSink",
+    "Registration",
+    "RegistrationStatistics",
+    "RolloutRejected",
+    "RolloutRestarted",
+    "RuntimeExtension",
+    "SafePoint",
+    "SafePointError",
+    "SafePointOutcome",
+    "SafePointReached",
+    "SafePointResolved",
+    "SampleWait",
+    "SampleWaitState",
+    "StepFinished",
+    "StepStarted",
+    "SubscriberOverflowError",
+    "Subscription",
+    "SubscriptionStatistics",
+    "Vote",
+    "WeightsSynced",
+    "WorkerLost",
+    "WorkerRestarted",
+    "decode_event",
+    "encode_event",
+    "event_types",
+    "read_events",
+)

@@ -1,0 +1,82 @@
+"""Encoding events to JSON or msgpack, and decoding them back into their own types.
+
+One decoder handles every :class:`Event` subclass (ours and any the user defined) through
+msgspec's tagged unions. It is rebuilt only when a new event type appears.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ._errors import EventDecodeError
+from ._events import Event, event_types_generation
+
+__all__ = ["decode_event", "encode_event", "event_types"]
+
+Format = Literal["json", "msgpack"]
+
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[Format, Any] = {}
+_decoders_generation = -1
+
+
+def event_types() -> tuple[type[Event], ...]:
+    """Every concrete event type currently defined, ours first."""
+    found: list[type[Event]] = []
+    stack: list[type[Event]] = list(Event.__subclasses__())
+    while stack:
+        cls = stack.pop(0)
+        found.append(cls)
+        stack.extend(cls.__subclasses__())
+    return tuple(found)
+
+
+def encode_event(event: Event, *, format: Format = "json") -> bytes:
+    """Encode an event (with its type tag) as JSON or msgpack bytes."""
+    if format == "json":
+        return _json_encoder.encode(event)
+    if format == "msgpack":
+        return _msgpack_encoder.encode(event)
+    raise ValueError(f"unknown event format {format!r}: expected 'json' or 'msgpack'")
+
+
+def decode_event(data: bytes | str, *, format: Format = "json") -> Event:
+    """Decode bytes produced by :func:`encode_event` back into the event's own type.
+
+    Raises:
+        EventDecodeError: The data is malformed or names an unknown event type.
+    """
+    try:
+        decoder = _decoder(format)
+        event: Event = decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise EventDecodeError(f"cannot decode event: {exc}") from None
+    return event
+
+
+def _decoder(format: Format) -> Any:
+    global _decoders_generation
+    if _decoders_generation != event_types_generation():
+        _decoders.clear()
+        _decoders_generation = event_types_generation()
+    decoder = _decoders.get(format)
+    if decoder is None:
+        union = _union(event_types())
+        if format == "json":
+            decoder = msgspec.json.Decoder(union)
+        elif format == "msgpack":
+            decoder = msgspec.msgpack.Decoder(union)
+        else:
+            raise ValueError(f"unknown event format {format!r}: expected 'json' or 'msgpack'")
+        _decoders[format] = decoder
+    return decoder
+
+
+def _union(types: tuple[type[Event], ...]) -> Any:
+    union: Any = types[0]
+    for t in types[1:]:
+        union = union | t
+    return union

@@ -1,0 +1,70 @@
+"""Safe points and the decisions participants vote at them.
+
+A :class:`Decision` is ordered by severity. Votes are combined by taking the most severe,
+so the order in which participants answer can never change the result (unlike callback
+systems where the last writer of a shared flag wins).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+__all__ = ["Decision", "SafePoint"]
+
+
+class SafePoint(enum.Enum):
+    """Points in the trainer loop where it is safe to restart, checkpoint or stop."""
+
+    BEFORE_FIT = "before_fit"
+    STEP_BOUNDARY = "step_boundary"
+    SAMPLE_WAIT = "sample_wait"
+    TERMINAL_FAILURE = "terminal_failure"
+    AFTER_FIT = "after_fit"
+
+
+class Decision(enum.Enum):
+    """What a participant asks the trainer to do at a safe point, least severe first.
+
+    ``CONTINUE < CHECKPOINT < RESTART_REQUIRED < STOP < ABORT``. Decisions compare by
+    severity, and :meth:`combine` returns the most severe of several votes.
+    """
+
+    CONTINUE = "continue"
+    CHECKPOINT = "checkpoint"
+    RESTART_REQUIRED = "restart_required"
+    STOP = "stop"
+    ABORT = "abort"
+
+    @property
+    def severity(self) -> int:
+        """Rank of this decision: 0 for ``CONTINUE`` up to 4 for ``ABORT``."""
+        return _SEVERITY[self]
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return _SEVERITY[self] < _SEVERITY[other]
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return _SEVERITY[self] <= _SEVERITY[other]
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return _SEVERITY[self] > _SEVERITY[other]
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return _SEVERITY[self] >= _SEVERITY[other]
+
+    @classmethod
+    def combine(cls, decisions: Iterable[Decision]) -> Decision:
+        """Return the most severe decision, or ``CONTINUE`` when there is none."""
+        return max(decisions, key=_SEVERITY.__getitem__, default=cls.CONTINUE)
+
+
+_SEVERITY: dict[Decision, int] = {d: i for i, d in enumerate(Decision)}

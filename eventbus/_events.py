@@ -1,0 +1,395 @@
+"""The typed events of the bus.
+
+Every event is a frozen, tagged :class:`msgspec.Struct`, so a JSON Lines log of mixed
+events decodes back into the right types (see :func:`eventbus.decode_event`). The bus
+stamps ``seq`` and ``time`` when an event is published; constructors leave them at 0.
+
+Events carry plain data only (numbers, strings, tuples, dicts, other Structs), never live
+objects such as tensors or exceptions: they cross threads, processes and the event log.
+``gc=False`` is safe for that reason (no reference cycles) and makes construction cheaper
+on the trainer's hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ._decisions import Decision, SafePoint
+
+__all__ = [
+    "BatchReconciled",
+    "BatchReport",
+    "CheckpointRestored",
+    "CheckpointSaved",
+    "Event",
+    "ExtensionFailed",
+    "FaultInjected",
+    "FitFailed",
+    "FitFinished",
+    "FitStarted",
+    "Lagged",
+    "RolloutRejected",
+    "RolloutRestarted",
+    "SafePointOutcome",
+    "SafePointReached",
+    "SafePointResolved",
+    "SampleWait",
+    "SampleWaitState",
+    "StepFinished",
+    "StepStarted",
+    "Vote",
+    "WeightsSynced",
+    "WorkerLost",
+    "WorkerRestarted",
+]
+
+_event_types_generation = 0
+
+
+class Event(msgspec.Struct, frozen=True, tag=True, kw_only=True, gc=False):
+    """Base of every event.
+
+    Attributes:
+        seq: Position in the bus's global publish order, from 1; stamped by the bus.
+            :class:`Lagged` notices are per subscriber and keep ``seq == 0``.
+        time: Wall-clock seconds (``time.time()``) at publish; stamped by the bus.
+    """
+
+    seq: int = 0
+    time: float = 0.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A new event type (ours or a user's) invalidates the cached union decoder.
+        super().__init_subclass__(**kwargs)
+        global _event_types_generation
+        _event_types_generation += 1
+
+
+def event_types_generation() -> int:
+    """A counter that changes whenever a new :class:`Event` subclass is defined."""
+    return _event_types_generation
+
+
+# --- data carried by events -------------------------------------------------------------
+
+
+class SampleWaitState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Why the trainer is waiting: one snapshot per unsuccessful poll of a replay buffer.
+
+    Attributes:
+        mode: ``"sync"`` (on-policy :class:`~replay.ReplayBuffer`) or ``"async"``
+            (off-policy :class:`~replay.AsyncReplayBuffer`).
+        step: The trainer step the samples are for.
+        partition: ``"train"`` or ``"val"``.
+        required: How many samples the caller needs.
+        available: How many it could have right now.
+        pending_groups: Prompt groups not yet started.
+        running_groups: Prompt groups with rollouts in flight.
+        elapsed_s: Seconds since this wait began.
+        poll_interval_s: The longest sleep between two polls.
+        poll_count: Unsuccessful polls so far in this wait, from 1.
+    """
+
+    mode: Literal["sync", "async"]
+    step: int
+    partition: str
+    required: int
+    available: int
+    pending_groups: int
+    running_groups: int
+    elapsed_s: float
+    poll_interval_s: float
+    poll_count: int
+
+
+class Vote(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One participant's answer at a safe point.
+
+    Attributes:
+        participant: The subscription or extension name.
+        decision: What it asked for (for a timeout or error: the bus's configured default).
+        reason: Why, in the participant's words (or what went wrong).
+        latency_s: Seconds from the barrier opening to this vote.
+        timed_out: The participant did not answer before the barrier's timeout.
+        error: ``"ErrorType: message"`` when the participant raised, closed or answered
+            with something that is not a :class:`Decision`.
+    """
+
+    participant: str
+    decision: Decision
+    reason: str = ""
+    latency_s: float = 0.0
+    timed_out: bool = False
+    error: str | None = None
+
+
+class SafePointOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The result of one safe point: the combined decision and every vote.
+
+    Attributes:
+        point: Which safe point.
+        step: The trainer step, when there is one.
+        decision: The most severe vote (``CONTINUE`` when nobody voted).
+        votes: One :class:`Vote` per participant, in the order participants joined.
+        elapsed_s: Seconds the barrier was open.
+    """
+
+    point: SafePoint
+    step: int | None
+    decision: Decision
+    votes: tuple[Vote, ...] = ()
+    elapsed_s: float = 0.0
+
+    def deciding_votes(self) -> tuple[Vote, ...]:
+        """The votes that asked for :attr:`decision` (empty for an unanimous CONTINUE)."""
+        if self.decision is Decision.CONTINUE:
+            return ()
+        return tuple(v for v in self.votes if v.decision is self.decision)
+
+    def summary(self) -> str:
+        """One line: the decision and who asked for it, with their reasons."""
+        deciders = self.deciding_votes()
+        if not deciders:
+            return self.decision.value
+        why = "; ".join(f"{v.participant}: {v.reason or v.error or 'no reason'}" for v in deciders)
+        return f"{self.decision.value} ({why})"
+
+
+class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A rollout tracker's account of one batch (see :meth:`replay.RolloutTracker.reconcile`).
+
+    Every rollout id registered for the batch is exactly one of succeeded, failed, timed out
+    or missing; every result that did not count is in ``dropped`` (by reason) or
+    ``duplicates``.
+
+    Attributes:
+        step: The trainer step of the batch.
+        registered: Rollout ids registered for the batch.
+        succeeded: Ids with a successful result.
+        failed: Ids whose final result is a failure, by error kind.
+        timed_out: Ids without a final result when the batch deadline passed.
+        missing: Ids without a final result when the batch was finalized early.
+        dropped: Results not admitted, by reason (``unregistered``, ``earlier_step``,
+            ``superseded_attempt``, ``finalized``, ...).
+        duplicates: Results identical to one already admitted (no-ops).
+        retry_overwrites: Failed placeholders replaced by a successful retry.
+        leftovers_drained: Results of earlier batches drained when this batch began.
+        grace_polls: Extra polls spent waiting for retries of failed placeholders.
+        wait_s: Seconds spent waiting for the batch to complete.
+        failure_policy: How failed rollouts were treated at finalize.
+        filled: Failed or missing rollouts kept in the batch as zero-reward fills.
+        removed: Rollout ids removed from the batch by the failure policy.
+    """
+
+    step: int
+    registered: int
+    succeeded: int
+    failed: dict[str, int] = {}
+    timed_out: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    dropped: dict[str, int] = {}
+    duplicates: int = 0
+    retry_overwrites: int = 0
+    leftovers_drained: int = 0
+    grace_polls: int = 0
+    wait_s: float = 0.0
+    failure_policy: str = ""
+    filled: int = 0
+    removed: tuple[str, ...] = ()
+
+
+# --- lifecycle --------------------------------------------------------------------------
+
+
+class FitStarted(Event, frozen=True):
+    """``fit()`` began. ``start_step`` is > 0 when resuming from a checkpoint."""
+
+    run_id: str = ""
+    start_step: int = 0
+    total_steps: int = 0
+    mode: str = ""
+    backend: str = ""
+    resumed: bool = False
+
+
+class FitFinished(Event, frozen=True):
+    """``fit()`` returned normally (``stopped_early`` when a STOP decision ended it)."""
+
+    step: int
+    duration_s: float = 0.0
+    stopped_early: bool = False
+    reason: str = ""
+
+
+class FitFailed(Event, frozen=True):
+    """``fit()`` is raising ``error_type: message`` at ``step``."""
+
+    step: int
+    error_type: str
+    message: str
+
+
+class StepStarted(Event, frozen=True):
+    """A training step began."""
+
+    step: int
+
+
+class StepFinished(Event, frozen=True):
+    """A training step finished (after its update and weight sync), with its metrics."""
+
+    step: int
+    metrics: dict[str, float] = {}
+    duration_s: float = 0.0
+
+
+class SampleWait(Event, frozen=True):
+    """An unsuccessful poll of a replay buffer: the trainer is still waiting for samples."""
+
+    state: SampleWaitState
+
+
+class SafePointReached(Event, frozen=True):
+    """A safe point opened. Participants answer it; observers just see it.
+
+    Attributes:
+        point: Which safe point.
+        step: The trainer step, when there is one.
+        details: What the host chose to say about the situation (plain data).
+        participants: Names of everyone expected to vote.
+    """
+
+    point: SafePoint
+    step: int | None = None
+    details: dict[str, Any] = {}
+    participants: tuple[str, ...] = ()
+
+
+class SafePointResolved(Event, frozen=True):
+    """A safe point closed, with every vote and the combined decision."""
+
+    outcome: SafePointOutcome
+
+
+class CheckpointSaved(Event, frozen=True):
+    """A checkpoint was written atomically to ``path``."""
+
+    step: int
+    path: str
+    size_bytes: int = 0
+    duration_s: float = 0.0
+
+
+class CheckpointRestored(Event, frozen=True):
+    """The run was restored from the checkpoint at ``path`` (resume or recovery)."""
+
+    step: int
+    path: str
+    reason: str = ""
+
+
+class WeightsSynced(Event, frozen=True):
+    """Rollout workers now sample from ``policy_version``."""
+
+    step: int
+    policy_version: int
+    duration_s: float = 0.0
+
+
+# --- rollouts ---------------------------------------------------------------------------
+
+
+class RolloutRejected(Event, frozen=True):
+    """A rollout result was not admitted into a batch.
+
+    Attributes:
+        rollout_id: The rollout's id.
+        attempt: The attempt the result came from.
+        step: The batch step it was offered to, when known.
+        reason: Why it was dropped (``unregistered``, ``earlier_step``,
+            ``superseded_attempt``, ``finalized``, ``stale_policy``, ...).
+    """
+
+    rollout_id: str
+    attempt: int = 0
+    step: int | None = None
+    reason: str = ""
+
+
+class BatchReconciled(Event, frozen=True):
+    """The rollout tracker's report for a finished batch."""
+
+    report: BatchReport
+
+
+class RolloutRestarted(Event, frozen=True):
+    """The rollout side was restarted: fresh workers, in-flight prompts reissued.
+
+    Attributes:
+        step: The trainer step at the restart.
+        reason: Why (usually the deciding safe-point votes).
+        workers: Workers started.
+        reissued: Rollout ids reissued under a new attempt.
+        attempt: The new attempt number.
+    """
+
+    step: int
+    reason: str = ""
+    workers: int = 0
+    reissued: tuple[str, ...] = ()
+    attempt: int = 0
+
+
+class WorkerLost(Event, frozen=True):
+    """A rollout worker died or stopped answering."""
+
+    worker_id: str
+    reason: str = ""
+    in_flight: int = 0
+
+
+class WorkerRestarted(Event, frozen=True):
+    """A rollout worker was replaced."""
+
+    worker_id: str
+    reason: str = ""
+
+
+class FaultInjected(Event, frozen=True):
+    """A fault injector fired (tests and ``trainbus train --inject``)."""
+
+    fault: str
+    step: int
+    detail: str = ""
+
+
+# --- the bus itself ---------------------------------------------------------------------
+
+
+class ExtensionFailed(Event, frozen=True):
+    """An extension raised; the bus isolated the failure.
+
+    Attributes:
+        extension: The extension's name.
+        hook: ``on_event``, ``on_safe_point``, ``state_dict``, ...
+        error_type: The exception's type name.
+        message: The exception's message.
+        event_type: The event being handled, when there was one.
+    """
+
+    extension: str
+    hook: str
+    error_type: str
+    message: str
+    event_type: str | None = None
+
+
+class Lagged(Event, frozen=True):
+    """This subscriber fell behind and ``missed`` events were dropped from its queue.
+
+    Delivered in place of the dropped events, so ``seq`` jumps right after it.
+    """
+
+    missed: int

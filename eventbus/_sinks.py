@@ -1,0 +1,120 @@
+"""Ready-made extensions that record the event stream, and a reader for what they wrote.
+
+Both sinks are ordinary extensions on the public contract: register them with
+:meth:`EventBus.register_extension` like any user extension.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Literal
+
+from ._codec import decode_event, encode_event
+from ._errors import EventDecodeError
+from ._events import Event
+from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability, ExtensionContext
+
+__all__ = ["JsonlSink", "LoggingSink", "read_events"]
+
+
+class JsonlSink:
+    """Append every event, ``Lagged`` notices and ``SampleWait`` included, as one JSON line.
+
+    Each line is flushed as it is written, so a log read while the run goes on (``trainbus
+    events --follow``) or after the process was killed holds every event the sink handled.
+    At a few hundred events a second that costs one small ``write`` each, which the
+    benchmarks show is far below a training step.
+
+    Args:
+        path: The ``.jsonl`` file; appended to, created with its parent folders.
+        name: The extension name (unique per bus).
+    """
+
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS, Capability.SAMPLE_WAIT)
+
+    def __init__(self, path: str | Path, *, name: str = "jsonl-sink") -> None:
+        self.name = name
+        self.path = Path(path)
+        self._file: IO[bytes] | None = None
+        self.lines = 0
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        """Write ``event`` as one line."""
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("ab")
+        self._file.write(encode_event(event) + b"\n")
+        self._file.flush()
+        self.lines += 1
+
+    def close(self) -> None:
+        """Close the file (it reopens in append mode if more events arrive)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class LoggingSink:
+    """Log every event through :mod:`logging`.
+
+    Whether the level is enabled is decided once, here: a disabled sink's ``on_event`` is a
+    no-op rather than a check on every event.
+
+    Args:
+        logger: Logger name.
+        level: Logging level of the records.
+        sample_wait: Also log ``SampleWait`` events (many a second while waiting).
+        name: The extension name.
+    """
+
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    on_event: Callable[[ExtensionContext, Event], None]
+
+    def __init__(
+        self,
+        logger: str = "trainbus.events",
+        *,
+        level: int = logging.INFO,
+        sample_wait: bool = False,
+        name: str = "logging-sink",
+    ) -> None:
+        self.name = name
+        self._logger = logging.getLogger(logger)
+        self._level = level
+        caps = [Capability.EVENTS]
+        if sample_wait:
+            caps.append(Capability.SAMPLE_WAIT)
+        self.required_capabilities = tuple(caps)
+        self.on_event = self._log if self._logger.isEnabledFor(level) else self._ignore
+
+    def _log(self, context: ExtensionContext, event: Event) -> None:
+        self._logger.log(self._level, "%s %s", type(event).__name__, encode_event(event).decode())
+
+    def _ignore(self, context: ExtensionContext, event: Event) -> None:
+        pass
+
+
+def read_events(path: str | Path, *, errors: Literal["raise", "skip"] = "raise") -> Iterator[Event]:
+    """Yield the typed events of a JSON Lines event log, in file order.
+
+    A last line without its newline (the writer was killed mid-line) is ignored.
+
+    Args:
+        path: The ``.jsonl`` file.
+        errors: ``"raise"`` an :class:`EventDecodeError` naming the file and line of a bad
+            line, or ``"skip"`` it.
+    """
+    with Path(path).open("rb") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.endswith(b"\n"):
+                return
+            if not line.strip():
+                continue
+            try:
+                yield decode_event(line)
+            except EventDecodeError as exc:
+                if errors == "raise":
+                    raise EventDecodeError(f"{path}:{number}: {exc}") from None

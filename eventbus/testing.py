@@ -1,0 +1,179 @@
+"""Helpers for testing code that publishes to, or votes on, an :class:`EventBus`.
+
+* :func:`record_events` / :class:`RecordingSubscriber`: collect what a bus publishes.
+* :class:`ScriptedVoter`: an extension that answers safe points from a script (decisions,
+  errors to raise, or a hang), recording what it saw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
+
+import anyio
+
+from ._bus import EventBus
+from ._decisions import Decision, SafePoint
+from ._events import Event, SafePointReached
+from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability, ExtensionContext
+from ._subscription import Subscription
+
+__all__ = ["HANG", "RecordingSubscriber", "ScriptedVoter", "record_events"]
+
+E = TypeVar("E", bound=Event)
+
+
+class RecordingSubscriber:
+    """The events one subscription received, filled in by a background task.
+
+    Created by :func:`record_events`.
+    """
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.subscription = subscription
+        self.events: list[Event] = []
+        self._changed = anyio.Event()
+
+    def of_type(self, event_type: type[E]) -> list[E]:
+        """The recorded events of ``event_type`` (subclasses included), in order."""
+        return [e for e in self.events if isinstance(e, event_type)]
+
+    def types(self) -> list[str]:
+        """The type names of the recorded events, in order."""
+        return [type(e).__name__ for e in self.events]
+
+    async def wait_for(
+        self,
+        condition: type[Event] | Callable[[Event], bool],
+        *,
+        count: int = 1,
+        timeout: float = 5.0,
+    ) -> list[Event]:
+        """Wait until ``count`` recorded events match ``condition`` (a type or predicate).
+
+        Raises:
+            TimeoutError: Fewer matched within ``timeout`` seconds.
+        """
+        matches: Callable[[Event], bool]
+        if isinstance(condition, type):
+            event_type = condition
+            matches = lambda event: isinstance(event, event_type)  # noqa: E731
+        else:
+            matches = condition
+        with anyio.fail_after(timeout):
+            while True:
+                found = [e for e in self.events if matches(e)]
+                if len(found) >= count:
+                    return found
+                self._changed = anyio.Event()
+                await self._changed.wait()
+
+    async def _consume(self) -> None:
+        async for event in self.subscription:
+            self.events.append(event)
+            self._changed.set()
+
+
+@asynccontextmanager
+async def record_events(
+    bus: EventBus, *event_types: type[Event], maxsize: int = 1_000_000, name: str = "recorder"
+) -> AsyncIterator[RecordingSubscriber]:
+    """Record what ``bus`` publishes while the block runs.
+
+    On exit the recorder takes the events already queued, then closes its subscription.
+    """
+    subscription = bus.subscribe(*event_types, maxsize=maxsize, name=name)
+    recorder = RecordingSubscriber(subscription)
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(recorder._consume)
+        try:
+            yield recorder
+        finally:
+            with subscription._lock:
+                subscription._end_iteration_when_empty(True)
+    subscription.close()
+
+
+class _Hang:
+    def __repr__(self) -> str:
+        return "HANG"
+
+
+HANG: Final[Any] = _Hang()
+"""A script entry that makes :class:`ScriptedVoter` never answer (until cancelled)."""
+
+ScriptEntry = Decision | tuple[Decision, str] | BaseException | Any
+
+
+class ScriptedVoter:
+    """An extension that votes from a script and records what it saw.
+
+    Args:
+        script: Entries consumed one per safe point, either a sequence (for every point) or
+            a mapping from :class:`SafePoint` to a sequence. An entry is a
+            :class:`Decision`, a ``(Decision, reason)`` pair, an exception instance to raise,
+            or :data:`HANG`.
+        default: The vote once the script for a point is used up.
+        name: The extension name.
+        sample_wait: Also take part in ``SAMPLE_WAIT`` safe points and receive
+            ``SampleWait`` events.
+        events: Also record the event stream (``Capability.EVENTS``).
+    """
+
+    api_version = RUNTIME_EXTENSION_API_VERSION
+
+    def __init__(
+        self,
+        script: Sequence[ScriptEntry] | Mapping[SafePoint, Sequence[ScriptEntry]] = (),
+        *,
+        default: Decision = Decision.CONTINUE,
+        name: str = "scripted-voter",
+        sample_wait: bool = False,
+        events: bool = True,
+    ) -> None:
+        self.name = name
+        self.default = default
+        caps: list[Capability] = [Capability.SAFE_POINTS]
+        if events:
+            caps.append(Capability.EVENTS)
+        if sample_wait:
+            caps.append(Capability.SAMPLE_WAIT)
+        self.required_capabilities: tuple[Capability, ...] = tuple(caps)
+        if isinstance(script, Mapping):
+            self._by_point = {point: list(entries) for point, entries in script.items()}
+            self._shared: list[ScriptEntry] | None = None
+        else:
+            self._by_point = {}
+            self._shared = list(script)
+        self.safe_points: list[SafePointReached] = []
+        self.events: list[Event] = []
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        """Record the event."""
+        self.events.append(event)
+
+    async def on_safe_point(
+        self, context: ExtensionContext, safe_point: SafePointReached
+    ) -> tuple[Decision, str]:
+        """Answer with the next script entry for this point."""
+        self.safe_points.append(safe_point)
+        entries = self._shared if self._shared is not None else self._by_point.get(safe_point.point)
+        entry: ScriptEntry = entries.pop(0) if entries else self.default
+        if entry is HANG:
+            await anyio.sleep(math.inf)
+        if isinstance(entry, BaseException):
+            raise entry
+        if isinstance(entry, tuple):
+            return entry[0], entry[1]
+        return entry, "scripted"
+
+    def points_seen(self) -> list[SafePoint]:
+        """The safe points answered (or attempted), in order."""
+        return [sp.point for sp in self.safe_points]
+
+
+def expect_types(events: Iterable[Event]) -> list[str]:
+    """Type names of ``events``, a convenient thing to compare in assertions."""
+    return [type(e).__name__ for e in events]

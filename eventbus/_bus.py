@@ -613,6 +613,9 @@ class EventBus:
             raise BusClosedError("the bus is closed")
         if self._task_group is not None:
             raise RuntimeError("the bus is already running")
+        # An error in the block is carried out of the task group and re-raised as itself:
+        # wrapping the trainer's exception in an ExceptionGroup would hide it from callers.
+        error: Exception | None = None
         async with anyio.create_task_group() as task_group:
             self._task_group = task_group
             self._loop = asyncio.get_running_loop()
@@ -622,18 +625,25 @@ class EventBus:
                 self._start_dispatcher(registration)
             try:
                 yield self
+            except Exception as exc:  # noqa: BLE001  (re-raised below, unwrapped)
+                error = exc
             finally:
-                with self._lock:
-                    for registration in self._registrations.values():
-                        registration._mailbox._end_iteration_when_empty(True)
-                    pending = list(self._dispatch_done.values())
-                with anyio.move_on_after(self._drain_timeout, shield=True):
-                    for done in pending:
-                        await done.wait()
+                await self._stop_dispatchers()
                 task_group.cancel_scope.cancel()
                 self._task_group = None
                 self._loop = None
-                self._dispatch_done.clear()
+        if error is not None:
+            raise error
+
+    async def _stop_dispatchers(self) -> None:
+        with self._lock:
+            for registration in self._registrations.values():
+                registration._mailbox._end_iteration_when_empty(True)
+            pending = list(self._dispatch_done.values())
+            self._dispatch_done.clear()
+        with anyio.move_on_after(self._drain_timeout, shield=True):
+            for done in pending:
+                await done.wait()
 
     # --- lifetime -----------------------------------------------------------------------
 

@@ -1,0 +1,156 @@
+"""Events round-trip through JSON and msgpack, back into their own types."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+import eventbus as eb
+from eventbus import (
+    BatchReconciled,
+    BatchReport,
+    Decision,
+    Event,
+    EventDecodeError,
+    SafePoint,
+    SafePointOutcome,
+    SampleWaitState,
+    Vote,
+    decode_event,
+    encode_event,
+    event_types,
+)
+
+STATE = SampleWaitState(
+    mode="sync",
+    step=3,
+    partition="train",
+    required=16,
+    available=12,
+    pending_groups=1,
+    running_groups=3,
+    elapsed_s=8.2,
+    poll_interval_s=2.0,
+    poll_count=4,
+)
+OUTCOME = SafePointOutcome(
+    point=SafePoint.STEP_BOUNDARY,
+    step=3,
+    decision=Decision.RESTART_REQUIRED,
+    votes=(
+        Vote(participant="a", decision=Decision.CONTINUE, latency_s=0.1),
+        Vote(participant="b", decision=Decision.RESTART_REQUIRED, reason="stalled 30 s"),
+        Vote(participant="c", decision=Decision.CONTINUE, timed_out=True),
+    ),
+    elapsed_s=0.5,
+)
+
+# One example of every event type eventbus defines. A new type without an example here fails
+# test_every_event_type_has_an_example, so the round trip below always covers all of them.
+EXAMPLES: dict[type[Event], Event] = {
+    eb.FitStarted: eb.FitStarted(run_id="r1", start_step=2, total_steps=10, resumed=True),
+    eb.FitFinished: eb.FitFinished(step=10, duration_s=12.5, stopped_early=True, reason="stop"),
+    eb.FitFailed: eb.FitFailed(step=4, error_type="RuntimeError", message="boom"),
+    eb.StepStarted: eb.StepStarted(step=1),
+    eb.StepFinished: eb.StepFinished(step=1, metrics={"reward": 0.5, "kl": 0.01}, duration_s=0.2),
+    eb.SampleWait: eb.SampleWait(state=STATE),
+    eb.SafePointReached: eb.SafePointReached(
+        point=SafePoint.SAMPLE_WAIT, step=3, details={"required": 16}, participants=("a", "b")
+    ),
+    eb.SafePointResolved: eb.SafePointResolved(outcome=OUTCOME),
+    eb.CheckpointSaved: eb.CheckpointSaved(step=5, path="/tmp/c", size_bytes=10, duration_s=0.1),
+    eb.CheckpointRestored: eb.CheckpointRestored(step=5, path="/tmp/c", reason="recovery"),
+    eb.WeightsSynced: eb.WeightsSynced(step=5, policy_version=5, duration_s=0.01),
+    eb.RolloutRejected: eb.RolloutRejected(
+        rollout_id="p1/0", attempt=1, step=2, reason="superseded_attempt"
+    ),
+    eb.BatchReconciled: BatchReconciled(
+        report=BatchReport(
+            step=2,
+            registered=8,
+            succeeded=6,
+            failed={"error": 1},
+            timed_out=("p3/1",),
+            dropped={"earlier_step": 2},
+            duplicates=1,
+            retry_overwrites=1,
+        )
+    ),
+    eb.RolloutRestarted: eb.RolloutRestarted(
+        step=3, reason="stall", workers=2, reissued=("p1/0", "p1/1"), attempt=2
+    ),
+    eb.WorkerLost: eb.WorkerLost(worker_id="w0", reason="actor died", in_flight=3),
+    eb.WorkerRestarted: eb.WorkerRestarted(worker_id="w0", reason="restart"),
+    eb.FaultInjected: eb.FaultInjected(fault="hang", step=2, detail="worker 0"),
+    eb.ExtensionFailed: eb.ExtensionFailed(
+        extension="x", hook="on_event", error_type="ValueError", message="m", event_type="Lagged"
+    ),
+    eb.Lagged: eb.Lagged(missed=7),
+}
+
+
+def test_every_event_type_has_an_example() -> None:
+    ours = {t for t in event_types() if t.__module__.startswith("eventbus")}
+    assert ours == set(EXAMPLES)
+
+
+@pytest.mark.parametrize("fmt", ["json", "msgpack"])
+@pytest.mark.parametrize("event", list(EXAMPLES.values()), ids=lambda e: type(e).__name__)
+def test_round_trip_keeps_type_and_fields(event: Event, fmt: str) -> None:
+    decoded = decode_event(encode_event(event, format=fmt), format=fmt)  # type: ignore[arg-type]
+    assert type(decoded) is type(event)
+    assert decoded == event
+
+
+def test_json_carries_the_type_tag_and_readable_enums() -> None:
+    raw = msgspec.json.decode(encode_event(EXAMPLES[eb.SafePointResolved]))
+    assert raw["type"] == "SafePointResolved"
+    assert raw["outcome"]["decision"] == "restart_required"
+
+
+def test_user_defined_event_types_decode_too() -> None:
+    class QueueDepth(Event, frozen=True):
+        depth: int
+
+    decoded = decode_event(encode_event(QueueDepth(depth=4)))
+    assert isinstance(decoded, QueueDepth)
+    assert decoded.depth == 4
+
+
+def test_unknown_tag_is_a_clear_error() -> None:
+    with pytest.raises(EventDecodeError, match="NoSuchEvent"):
+        decode_event(b'{"type": "NoSuchEvent", "seq": 1}')
+
+
+def test_malformed_bytes_are_a_decode_error() -> None:
+    with pytest.raises(EventDecodeError):
+        decode_event(b"{not json")
+
+
+def test_events_are_frozen() -> None:
+    event = eb.StepStarted(step=1)
+    with pytest.raises(AttributeError):
+        event.step = 2  # type: ignore[misc]
+
+
+def test_unknown_format_is_rejected() -> None:
+    with pytest.raises(ValueError, match="yaml"):
+        encode_event(eb.StepStarted(step=1), format="yaml")  # type: ignore[arg-type]
+
+
+def test_decisions_are_ordered_by_severity_and_combine_by_maximum() -> None:
+    order = [
+        Decision.CONTINUE,
+        Decision.CHECKPOINT,
+        Decision.RESTART_REQUIRED,
+        Decision.STOP,
+        Decision.ABORT,
+    ]
+    assert sorted(reversed(order)) == order
+    assert Decision.combine([]) is Decision.CONTINUE
+    assert Decision.combine([Decision.STOP, Decision.CHECKPOINT]) is Decision.STOP
+
+
+def test_outcome_summary_names_who_decided_and_why() -> None:
+    assert OUTCOME.deciding_votes() == (OUTCOME.votes[1],)
+    assert OUTCOME.summary() == "restart_required (b: stalled 30 s)"

@@ -1,0 +1,95 @@
+"""The JSONL sink writes every event; the reader yields them back as typed events."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from eventbus import (
+    EventBus,
+    EventDecodeError,
+    JsonlSink,
+    Lagged,
+    LoggingSink,
+    SafePoint,
+    StepFinished,
+    StepStarted,
+    read_events,
+)
+from eventbus.testing import ScriptedVoter
+
+
+async def test_jsonl_sink_round_trips_a_run_into_typed_events(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "events.jsonl"
+    bus = EventBus()
+    sink = JsonlSink(path)
+    bus.register_extension(sink)
+    bus.register_extension(ScriptedVoter())
+    async with bus.running():
+        bus.publish(StepStarted(step=1))
+        bus.publish(StepFinished(step=1, metrics={"reward": 0.25}))
+        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=1)
+    sink.close()
+    events = list(read_events(path))
+    assert [type(e).__name__ for e in events] == [
+        "StepStarted",
+        "StepFinished",
+        "SafePointReached",
+        "SafePointResolved",
+    ]
+    assert [e.seq for e in events] == [1, 2, 3, 4]
+    assert isinstance(events[1], StepFinished) and events[1].metrics == {"reward": 0.25}
+
+
+async def test_jsonl_sink_survives_lagging_and_records_the_gap(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    bus = EventBus(extension_queue_size=4)
+    sink = JsonlSink(path)
+    bus.register_extension(sink)
+    for step in range(10):  # not running yet: the mailbox overflows
+        bus.publish(StepStarted(step=step))
+    async with bus.running():
+        pass
+    sink.close()
+    events = list(read_events(path))
+    assert isinstance(events[0], Lagged) and events[0].missed == 6
+    assert [e.seq for e in events[1:]] == [7, 8, 9, 10]
+
+
+def test_reader_ignores_a_torn_last_line_and_names_a_bad_line(tmp_path: Path) -> None:
+    good = b'{"type":"StepStarted","step":1,"seq":1,"time":1.0}\n'
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(good + b'{"type":"StepSta')
+    assert [e.seq for e in read_events(torn)] == [1]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(good + b"not json\n" + good)
+    with pytest.raises(EventDecodeError, match=r"bad.jsonl:2"):
+        list(read_events(bad))
+    assert len(list(read_events(bad, errors="skip"))) == 2
+
+
+async def test_logging_sink_logs_events_when_its_level_is_enabled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="trainbus.events")
+    bus = EventBus()
+    bus.register_extension(LoggingSink())
+    async with bus.running():
+        bus.publish(StepStarted(step=3))
+    assert "StepStarted" in caplog.text and '"step":3' in caplog.text
+
+
+async def test_a_disabled_logging_sink_decides_once_and_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logging.getLogger("quiet.events").setLevel(logging.ERROR)
+    sink = LoggingSink("quiet.events", level=logging.DEBUG)
+    bus = EventBus()
+    bus.register_extension(sink)
+    async with bus.running():
+        bus.publish(StepStarted(step=3))
+    assert sink.on_event == sink._ignore
+    assert "StepStarted" not in caplog.text

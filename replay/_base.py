@@ -1,0 +1,172 @@
+"""What both replay buffers share: the tracker as admission gate, and wait bookkeeping.
+
+A buffer owns one :class:`~replay.RolloutTracker`. Every result goes through
+:meth:`add`, which is the tracker's :meth:`~replay.RolloutTracker.record`: the tracker
+decides what counts and wakes waiting samplers when a group settles. The buffers add what
+sampling needs on top: which groups may be handed out, evictions, refills, ``SampleWait``
+reporting and deadlines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from eventbus import EventBus
+
+from ._errors import SampleDeadlineExceeded
+from ._model import Partition, PromptGroup, RolloutResult
+from ._reasons import Admission, EvictionReason
+from ._stats import PartitionCounts, ReplayState, ReplayStatistics
+from ._tracker import RolloutTracker
+from ._waiting import Poll, PollTimeout, WaitReporter
+
+__all__ = ["BufferBase"]
+
+
+class BufferBase:
+    """Common parts of :class:`~replay.ReplayBuffer` and :class:`~replay.AsyncReplayBuffer`.
+
+    Args:
+        mode: ``"sync"`` or ``"async"``.
+        tracker: The admission gate (a default one is created on ``bus``).
+        bus: Where ``SampleWait``, safe points and the tracker's events go (default: the
+            tracker's bus).
+        wait_timeout_s: The deadline of every sample wait.
+        safe_point_timeout_s: Seconds a ``SAMPLE_WAIT`` safe point waits for votes (None:
+            the bus default).
+    """
+
+    def __init__(
+        self,
+        mode: Literal["sync", "async"],
+        *,
+        tracker: RolloutTracker | None,
+        bus: EventBus | None,
+        wait_timeout_s: float,
+        safe_point_timeout_s: float | None,
+    ) -> None:
+        if isinstance(wait_timeout_s, bool) or not (
+            isinstance(wait_timeout_s, int | float) and 0 < wait_timeout_s < float("inf")
+        ):
+            raise ValueError(f"wait_timeout_s must be a finite number > 0, got {wait_timeout_s!r}")
+        if tracker is None:
+            tracker = RolloutTracker(bus=bus)
+        elif bus is not None and tracker.bus is None:
+            tracker.bus = bus
+        self._tracker = tracker
+        self._mode: Literal["sync", "async"] = mode
+        self.wait_timeout_s = float(wait_timeout_s)
+        self._reporter = WaitReporter(
+            tracker.bus if bus is None else bus, mode, tracker.poll_interval_s, safe_point_timeout_s
+        )
+        self._evictions: dict[str, int] = {}
+        self._refills = 0
+        self._sampled = 0
+        self._waits = 0
+        self._unsuccessful_polls = 0
+        self._deadlines = 0
+
+    @property
+    def tracker(self) -> RolloutTracker:
+        """The admission gate."""
+        return self._tracker
+
+    def add(self, result: RolloutResult) -> Admission:
+        """Offer a rollout result (from any thread). Never raises on bad or late input.
+
+        Returns:
+            What the tracker made of it (see :class:`~replay.Admission`).
+        """
+        return self._tracker.record(result)
+
+    def mark_running(self, group_ids: Iterable[str]) -> int:
+        """Note that workers picked these groups up (``pending -> running``)."""
+        return self._tracker.mark_running(group_ids)
+
+    def in_flight(self, partition: Partition | None = None) -> tuple[PromptGroup, ...]:
+        """Pending and running groups, oldest first (what a restart must reissue)."""
+        return self._tracker.in_flight(partition)
+
+    def outstanding(self, partition: Partition | None = None) -> tuple[str, ...]:
+        """Rollout ids without a final result."""
+        return self._tracker.outstanding(partition)
+
+    def reissue(
+        self, group_ids: Iterable[str] | None = None, *, partition: Partition | None = None
+    ) -> tuple[PromptGroup, ...]:
+        """Reissue in-flight rollouts under a new attempt (see
+        :meth:`RolloutTracker.reissue`); submit the returned groups to fresh workers."""
+        return self._tracker.reissue(group_ids, partition=partition)
+
+    def state(self) -> ReplayState:
+        """What a checkpoint keeps: the in-flight groups (msgspec-serialisable)."""
+        return ReplayState(mode=self._mode, in_flight=self._tracker.in_flight())
+
+    def statistics(self) -> ReplayStatistics:
+        """Group counts per partition, evictions by reason, refills and wait counters."""
+        return ReplayStatistics(
+            mode=self._mode,
+            partitions=self._partition_counts(),
+            evictions=dict(self._evictions),
+            refills=self._refills,
+            sampled_groups=self._sampled,
+            waits=self._waits,
+            unsuccessful_polls=self._unsuccessful_polls,
+            reported_polls=self._reporter.reported,
+            interrupted=self._reporter.interrupted,
+            deadlines_exceeded=self._deadlines,
+            tracker=self._tracker.statistics(),
+        )
+
+    def _partition_counts(self) -> dict[str, PartitionCounts]:
+        return self._tracker.group_counts()
+
+    def _evicted(self, reason: EvictionReason, n: int) -> None:
+        if n:
+            self._evictions[reason.value] = self._evictions.get(reason.value, 0) + n
+
+    def _on_poll(self, step: int, partition: Partition, required: int) -> _PollReporter:
+        return _PollReporter(self, step, partition, required)
+
+    def _deadline_error(
+        self, timeout: PollTimeout[object], *, step: int, partition: Partition, required: int
+    ) -> SampleDeadlineExceeded:
+        self._deadlines += 1
+        last = timeout.last
+        return SampleDeadlineExceeded(
+            mode=self._mode,
+            step=step,
+            partition=partition,
+            required=required,
+            available=last.available,
+            pending_groups=last.pending,
+            running_groups=last.running,
+            elapsed_s=timeout.elapsed_s,
+            polls=timeout.polls,
+            outstanding=self._tracker.outstanding(partition)[:10],
+            detail=f"wait_timeout_s={self.wait_timeout_s:g}",
+        )
+
+
+class _PollReporter:
+    """The ``on_unsuccessful_poll`` callback of one wait."""
+
+    __slots__ = ("buffer", "partition", "required", "step")
+
+    def __init__(self, buffer: BufferBase, step: int, partition: Partition, required: int) -> None:
+        self.buffer = buffer
+        self.step = step
+        self.partition = partition
+        self.required = required
+
+    async def __call__(self, poll: Poll[object], count: int, elapsed: float) -> None:
+        self.buffer._unsuccessful_polls += 1
+        await self.buffer._reporter.report(
+            step=self.step,
+            partition=self.partition,
+            required=self.required,
+            poll=poll,
+            count=count,
+            elapsed=elapsed,
+        )

@@ -1,0 +1,196 @@
+"""The one wait loop every blocking call of the package uses, and SampleWait reporting.
+
+:func:`poll_until` checks a condition now and after every wake-up (a change notification
+or the end of a sleep of at most one poll interval), and stops at a deadline, so no wait
+can last forever and none sleeps blindly. :class:`WaitReporter` turns each unsuccessful
+poll into a ``SampleWait`` event and a ``SAMPLE_WAIT`` safe point, but only when somebody
+listens: with no observer it builds nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Generic, Literal, TypeVar
+
+from eventbus import Decision, EventBus, SafePoint, SampleWait, SampleWaitState
+
+from ._errors import SampleWaitInterrupted
+from ._signal import ChangeSignal, Sleep
+
+__all__ = ["Poll", "PollTimeout", "WaitReporter", "poll_until"]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Poll(Generic[T_co]):
+    """What one check of a wait condition found.
+
+    Attributes:
+        value: The result once the condition holds, else None.
+        available: Groups available now.
+        pending: Groups not started.
+        running: Groups in flight.
+        wake_at: The clock time of the next time-based change (a grace window or batch
+            deadline ending), if any: the loop sleeps no longer than that.
+    """
+
+    __slots__ = ("available", "pending", "running", "value", "wake_at")
+
+    def __init__(
+        self,
+        value: T_co | None,
+        *,
+        available: int = 0,
+        pending: int = 0,
+        running: int = 0,
+        wake_at: float = math.inf,
+    ) -> None:
+        self.value = value
+        self.available = available
+        self.pending = pending
+        self.running = running
+        self.wake_at = wake_at
+
+
+class PollTimeout(Generic[T_co]):
+    """The deadline passed: the last poll and how long and often the loop waited."""
+
+    __slots__ = ("elapsed_s", "last", "polls")
+
+    def __init__(self, last: Poll[T_co], polls: int, elapsed_s: float) -> None:
+        self.last = last
+        self.polls = polls
+        self.elapsed_s = elapsed_s
+
+
+async def poll_until(
+    check: Callable[[bool], Poll[T]],
+    *,
+    signal: ChangeSignal,
+    clock: Callable[[], float],
+    sleep: Sleep,
+    poll_interval: float,
+    deadline_at: float,
+    on_unsuccessful_poll: Callable[[Poll[T], int, float], Awaitable[None]] | None = None,
+) -> T | PollTimeout[T]:
+    """Call ``check`` until it returns a value, waking on changes and at least every
+    ``poll_interval`` seconds.
+
+    Args:
+        check: Called with False first, then with True after every wake-up.
+        signal: Notified whenever the condition may have changed.
+        clock: Monotonic seconds.
+        sleep: Sleeps (cancellable); a wake-up cancels it.
+        poll_interval: The longest sleep between two checks.
+        deadline_at: Clock time at which the loop gives up.
+        on_unsuccessful_poll: Awaited with (poll, poll_count from 1, elapsed seconds)
+            after each wake-up whose check still found no value. It may raise to end the
+            wait.
+
+    Returns:
+        The value, or a :class:`PollTimeout` once ``deadline_at`` passed.
+    """
+    started = clock()
+    polls = 0
+    while True:
+        version = signal.version
+        poll = check(polls > 0)
+        if poll.value is not None:
+            return poll.value
+        if polls and on_unsuccessful_poll is not None:
+            await on_unsuccessful_poll(poll, polls, clock() - started)
+        now = clock()
+        if now >= deadline_at:
+            return PollTimeout(poll, polls, now - started)
+        wake_at = min(deadline_at, poll.wake_at, now + poll_interval)
+        await signal.wait(version, wake_at - now, sleep)
+        polls += 1
+
+
+_INTERRUPTING = Decision.RESTART_REQUIRED
+
+
+class WaitReporter:
+    """Reports unsuccessful polls on a bus, if anybody listens.
+
+    Args:
+        bus: The bus, or None for no reporting at all.
+        mode: ``"sync"`` or ``"async"``.
+        poll_interval: Reported as ``poll_interval_s``.
+        safe_point_timeout: Seconds the ``SAMPLE_WAIT`` safe point waits for votes (None:
+            the bus default).
+    """
+
+    def __init__(
+        self,
+        bus: EventBus | None,
+        mode: Literal["sync", "async"],
+        poll_interval: float,
+        safe_point_timeout: float | None,
+    ) -> None:
+        self.bus = bus
+        self.mode: Literal["sync", "async"] = mode
+        self.poll_interval = poll_interval
+        self.safe_point_timeout = safe_point_timeout
+        self.reported = 0
+        self.interrupted = 0
+
+    async def report(
+        self,
+        *,
+        step: int,
+        partition: str,
+        required: int,
+        poll: Poll[object],
+        count: int,
+        elapsed: float,
+    ) -> None:
+        """Publish ``SampleWait`` and reach ``SAMPLE_WAIT`` for one unsuccessful poll.
+
+        Raises:
+            SampleWaitInterrupted: The safe point decided ``RESTART_REQUIRED``, ``STOP`` or
+                ``ABORT``.
+        """
+        bus = self.bus
+        if bus is None:
+            return
+        publish = bus.wants(SampleWait)
+        vote = bus.wants_safe_point(SafePoint.SAMPLE_WAIT)
+        if not (publish or vote):
+            return
+        state = SampleWaitState(
+            mode=self.mode,
+            step=step,
+            partition=partition,
+            required=required,
+            available=poll.available,
+            pending_groups=poll.pending,
+            running_groups=poll.running,
+            elapsed_s=elapsed,
+            poll_interval_s=self.poll_interval,
+            poll_count=count,
+        )
+        self.reported += 1
+        if publish:
+            bus.publish(SampleWait(state=state))
+        if vote:
+            # `step` is safe_point's own keyword, so the details carry every other field.
+            outcome = await bus.safe_point(
+                SafePoint.SAMPLE_WAIT,
+                step=step,
+                timeout=self.safe_point_timeout,
+                mode=state.mode,
+                partition=state.partition,
+                required=state.required,
+                available=state.available,
+                pending_groups=state.pending_groups,
+                running_groups=state.running_groups,
+                elapsed_s=state.elapsed_s,
+                poll_interval_s=state.poll_interval_s,
+                poll_count=state.poll_count,
+            )
+            if outcome.decision >= _INTERRUPTING:
+                self.interrupted += 1
+                raise SampleWaitInterrupted(outcome, state)

@@ -1,0 +1,283 @@
+"""Each admission rule of RolloutTracker.record, in the order the rules apply."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import replay._tracker as tracker_module
+from eventbus import EventBus, RolloutRejected
+from eventbus.testing import record_events
+from replay import (
+    Admission,
+    PromptGroup,
+    RolloutResult,
+    RolloutStatus,
+    RolloutTracker,
+)
+
+from .helpers import FakeTime, groups_for
+
+MakeTracker = Callable[..., RolloutTracker]
+
+
+def test_first_result_of_a_registered_rollout_is_admitted(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1)
+    tracker.begin_batch(1, [group])
+    assert tracker.record(group.result(0, reward=0.5)) is Admission.ADMITTED
+    assert tracker.outstanding() == (group.rollout_ids[1],)
+
+
+def test_unknown_id_is_dropped_as_unregistered_without_raising(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    tracker.begin_batch(1, groups_for(1))
+    stranger = RolloutResult(rollout_id="nobody#0", group_id="nobody", step=1)
+    assert tracker.record(stranger) is Admission.UNREGISTERED
+    assert tracker.reconcile().dropped == {"unregistered": 1}
+
+
+def test_registered_id_claiming_a_later_step_is_unregistered(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1)
+    tracker.begin_batch(1, [group])
+    future = RolloutResult(rollout_id=group.rollout_ids[0], group_id=group.group_id, step=2)
+    assert tracker.record(future) is Admission.UNREGISTERED
+
+
+def test_late_result_of_a_reused_id_is_from_an_earlier_step(make_tracker: MakeTracker) -> None:
+    # Issue 355: a result of step 1 arrives while step 2 reuses the same rollout ids.
+    tracker = make_tracker()
+    step1 = groups_for(1, count=1)
+    step2 = groups_for(2, count=1)
+    assert step1[0].rollout_ids == step2[0].rollout_ids
+    tracker.begin_batch(1, step1)
+    tracker.begin_batch(2, step2)
+    assert tracker.record(step1[0].result(0)) is Admission.EARLIER_STEP
+    assert tracker.outstanding() == step2[0].rollout_ids  # nothing counted for step 2
+    assert tracker.record(step2[0].result(0)) is Admission.ADMITTED
+
+
+def test_late_result_of_a_retired_id_is_known_from_history(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    old = groups_for(1, count=1, prefix="old")
+    tracker.begin_batch(1, old)
+    tracker.begin_batch(2, groups_for(2, count=1, prefix="new"))
+    assert tracker.record(old[0].result(1)) is Admission.EARLIER_STEP
+
+
+def test_history_is_bounded(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(history_size=2)
+    old = groups_for(1, count=2, prefix="old")  # 4 rollout ids, only 2 remembered
+    tracker.begin_batch(1, old)
+    tracker.begin_batch(2, groups_for(2, count=1, prefix="new"))
+    assert tracker.record(old[0].result(0)) is Admission.UNREGISTERED
+    assert tracker.record(old[1].result(1)) is Admission.EARLIER_STEP
+
+
+def test_result_naming_another_group_is_dropped(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1)
+    tracker.begin_batch(1, [group])
+    wrong = RolloutResult(rollout_id=group.rollout_ids[0], group_id="p7", step=1)
+    assert tracker.record(wrong) is Admission.WRONG_GROUP
+
+
+def test_results_after_finalize_are_dropped_as_finalized(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.result(0))
+    tracker.finalize()
+    assert tracker.record(group.result(1)) is Admission.FINALIZED
+    assert tracker.record(group.result(0)) is Admission.FINALIZED  # before the duplicate rule
+
+
+def test_older_attempt_after_a_reissue_is_superseded(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.result(0))
+    (again,) = tracker.reissue()
+    assert again.attempt == 2
+    assert again.rollout_ids == (group.rollout_ids[1],)  # the settled one keeps its result
+    assert tracker.record(group.result(1)) is Admission.SUPERSEDED_ATTEMPT
+    assert tracker.record(group.result(0)) is Admission.DUPLICATE  # attempt 1 still current
+    assert tracker.record(again.result(0)) is Admission.ADMITTED
+    assert tracker.is_complete()
+
+
+def test_attempt_never_issued_is_dropped(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1)
+    tracker.begin_batch(1, [group])
+    assert tracker.record(group.result(0, attempt=3)) is Admission.UNKNOWN_ATTEMPT
+
+
+def test_same_success_again_is_a_no_op(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    assert tracker.record(group.result(0, reward=1.0)) is Admission.ADMITTED
+    assert tracker.record(group.result(0, reward=0.0)) is Admission.DUPLICATE
+    batch = tracker.finalize()
+    assert batch.groups[0].rewards == (1.0,)  # the first success stays
+    assert batch.report.duplicates == 1
+
+
+def test_failure_after_success_is_dropped(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.result(0, reward=1.0))
+    assert tracker.record(group.failure(0, "late crash")) is Admission.ALREADY_SUCCEEDED
+    assert tracker.finalize().report.succeeded == 1
+
+
+def test_failed_placeholder_is_upgraded_by_a_retry_once(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    assert tracker.record(group.failure(0, "agent raised")) is Admission.ADMITTED
+    assert tracker.record(group.failure(0, "agent raised")) is Admission.DUPLICATE
+    assert tracker.record(group.result(0, reward=0.7)) is Admission.UPGRADED
+    assert tracker.record(group.result(0, reward=0.1)) is Admission.DUPLICATE
+    report = tracker.finalize().report
+    assert (report.succeeded, report.retry_overwrites, report.failed) == (1, 1, {})
+
+
+def test_non_retryable_failure_ends_a_placeholder_wait(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(grace_s=60.0)
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.failure(0, "flaky"))
+    assert not tracker.is_complete()  # inside the grace window
+    verdict = tracker.record(group.failure(0, "attempts exhausted", retryable=False))
+    assert verdict is Admission.ADMITTED
+    assert tracker.is_complete()
+
+
+def test_non_result_is_dropped_as_invalid_and_logged(
+    make_tracker: MakeTracker, caplog: pytest.LogCaptureFixture
+) -> None:
+    tracker = make_tracker()
+    tracker.begin_batch(1, groups_for(1))
+    with caplog.at_level(logging.WARNING, logger="replay"):
+        assert tracker.record({"rollout_id": "p0#0"}) is Admission.INVALID  # type: ignore[arg-type]
+    assert "expected RolloutResult" in caplog.text
+    assert tracker.statistics().dropped == {"invalid": 1}
+
+
+async def test_drops_and_duplicates_are_published_with_their_reason(fake_time: FakeTime) -> None:
+    bus = EventBus()
+    tracker = RolloutTracker(bus=bus, clock=fake_time.clock, sleep=fake_time.sleep)
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    async with record_events(bus, RolloutRejected) as recorder:
+        tracker.record(group.result(0))
+        tracker.record(group.result(0))
+        tracker.record(RolloutResult(rollout_id="x", group_id="x", step=1, attempt=2))
+        events = await recorder.wait_for(RolloutRejected, count=2)
+    assert [(e.rollout_id, e.reason, e.step) for e in events] == [  # type: ignore[attr-defined]
+        (group.rollout_ids[0], "duplicate", 1),
+        ("x", "unregistered", None),
+    ]
+    bus.close()
+
+
+def test_no_rejection_event_is_built_when_nobody_listens(
+    make_tracker: MakeTracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[object] = []
+
+    def counting(**fields: object) -> RolloutRejected:
+        built.append(fields)
+        return RolloutRejected(**fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tracker_module, "RolloutRejected", counting)
+    tracker = make_tracker(bus=EventBus())
+    tracker.begin_batch(1, groups_for(1))
+    tracker.record(RolloutResult(rollout_id="x", group_id="x", step=1))
+    assert built == []
+
+
+# --- the report accounts for every result and every registered id ----------------------
+
+actions = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # group
+        st.integers(0, 2),  # rollout
+        st.sampled_from(["ok", "fail", "fatal", "stale", "future", "stranger", "old_attempt"]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    actions=actions,
+    reissue_at=st.integers(-1, 60),
+    policy=st.sampled_from(["fill", "drop_rollout", "drop_group"]),
+)
+def test_every_result_and_every_id_is_accounted_for(
+    actions: list[tuple[int, int, str]], reissue_at: int, policy: str
+) -> None:
+    time = FakeTime()
+    tracker = RolloutTracker(
+        clock=time.clock, sleep=time.sleep, grace_s=0, grace_polls=1, failure_policy=policy
+    )
+    groups = groups_for(5, count=4, n=3)
+    current = {g.group_id: g for g in groups}
+    tracker.begin_batch(5, groups)
+    verdicts: list[Admission] = []
+    for i, (g, r, kind) in enumerate(actions):
+        if i == reissue_at:
+            current.update({x.group_id: x for x in tracker.reissue()})
+        group = current[f"p{g}"]
+        rid = groups[g].rollout_ids[r]
+        attempt = group.attempt
+        base = {"rollout_id": rid, "group_id": group.group_id, "step": 5, "attempt": attempt}
+        result = {
+            "ok": RolloutResult(**base, reward=1.0),
+            "fail": RolloutResult(**base, status=RolloutStatus.FAILED, error="x", error_kind="x"),
+            "fatal": RolloutResult(
+                **base, status=RolloutStatus.FAILED, error="y", error_kind="y", retryable=False
+            ),
+            "stale": RolloutResult(**{**base, "step": 4}),
+            "future": RolloutResult(**{**base, "step": 6}),
+            "stranger": RolloutResult(rollout_id=f"s{i}", group_id="s", step=5),
+            "old_attempt": RolloutResult(**{**base, "attempt": attempt - 1}),
+        }[kind]
+        verdicts.append(tracker.record(result))
+    batch = tracker.finalize()
+    report = batch.report
+
+    registered = [rid for g in groups for rid in g.rollout_ids]
+    assert report.registered == len(registered)
+    settled = report.succeeded + sum(report.failed.values())
+    assert settled + len(report.timed_out) + len(report.missing) == report.registered
+    counted = sum(v.admitted for v in verdicts)
+    dropped = sum(v.dropped for v in verdicts)
+    assert report.duplicates == verdicts.count(Admission.DUPLICATE)
+    assert sum(report.dropped.values()) == dropped
+    assert counted + dropped + report.duplicates == len(actions)
+    # groups stay intact and in registration order
+    kept_ids = [g.group_id for g in batch.groups]
+    assert kept_ids == sorted(kept_ids)
+    for kept in batch.groups:
+        order = groups[int(kept.group_id[1:])].rollout_ids
+        ids = tuple(r.rollout_id for r in kept.results)
+        assert ids == (order if policy == "fill" else tuple(i for i in order if i in ids))
+    assert set(report.removed).isdisjoint(r.rollout_id for g in batch.groups for r in g.results)
+
+
+def test_group_ids_in_reissued_groups_keep_the_prompt(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    group = PromptGroup.create("prompt-9", 2, step=3, prompt={"text": "abc"})
+    tracker.begin_batch(3, [group])
+    (again,) = tracker.reissue()
+    assert (again.group_id, again.prompt, again.step) == ("prompt-9", {"text": "abc"}, 3)

@@ -1,0 +1,404 @@
+"""Batch completion: the set check, the grace window, the deadline, failure policies,
+finalize and reconcile, leftovers, reissue and the cancel hook."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+
+from eventbus import BatchReconciled, EventBus
+from eventbus.testing import record_events
+from replay import (
+    Admission,
+    BatchFailedError,
+    FailurePolicy,
+    GroupStatus,
+    PromptGroup,
+    RegistrationError,
+    RolloutResult,
+    RolloutTracker,
+)
+
+from .helpers import FakeTime, groups_for, succeed_all
+
+MakeTracker = Callable[..., RolloutTracker]
+
+
+def test_completion_is_a_set_check_not_a_count(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1, n=2)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.result(0))
+    tracker.record(group.result(0))  # duplicate
+    tracker.record(RolloutResult(rollout_id="other#0", group_id="other", step=1))
+    assert not tracker.is_complete()  # three results for two ids, one id still open
+    assert tracker.outstanding() == (group.rollout_ids[1],)
+    tracker.record(group.result(1))
+    assert tracker.is_complete()
+
+
+async def test_complete_batch_returns_without_sleeping(
+    make_tracker: MakeTracker, fake_time: FakeTime
+) -> None:
+    tracker = make_tracker()
+    groups = groups_for(1)
+    tracker.begin_batch(1, groups)
+    succeed_all(tracker.record, groups)
+    assert await tracker.wait_for_completion() is True
+    assert fake_time.sleeps == []
+
+
+# --- grace window -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("grace_s", "grace_polls", "sleeps"),
+    [
+        (1.0, 0, [0.25] * 4),  # seconds only
+        (0.0, 3, [0.25] * 3),  # polls only
+        (0.0, 1, [0.25]),  # the seed's bug: it must sleep and poll again at least once
+        (1.0, 6, [0.25] * 6),  # both: the longer one decides
+        (0.3, 0, [0.25, 0.05]),  # the sleep ends exactly when the window does
+    ],
+)
+async def test_grace_window_sleeps_and_polls_when_no_retry_comes(
+    make_tracker: MakeTracker,
+    fake_time: FakeTime,
+    grace_s: float,
+    grace_polls: int,
+    sleeps: list[float],
+) -> None:
+    tracker = make_tracker(grace_s=grace_s, grace_polls=grace_polls, poll_interval_s=0.25)
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.failure(0, "agent raised", kind="agent_error"))
+    assert await tracker.wait_for_completion() is True
+    assert fake_time.sleeps == pytest.approx(sleeps)
+    report = tracker.finalize().report
+    assert report.failed == {"agent_error": 1}
+    assert report.grace_polls == len(sleeps)
+
+
+async def test_a_retry_inside_the_grace_window_ends_the_wait_early(
+    make_tracker: MakeTracker, fake_time: FakeTime
+) -> None:
+    tracker = make_tracker(grace_s=10.0, poll_interval_s=0.25)
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.failure(0, "agent raised"))
+
+    def retry_lands(sleep_number: int) -> None:
+        if sleep_number == 2:
+            assert tracker.record(group.result(0, reward=1.0)) is Admission.UPGRADED
+
+    fake_time.during_sleep = retry_lands
+    assert await tracker.wait_for_completion() is True
+    assert len(fake_time.sleeps) == 2  # not the 40 a 10 s window would take
+    report = tracker.finalize().report
+    assert (report.succeeded, report.retry_overwrites, report.failed) == (1, 1, {})
+
+
+async def test_non_retryable_failure_skips_the_grace_window(
+    make_tracker: MakeTracker, fake_time: FakeTime
+) -> None:
+    tracker = make_tracker(grace_s=10.0, grace_polls=5)
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.failure(0, "prompt too long", kind="context_length", retryable=False))
+    assert await tracker.wait_for_completion() is True
+    assert fake_time.sleeps == []
+    assert tracker.finalize().report.failed == {"context_length": 1}
+
+
+async def test_zero_grace_settles_failures_at_once(
+    make_tracker: MakeTracker, fake_time: FakeTime
+) -> None:
+    tracker = make_tracker(grace_s=0, grace_polls=0)
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.failure(0, "x"))
+    assert await tracker.wait_for_completion() is True
+    assert fake_time.sleeps == []
+
+
+# --- deadline ---------------------------------------------------------------------------
+
+
+async def test_deadline_times_out_stragglers(
+    make_tracker: MakeTracker, fake_time: FakeTime
+) -> None:
+    cancelled: list[tuple[tuple[str, ...], str]] = []
+    tracker = make_tracker(
+        batch_timeout_s=2.5,
+        poll_interval_s=1.0,
+        on_cancel=lambda ids, reason: cancelled.append((ids, reason)),
+    )
+    (group,) = groups_for(1, count=1, n=3)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.result(0))
+    tracker.record(group.failure(1, "flaky"))  # a placeholder the deadline settles as failed
+    assert await tracker.wait_for_completion() is False
+    assert fake_time.sleeps == pytest.approx([1.0, 1.0, 0.5])  # never sleeps past it
+    batch = tracker.finalize()
+    assert batch.report.timed_out == (group.rollout_ids[2],)
+    assert batch.report.failed == {"error": 1}
+    assert batch.report.succeeded == 1
+    assert cancelled == [((group.rollout_ids[2],), "timed_out")]
+    assert tracker.record(group.result(2)) is Admission.FINALIZED
+
+
+def test_finalizing_early_reports_missing_rollouts(make_tracker: MakeTracker) -> None:
+    cancelled: list[tuple[tuple[str, ...], str]] = []
+    tracker = make_tracker(on_cancel=lambda ids, reason: cancelled.append((ids, reason)))
+    (group,) = groups_for(1, count=1, n=2)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.result(0))
+    report = tracker.finalize().report
+    assert report.missing == (group.rollout_ids[1],)
+    assert report.timed_out == ()
+    assert cancelled == [((group.rollout_ids[1],), "missing")]
+
+
+async def test_reissue_restarts_the_batch_deadline(
+    make_tracker: MakeTracker, fake_time: FakeTime
+) -> None:
+    tracker = make_tracker(batch_timeout_s=5.0, poll_interval_s=10.0)
+    groups = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, groups)
+    fake_time.now = 4.0
+    tracker.reissue()
+    assert await tracker.wait_for_completion() is False
+    assert fake_time.now == pytest.approx(9.0)
+
+
+# --- failure policies -------------------------------------------------------------------
+
+
+def _mixed_batch(tracker: RolloutTracker) -> list[PromptGroup]:
+    """g0: all succeed; g1: one fatal failure; g2: a fatal failure and a missing rollout."""
+    groups = groups_for(1, count=3, n=2, prefix="g")
+    tracker.begin_batch(1, groups)
+    g0, g1, g2 = groups
+    tracker.record(g0.result(0, reward=1.0))
+    tracker.record(g0.result(1, reward=0.5))
+    tracker.record(g1.result(0, reward=1.0))
+    tracker.record(g1.failure(1, "boom", kind="worker_crash", retryable=False))
+    tracker.record(g2.failure(0, "too long", kind="context_length", retryable=False))
+    return groups
+
+
+def test_fill_keeps_groups_with_zero_reward_fills(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(failure_policy="fill", fill_reward=-1.0)
+    _g0, _g1, g2 = _mixed_batch(tracker)
+    batch = tracker.finalize()
+    assert [g.group_id for g in batch.groups] == ["g0", "g1", "g2"]
+    assert [g.status for g in batch.groups] == [
+        GroupStatus.FINISHED,
+        GroupStatus.FAILED,
+        GroupStatus.FAILED,
+    ]
+    assert batch.groups[1].rewards == (1.0, -1.0)
+    filled = batch.groups[2].results
+    assert [(r.rollout_id, r.error_kind, r.ok, r.payload) for r in filled] == [
+        (g2.rollout_ids[0], "context_length", False, None),
+        (g2.rollout_ids[1], "missing", False, None),
+    ]
+    report = batch.report
+    assert (report.filled, report.removed, report.failure_policy) == (3, (), "fill")
+    assert report.failed == {"worker_crash": 1, "context_length": 1}
+    assert report.missing == (g2.rollout_ids[1],)
+
+
+def test_drop_rollout_removes_failed_rollouts_and_empty_groups(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(failure_policy=FailurePolicy.DROP_ROLLOUT)
+    _g0, g1, g2 = _mixed_batch(tracker)
+    batch = tracker.finalize()
+    assert [(g.group_id, len(g.results), g.status) for g in batch.groups] == [
+        ("g0", 2, GroupStatus.FINISHED),
+        ("g1", 1, GroupStatus.FINISHED),
+    ]
+    assert batch.report.removed == (g1.rollout_ids[1], *g2.rollout_ids)
+
+
+def test_drop_group_removes_every_group_with_a_failure(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(failure_policy="drop_group")
+    _g0, g1, g2 = _mixed_batch(tracker)
+    batch = tracker.finalize()
+    assert [g.group_id for g in batch.groups] == ["g0"]
+    assert batch.report.removed == (*g1.rollout_ids, *g2.rollout_ids)
+
+
+async def test_raise_policy_raises_on_every_finalize_but_reports_once() -> None:
+    bus = EventBus()
+    tracker = RolloutTracker(bus=bus, failure_policy="raise")
+    async with record_events(bus, BatchReconciled) as recorder:
+        _mixed_batch(tracker)
+        with pytest.raises(BatchFailedError, match="failure policy 'raise'") as first:
+            tracker.finalize()
+        with pytest.raises(BatchFailedError):
+            tracker.finalize()
+        await recorder.wait_for(BatchReconciled)
+    assert len(recorder.of_type(BatchReconciled)) == 1
+    assert first.value.report == tracker.reconcile()
+    assert first.value.report.succeeded == 3
+    bus.close()
+
+
+@pytest.mark.parametrize(("limit", "raises"), [(0.5, False), (0.4, True)])
+def test_max_failed_fraction(make_tracker: MakeTracker, limit: float, raises: bool) -> None:
+    tracker = make_tracker(max_failed_fraction=limit)
+    _mixed_batch(tracker)  # 3 of 6 did not succeed
+    if raises:
+        with pytest.raises(BatchFailedError, match=r"3 of 6 .* above max_failed_fraction 40.0%"):
+            tracker.finalize()
+    else:
+        assert tracker.finalize().report.succeeded == 3
+
+
+# --- finalize, reconcile, leftovers ------------------------------------------------------
+
+
+async def test_finalize_is_idempotent_and_publishes_one_report() -> None:
+    bus = EventBus()
+    tracker = RolloutTracker(bus=bus)
+    groups = groups_for(1)
+    async with record_events(bus, BatchReconciled) as recorder:
+        tracker.begin_batch(1, groups)
+        succeed_all(tracker.record, groups)
+        first = tracker.finalize()
+        assert tracker.finalize() is first
+        await recorder.wait_for(BatchReconciled)
+    (event,) = recorder.of_type(BatchReconciled)
+    assert event.report == first.report == tracker.reconcile()
+    assert [g.group_id for g in first.groups] == ["p0", "p1"]
+    bus.close()
+
+
+def test_reconcile_before_finalize_is_a_snapshot(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1, n=2)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.result(0))
+    snapshot = tracker.reconcile()
+    assert (snapshot.succeeded, snapshot.missing) == (1, (group.rollout_ids[1],))
+    tracker.record(group.result(1))
+    assert tracker.reconcile().succeeded == 2  # nothing was closed by looking
+
+
+def test_leftovers_of_an_unfinalized_batch_are_drained_and_counted(
+    make_tracker: MakeTracker,
+) -> None:
+    cancelled: list[tuple[tuple[str, ...], str]] = []
+    tracker = make_tracker(on_cancel=lambda ids, reason: cancelled.append((ids, reason)))
+    (old,) = groups_for(1, count=1, n=3)
+    tracker.begin_batch(1, [old])
+    tracker.record(old.result(0))
+    tracker.record(old.failure(1, "x"))
+    new = groups_for(2, count=1, n=3)
+    assert tracker.begin_batch(2, new) == 2
+    # the placeholder could still get a retry, so it is outstanding too
+    assert cancelled == [(old.rollout_ids[1:], "drained")]
+    succeed_all(tracker.record, new)
+    report = tracker.finalize().report
+    assert report.leftovers_drained == 2
+    assert tracker.statistics().leftovers_drained == 2
+
+
+def test_late_results_between_batches_land_in_the_next_report(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    old = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, old)
+    tracker.finalize()
+    tracker.record(old[0].result(0))  # after finalize, before the next batch
+    new = groups_for(2, count=1, n=1)
+    tracker.begin_batch(2, new)
+    tracker.record(old[0].result(0))  # during the next batch
+    succeed_all(tracker.record, new)
+    assert tracker.finalize().report.dropped == {"finalized": 1, "earlier_step": 1}
+
+
+# --- registration errors ----------------------------------------------------------------
+
+
+def test_registration_errors_are_clear(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker()
+    with pytest.raises(RegistrationError, match="no groups"):
+        tracker.begin_batch(1, [])
+    with pytest.raises(RegistrationError, match="not the batch's step 1"):
+        tracker.begin_batch(1, groups_for(2))
+    with pytest.raises(RegistrationError, match="appears twice"):
+        tracker.begin_batch(1, groups_for(1) + groups_for(1))
+    with pytest.raises(RegistrationError, match="no batch has begun for partition 'val'"):
+        tracker.finalize("val")
+    with pytest.raises(ValueError, match="partition must be one of"):
+        tracker.finalize("test")  # type: ignore[arg-type]
+    tracker.begin_batch(3, groups_for(3))
+    with pytest.raises(RegistrationError, match="steps must increase"):
+        tracker.begin_batch(3, groups_for(3, prefix="q"))
+    with pytest.raises(RegistrationError, match="already open"):
+        tracker.register(groups_for(7))
+    with pytest.raises(RegistrationError, match="not open"):
+        tracker.reissue(["nope"])
+    with pytest.raises(ValueError, match="n >= 1"):
+        PromptGroup.create("p", 0)
+    with pytest.raises(ValueError, match="repeats a rollout id"):
+        PromptGroup(group_id="p", rollout_ids=("a", "a"))
+
+
+def test_bad_settings_are_rejected() -> None:
+    with pytest.raises(ValueError, match="batch_timeout_s"):
+        RolloutTracker(batch_timeout_s=0)
+    with pytest.raises(ValueError, match="grace_polls"):
+        RolloutTracker(grace_polls=-1)
+    with pytest.raises(ValueError, match="max_failed_fraction"):
+        RolloutTracker(max_failed_fraction=1.5)
+    with pytest.raises(ValueError, match="poll_interval_s"):
+        RolloutTracker(poll_interval_s=float("inf"))
+    with pytest.raises(ValueError, match="is not a valid FailurePolicy"):
+        RolloutTracker(failure_policy="ignore")
+
+
+# --- reissue and cancel hook ------------------------------------------------------------
+
+
+def test_reissue_moves_placeholders_and_in_flight_rollouts_to_a_new_attempt(
+    make_tracker: MakeTracker,
+) -> None:
+    cancelled: list[tuple[tuple[str, ...], str]] = []
+    tracker = make_tracker(on_cancel=lambda ids, reason: cancelled.append((ids, reason)))
+    a, b = groups_for(1, count=2, n=3)
+    tracker.begin_batch(1, [a, b])
+    succeed_all(tracker.record, [b])
+    tracker.record(a.result(0))
+    tracker.record(a.failure(1, "flaky"))
+    assert tracker.in_flight() == (a,)
+    (again,) = tracker.reissue()
+    assert (again.group_id, again.attempt, again.rollout_ids) == ("p0", 2, a.rollout_ids[1:])
+    (open_group,) = tracker.in_flight()
+    assert (open_group.attempt, open_group.rollout_ids) == (2, a.rollout_ids)  # the whole group
+    assert cancelled == [(a.rollout_ids[1:], "superseded")]
+    assert tracker.record(a.result(1)) is Admission.SUPERSEDED_ATTEMPT
+    assert tracker.record(again.result(0)) is Admission.ADMITTED
+    assert tracker.record(again.result(1)) is Admission.ADMITTED
+    report = tracker.finalize().report
+    assert (report.succeeded, report.dropped) == (6, {"superseded_attempt": 1})
+    stats = tracker.statistics()
+    assert (stats.reissued, stats.max_attempt) == (2, 2)
+
+
+def test_a_failing_cancel_hook_is_logged_and_counted(
+    make_tracker: MakeTracker, caplog: pytest.LogCaptureFixture
+) -> None:
+    def hook(ids: tuple[str, ...], reason: str) -> None:
+        raise RuntimeError("backend gone")
+
+    tracker = make_tracker(on_cancel=hook)
+    tracker.begin_batch(1, groups_for(1))
+    with caplog.at_level(logging.ERROR, logger="replay"):
+        report = tracker.finalize().report  # does not raise
+    assert len(report.missing) == 4
+    assert "cancel hook failed" in caplog.text
+    stats = tracker.statistics()
+    assert (stats.cancel_hook_errors, stats.cancelled) == (1, 4)

@@ -182,15 +182,13 @@ class AsyncReplayBuffer(BufferBase):
             tracker._window.wait_s += waited
             tracker._wait_total += waited
         if isinstance(outcome, PollTimeout):
-            blocked = ""
+            why = ""
             if self.strategy is StalenessStrategy.WAIT:
-                blocked = (
-                    f"strategy 'wait' holds while a group in flight is {self.max_off_policy} "
-                    f"versions behind policy version {current}"
+                why = (
+                    f"strategy 'wait' holds sampling while a group in flight is "
+                    f"{self.max_off_policy} or more versions behind policy version {current}"
                 )
-            raise self._deadline_error(outcome, step=step, partition=part, required=target) from (
-                None if not blocked else RuntimeError(blocked)
-            )
+            raise self._deadline_error(outcome, step=step, partition=part, required=target, why=why)
         return outcome
 
     def _check(

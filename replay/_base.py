@@ -130,7 +130,13 @@ class BufferBase:
         return _PollReporter(self, step, partition, required)
 
     def _deadline_error(
-        self, timeout: PollTimeout[object], *, step: int, partition: Partition, required: int
+        self,
+        timeout: PollTimeout[object],
+        *,
+        step: int,
+        partition: Partition,
+        required: int,
+        why: str = "",
     ) -> SampleDeadlineExceeded:
         self._deadlines += 1
         last = timeout.last
@@ -145,7 +151,7 @@ class BufferBase:
             elapsed_s=timeout.elapsed_s,
             polls=timeout.polls,
             outstanding=self._tracker.outstanding(partition)[:10],
-            detail=f"wait_timeout_s={self.wait_timeout_s:g}",
+            detail="; ".join(filter(None, (why, f"wait_timeout_s={self.wait_timeout_s:g}"))),
         )
 
 

@@ -315,7 +315,10 @@ class RolloutTracker:
     def _admit_locked(self, rollout: Rollout, result: RolloutResult) -> tuple[Admission, bool]:
         group = rollout.group
         batch = group.batch
-        counters = batch.counters if batch is not None else self._window
+        # After its report went out, a batch's drops belong to the next report.
+        counters = (
+            batch.counters if batch is not None and batch.reconciled is None else self._window
+        )
         verdict: Admission
         if result.step != rollout.step:
             verdict = _EARLIER_STEP if result.step < rollout.step else _UNREGISTERED

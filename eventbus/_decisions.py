@@ -36,35 +36,40 @@ class Decision(enum.Enum):
     STOP = "stop"
     ABORT = "abort"
 
-    @property
-    def severity(self) -> int:
+    def __init__(self, value: str) -> None:
+        # The rank is stored on the member: Enum hashing runs in Python, so an attribute
+        # beats a dict lookup on the safe-point path. Members are created in order.
+        self.severity: int = len(type(self)._member_names_)
         """Rank of this decision: 0 for ``CONTINUE`` up to 4 for ``ABORT``."""
-        return _SEVERITY[self]
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, Decision):
             return NotImplemented
-        return _SEVERITY[self] < _SEVERITY[other]
+        return self.severity < other.severity
 
     def __le__(self, other: object) -> bool:
         if not isinstance(other, Decision):
             return NotImplemented
-        return _SEVERITY[self] <= _SEVERITY[other]
+        return self.severity <= other.severity
 
     def __gt__(self, other: object) -> bool:
         if not isinstance(other, Decision):
             return NotImplemented
-        return _SEVERITY[self] > _SEVERITY[other]
+        return self.severity > other.severity
 
     def __ge__(self, other: object) -> bool:
         if not isinstance(other, Decision):
             return NotImplemented
-        return _SEVERITY[self] >= _SEVERITY[other]
+        return self.severity >= other.severity
 
     @classmethod
     def combine(cls, decisions: Iterable[Decision]) -> Decision:
         """Return the most severe decision, or ``CONTINUE`` when there is none."""
-        return max(decisions, key=_SEVERITY.__getitem__, default=cls.CONTINUE)
+        worst = 0
+        for decision in decisions:
+            if decision.severity > worst:
+                worst = decision.severity
+        return _BY_SEVERITY[worst]
 
 
-_SEVERITY: dict[Decision, int] = {d: i for i, d in enumerate(Decision)}
+_BY_SEVERITY: tuple[Decision, ...] = tuple(Decision)

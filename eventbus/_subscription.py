@@ -106,7 +106,12 @@ class Subscription(metaclass=NoPublicConstructor):
         self._overflow: Overflow = overflow
         self._lock = lock
         self._clock = clock
+        # Publishers append to _queue under the bus lock. The consumer swaps the whole queue
+        # into _ready under the lock, once per batch, and then pops _ready without locking:
+        # one lock round trip per batch instead of per event. Events already in _ready are
+        # taken and no longer dropped, so a subscriber holds at most about 2 * maxsize.
         self._queue: deque[Event | _Gap] = deque()
+        self._ready: deque[Event | _Gap] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._waiter_thread = 0
         # accepting: new events are queued. end_when_empty: iteration ends once the queue is
@@ -166,7 +171,7 @@ class Subscription(metaclass=NoPublicConstructor):
         with self._lock:
             return SubscriptionStatistics(
                 name=self._name,
-                queued=len(self._queue),
+                queued=len(self._queue) + len(self._ready),
                 delivered=self._delivered,
                 dropped=self._dropped,
                 lagged_notices=self._lagged_notices,
@@ -181,14 +186,20 @@ class Subscription(metaclass=NoPublicConstructor):
 
     async def __anext__(self) -> Event:
         while True:
+            if self._ready:
+                try:
+                    item = self._ready.popleft()
+                except IndexError:  # close() discarded it from another thread
+                    continue
+                if type(item) is _Gap:
+                    self._lagged_notices += 1
+                    return Lagged(missed=item.n, time=self._clock())
+                self._delivered += 1
+                return item  # type: ignore[return-value]  # not a _Gap, so an Event
             with self._lock:
                 if self._queue:
-                    item = self._queue.popleft()
-                    if type(item) is _Gap:
-                        self._lagged_notices += 1
-                        return Lagged(missed=item.n, time=self._clock())
-                    self._delivered += 1
-                    return item  # type: ignore[return-value]  # not a _Gap, so an Event
+                    self._queue, self._ready = self._ready, self._queue
+                    continue
                 if self._end_when_empty or not self._accepting:
                     error, self._error = self._error, None
                     if error is not None:
@@ -200,10 +211,10 @@ class Subscription(metaclass=NoPublicConstructor):
             try:
                 await waiter
             finally:
-                # Cancelled while waiting: forget the future so no publisher touches it.
-                with self._lock:
-                    if self._waiter is waiter:
-                        self._waiter = None
+                if self._waiter is waiter:  # cancelled while waiting: forget the future
+                    with self._lock:
+                        if self._waiter is waiter:
+                            self._waiter = None
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -222,7 +233,7 @@ class Subscription(metaclass=NoPublicConstructor):
 
     # --- called by the bus, with the bus lock held -----------------------------------------
 
-    def _push(self, event: Event, thread: int) -> None:
+    def _push(self, event: Event) -> None:
         if not self._accepting:
             return
         queue = self._queue
@@ -247,7 +258,8 @@ class Subscription(metaclass=NoPublicConstructor):
         queue.append(event)
         if len(queue) > self._peak:
             self._peak = len(queue)
-        self._wake(thread)
+        if self._waiter is not None:
+            self._wake()
 
     def _is_request(self, event: Event) -> bool:
         return type(event) is SafePointReached and event.point in self._vote_points
@@ -278,12 +290,12 @@ class Subscription(metaclass=NoPublicConstructor):
         else:
             queue.append(_Gap())
 
-    def _wake(self, thread: int) -> None:
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is None:
             return
         self._waiter = None
-        if thread == self._waiter_thread:
+        if threading.get_ident() == self._waiter_thread:
             _wake(waiter)
         else:
             waiter.get_loop().call_soon_threadsafe(_wake, waiter)
@@ -292,17 +304,18 @@ class Subscription(metaclass=NoPublicConstructor):
         self._error = error
         self._accepting = False
         self._bus._forget_locked(self)
-        self._wake(threading.get_ident())
+        self._wake()
 
     def _stop(self, *, discard: bool) -> None:
         """No more events; iteration ends after the queue drains (or at once if discard)."""
         self._accepting = False
         if discard:
             self._queue.clear()
-        self._wake(threading.get_ident())
+            self._ready.clear()
+        self._wake()
 
     def _end_iteration_when_empty(self, end: bool) -> None:
         """Extension mailboxes: let the dispatcher finish when idle, or keep it waiting."""
         self._end_when_empty = end
         if end:
-            self._wake(threading.get_ident())
+            self._wake()

@@ -90,6 +90,8 @@ class PromptGroup(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         if len(set(self.rollout_ids)) != len(self.rollout_ids):
             raise ValueError(f"group {self.group_id!r} repeats a rollout id")
         check_partition(self.partition)
+        if self.step < 0:
+            raise ValueError(f"group {self.group_id!r}: step must be >= 0, got {self.step}")
         if self.attempt < 1:
             raise ValueError(f"group {self.group_id!r}: attempt must be >= 1, got {self.attempt}")
 

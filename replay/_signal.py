@@ -9,6 +9,8 @@ than at the end of its poll interval.
 The sleep itself is the caller's (``anyio.sleep`` by default, a fake one in tests), which
 is what makes time-dependent logic testable: a wake-up cancels that sleep through a cancel
 scope, from the loop thread directly or via ``call_soon_threadsafe`` from other threads.
+With the default ``anyio.sleep`` the waiter instead awaits a future under a timeout and a
+wake-up resolves it: same behaviour, one event-loop turn less on the hand-out path.
 """
 
 from __future__ import annotations
@@ -28,17 +30,32 @@ Sleep = Callable[[float], Awaitable[object]]
 
 
 class _Waiter:
-    __slots__ = ("active", "loop", "scope", "thread")
+    """One sleeping waiter: woken by cancelling its sleep's scope, or (for the default
+    ``anyio.sleep``) by resolving the future it awaits, which resumes it a loop turn
+    sooner than cancellation delivery would."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, scope: anyio.CancelScope) -> None:
+    __slots__ = ("active", "future", "loop", "scope", "thread")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        scope: anyio.CancelScope | None,
+        future: asyncio.Future[None] | None,
+    ) -> None:
         self.loop = loop
         self.scope = scope
+        self.future = future
         self.thread = threading.get_ident()
         self.active = True
 
-    def cancel(self) -> None:
+    def wake(self) -> None:
         # Runs on the waiter's loop thread; the wait may already be over.
-        if self.active:
+        if not self.active:
+            return
+        if self.future is not None:
+            if not self.future.done():
+                self.future.set_result(None)
+        elif self.scope is not None:
             self.scope.cancel()
 
 
@@ -66,10 +83,10 @@ class ChangeSignal:
         me = threading.get_ident()
         for waiter in waiters:
             if waiter.thread == me:
-                waiter.cancel()
+                waiter.wake()
                 continue
             try:
-                waiter.loop.call_soon_threadsafe(waiter.cancel)
+                waiter.loop.call_soon_threadsafe(waiter.wake)
             except RuntimeError:
                 # The waiter's loop is closed, so nobody is left waiting there.
                 self.wake_failures += 1
@@ -84,17 +101,37 @@ class ChangeSignal:
         """
         if self._version != version:
             return True
+        loop = asyncio.get_running_loop()
+        if sleep is anyio.sleep:
+            future: asyncio.Future[None] = loop.create_future()
+            waiter = _Waiter(loop, None, future)
+            if not self._enlist(waiter, version):
+                return True
+            try:
+                with anyio.move_on_after(max(timeout, 0.0)):
+                    await future
+            finally:
+                self._dismiss(waiter)
+            return (future.done() and not future.cancelled()) or self._version != version
         with anyio.CancelScope() as scope:
-            waiter = _Waiter(asyncio.get_running_loop(), scope)
-            with self._lock:
-                if self._version != version:
-                    return True
-                self._waiters.append(waiter)
+            waiter = _Waiter(loop, scope, None)
+            if not self._enlist(waiter, version):
+                return True
             try:
                 await sleep(max(timeout, 0.0))
             finally:
-                waiter.active = False
-                with self._lock:
-                    if waiter in self._waiters:
-                        self._waiters.remove(waiter)
+                self._dismiss(waiter)
         return scope.cancelled_caught or self._version != version
+
+    def _enlist(self, waiter: _Waiter, version: int) -> bool:
+        with self._lock:
+            if self._version != version:
+                return False
+            self._waiters.append(waiter)
+            return True
+
+    def _dismiss(self, waiter: _Waiter) -> None:
+        waiter.active = False
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)

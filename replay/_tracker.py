@@ -40,7 +40,6 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import cast
 
@@ -50,6 +49,7 @@ import msgspec
 from eventbus import BatchReconciled, BatchReport, EventBus, RolloutRejected
 
 from ._errors import BatchFailedError, RegistrationError
+from ._history import RetiredIds
 from ._ledger import (
     FAILED,
     IN_FLIGHT,
@@ -149,7 +149,6 @@ class RolloutTracker:
         self._grace_polls = grace_polls
         self._grace = grace_s > 0 or grace_polls > 0
         self._batch_timeout = float(batch_timeout_s)
-        self._history_size = history_size
         self.bus = bus
         self.poll_interval_s = float(poll_interval_s)
         self.clock = clock
@@ -161,7 +160,7 @@ class RolloutTracker:
         self._rollouts: dict[str, Rollout] = {}
         self._groups: dict[str, Group] = {}  # insertion order is registration order
         self._batches: dict[str, Batch] = {}
-        self._history: OrderedDict[str, tuple[int, Admission]] = OrderedDict()
+        self._history = RetiredIds(history_size)
         self._placeholders: dict[str, Rollout] = {}
         self._window = Counters()  # results no open batch owns, until the next report
         self._to_cancel: list[tuple[tuple[str, ...], str]] = []
@@ -927,7 +926,6 @@ class RolloutTracker:
         if group.closed is None:
             group.closed = reason
         outstanding: list[str] = []
-        history = self._history
         for rollout in group.rollouts:
             rollout_id = rollout.rollout_id
             if self._rollouts.get(rollout_id) is rollout:
@@ -937,11 +935,7 @@ class RolloutTracker:
                 outstanding.append(rollout_id)
             elif rollout.state == IN_FLIGHT:
                 outstanding.append(rollout_id)
-            if self._history_size:
-                history[rollout_id] = (rollout.step, reason)
-                history.move_to_end(rollout_id)
-        while len(history) > self._history_size:
-            history.popitem(last=False)
+        self._history.remember(group.spec.rollout_ids, group.spec.step, reason)
         return outstanding
 
     def _flush_cancels(self) -> None:

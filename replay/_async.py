@@ -32,6 +32,7 @@ from ._ledger import Counters, Group, build_report
 from ._model import GroupResult, GroupStatus, Partition, PromptGroup, check_partition
 from ._reasons import Admission, EvictionReason, StalenessStrategy
 from ._tracker import RolloutTracker
+from ._validate import check_count
 from ._waiting import Poll, PollTimeout, poll_until
 
 __all__ = ["AsyncReplayBuffer", "RefillCallback"]
@@ -77,10 +78,7 @@ class AsyncReplayBuffer(BufferBase):
             wait_timeout_s=wait_timeout_s,
             safe_point_timeout_s=safe_point_timeout_s,
         )
-        if isinstance(max_off_policy, bool) or not isinstance(max_off_policy, int):
-            raise ValueError(f"max_off_policy must be an int >= 0, got {max_off_policy!r}")
-        if max_off_policy < 0:
-            raise ValueError(f"max_off_policy must be an int >= 0, got {max_off_policy!r}")
+        check_count("max_off_policy", max_off_policy)
         self.max_off_policy = max_off_policy
         self.strategy = StalenessStrategy(strategy)
         self._refill = refill

@@ -19,6 +19,7 @@ from ._model import Partition, PromptGroup, RolloutResult
 from ._reasons import Admission, EvictionReason
 from ._stats import PartitionCounts, ReplayState, ReplayStatistics
 from ._tracker import RolloutTracker
+from ._validate import check_seconds
 from ._waiting import Poll, PollTimeout, WaitReporter
 
 __all__ = ["BufferBase"]
@@ -46,10 +47,7 @@ class BufferBase:
         wait_timeout_s: float,
         safe_point_timeout_s: float | None,
     ) -> None:
-        if isinstance(wait_timeout_s, bool) or not (
-            isinstance(wait_timeout_s, int | float) and 0 < wait_timeout_s < float("inf")
-        ):
-            raise ValueError(f"wait_timeout_s must be a finite number > 0, got {wait_timeout_s!r}")
+        check_seconds("wait_timeout_s", wait_timeout_s)
         if tracker is None:
             tracker = RolloutTracker(bus=bus)
         elif bus is not None and tracker.bus is None:

@@ -77,6 +77,7 @@ from ._model import (
 from ._reasons import Admission, FailurePolicy
 from ._signal import ChangeSignal, Sleep
 from ._stats import PartitionCounts, TrackerStatistics
+from ._validate import check_count, check_groups, check_seconds
 from ._waiting import Poll, PollTimeout, poll_until
 
 __all__ = ["CancelHook", "RolloutTracker"]
@@ -135,11 +136,11 @@ class RolloutTracker:
         clock: Callable[[], float] = time.monotonic,
         sleep: Sleep = anyio.sleep,
     ) -> None:
-        _check_seconds("grace_s", grace_s, allow_zero=True)
-        _check_count("grace_polls", grace_polls)
-        _check_seconds("batch_timeout_s", batch_timeout_s)
-        _check_seconds("poll_interval_s", poll_interval_s)
-        _check_count("history_size", history_size)
+        check_seconds("grace_s", grace_s, allow_zero=True)
+        check_count("grace_polls", grace_polls)
+        check_seconds("batch_timeout_s", batch_timeout_s)
+        check_seconds("poll_interval_s", poll_interval_s)
+        check_count("history_size", history_size)
         if isinstance(max_failed_fraction, bool) or not 0.0 <= max_failed_fraction <= 1.0:
             raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction!r}")
         self._policy = FailurePolicy(failure_policy)
@@ -203,7 +204,7 @@ class RolloutTracker:
             RegistrationError: Empty batch, mixed steps or partitions, repeated ids, ids
                 still open elsewhere, or a step that does not increase.
         """
-        specs = _check_groups(groups)
+        specs = check_groups(groups)
         if not specs:
             raise RegistrationError(f"the batch of step {step} has no groups")
         part = check_partition(partition if partition is not None else specs[0].partition)
@@ -241,7 +242,7 @@ class RolloutTracker:
         Raises:
             RegistrationError: Repeated or already open ids.
         """
-        specs = _check_groups(groups)
+        specs = check_groups(groups)
         with self._lock:
             self._check_open_locked(specs, replacing=None)
             for spec in specs:
@@ -964,38 +965,9 @@ class RolloutTracker:
         )
 
 
-def _check_groups(groups: Iterable[PromptGroup]) -> list[PromptGroup]:
-    specs = list(groups)
-    group_ids: set[str] = set()
-    rollout_ids: set[str] = set()
-    for spec in specs:
-        if not isinstance(spec, PromptGroup):
-            raise TypeError(f"expected PromptGroup instances, got {type(spec).__name__}")
-        if spec.group_id in group_ids:
-            raise RegistrationError(f"group {spec.group_id!r} appears twice")
-        group_ids.add(spec.group_id)
-        for rollout_id in spec.rollout_ids:
-            if rollout_id in rollout_ids:
-                raise RegistrationError(f"rollout {rollout_id!r} appears in two groups")
-            rollout_ids.add(rollout_id)
-    return specs
-
-
 def _replace_attempt(spec: PromptGroup, attempt: int) -> PromptGroup:
     return msgspec.structs.replace(spec, attempt=attempt)
 
 
 def _with_rollouts(spec: PromptGroup, rollout_ids: tuple[str, ...]) -> PromptGroup:
     return msgspec.structs.replace(spec, rollout_ids=rollout_ids)
-
-
-def _check_seconds(name: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-
-
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")

@@ -275,7 +275,10 @@ class RolloutTracker:
             ``ADMITTED`` or ``UPGRADED`` when it counts, ``DUPLICATE`` for a no-op, or the
             drop reason.
         """
-        if not isinstance(cast(object, result), RolloutResult):  # typed callers cannot
+        # The exact-type test is the fast path; typing.cast keeps the guard reachable.
+        if result.__class__ is not RolloutResult and not isinstance(
+            cast(object, result), RolloutResult
+        ):
             return self._record_invalid(result)
         with self._lock:
             self._received += 1

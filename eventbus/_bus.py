@@ -577,6 +577,13 @@ class EventBus:
             run_extension, self, registration, done, name=f"extension {registration.name}"
         )
 
+    def report_extension_failure(
+        self, registration: Registration, hook: str, error: Exception
+    ) -> None:
+        """For hosts that call extension code themselves (``state_dict`` in a checkpoint):
+        log the failure, count it and publish ``ExtensionFailed``, as for a failing hook."""
+        self._extension_failed(registration, hook, error, None)
+
     def _extension_failed(
         self, registration: Registration, hook: str, error: Exception, event: Event | None
     ) -> None:
@@ -602,6 +609,27 @@ class EventBus:
                     event_type=event_type,
                 )
             )
+
+    async def drain(self, timeout: float = 5.0) -> bool:
+        """Wait until every extension has handled the events published so far.
+
+        A host calls this before it reads extension state (a checkpoint must hold the state
+        that follows every event before it). Extensions run on their own tasks, so this
+        polls their progress briefly; it never waits longer than ``timeout``.
+
+        Returns:
+            True when all are idle; False on timeout, or when the bus is not running (then
+            nothing handles the mailboxes).
+        """
+        if self._task_group is None:
+            return not self._registrations
+        with anyio.move_on_after(timeout):
+            pause = 0.0
+            while not all(r.idle for r in self.registrations()):
+                await anyio.sleep(pause)
+                pause = min(0.005, pause + 0.0005)
+            return True
+        return False
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[EventBus]:

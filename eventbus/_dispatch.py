@@ -42,10 +42,14 @@ async def run_extension(bus: EventBus, registration: Registration, done: anyio.E
             mailbox = registration._mailbox
             vote_points = mailbox.safe_points
             async for event in mailbox:
-                if type(event) is SafePointReached and event.point in vote_points:
-                    await _answer(bus, registration, event)
-                else:
-                    await _deliver(bus, registration, event)
+                registration._busy = True
+                try:
+                    if type(event) is SafePointReached and event.point in vote_points:
+                        await _answer(bus, registration, event)
+                    else:
+                        await _deliver(bus, registration, event)
+                finally:
+                    registration._busy = False
     finally:
         registration._cancel = None
         done.set()

@@ -261,6 +261,7 @@ class Registration(metaclass=NoPublicConstructor):
         self._votes = 0
         self._failures = 0
         self._cancel: Callable[[], None] | None = None  # set while a dispatcher task runs
+        self._busy = False  # its dispatcher is inside a hook
 
     @property
     def id(self) -> int:
@@ -290,6 +291,11 @@ class Registration(metaclass=NoPublicConstructor):
     def close(self) -> None:
         """Unregister the extension: no more events or votes. Idempotent."""
         self._bus._unregister(self)
+
+    @property
+    def idle(self) -> bool:
+        """True when every event delivered to it so far has been handled."""
+        return not self._busy and self._mailbox.statistics().queued == 0
 
     def statistics(self) -> RegistrationStatistics:
         """A snapshot of this registration's counters."""

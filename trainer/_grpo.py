@@ -17,49 +17,9 @@ import msgspec
 import torch
 from torch import Tensor
 
-from trainer._policy import Completion, Policy, response_logprobs
+from trainer._hparams import Completion, PPOConfig
+from trainer._policy import Policy, response_logprobs
 from trainer._tasks import Prompt
-
-
-class PPOConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Hyper-parameters of :func:`ppo_update` (defaults learn the built-in tasks quickly).
-
-    Attributes:
-        epochs: passes over each batch.
-        minibatch_size: samples per optimiser step; None uses the whole batch per step.
-        clip_eps: PPO clip range below 1 (ratio >= 1 - clip_eps).
-        clip_eps_high: clip range above 1; None means ``clip_eps`` (set it higher for
-            "clip-higher", which keeps rare good tokens from being clipped away).
-        dual_clip: for negative advantages, cap the loss at ``dual_clip * |advantage|`` so
-            very stale samples with huge ratios cannot dominate; None disables it.
-        kl_coef: weight of the KL penalty to the reference policy; 0 disables it (and the
-            reference forward pass). Learning from scratch wants 0: the reference is random.
-        entropy_coef: weight of the entropy bonus (0 disables it).
-        max_grad_norm: global gradient-norm clip; None disables clipping.
-        temperature: sampling temperature the behaviour log-probs were recorded at.
-    """
-
-    epochs: int = 2
-    minibatch_size: int | None = None
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    dual_clip: float | None = 3.0
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    max_grad_norm: float | None = 1.0
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if self.minibatch_size is not None and self.minibatch_size < 1:
-            raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size}")
-        if not 0 < self.clip_eps < 1:
-            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
 
 class Sample(msgspec.Struct, frozen=True):

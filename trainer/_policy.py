@@ -12,52 +12,13 @@ from __future__ import annotations
 import copy
 import io
 from collections.abc import Sequence
-from typing import Literal
 
-import msgspec
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer._tasks import EOS, PAD, VOCAB_SIZE, Prompt
-
-
-class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Shape of a policy network; encodes with msgspec so workers can rebuild the model.
-
-    Attributes:
-        kind: ``"transformer"`` (causal, pre-LayerNorm) or ``"gru"``.
-        vocab_size: number of token ids.
-        d_model: embedding and hidden width.
-        layers: transformer blocks or stacked GRU layers.
-        heads: attention heads (transformer only); must divide ``d_model``.
-        ffn_mult: feed-forward width as a multiple of ``d_model`` (transformer only).
-        max_seq_len: longest prompt plus response (transformer position table size).
-    """
-
-    kind: Literal["transformer", "gru"] = "transformer"
-    vocab_size: int = VOCAB_SIZE
-    d_model: int = 64
-    layers: int = 1
-    heads: int = 4
-    ffn_mult: int = 4
-    max_seq_len: int = 32
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("transformer", "gru"):
-            raise ValueError(f"unknown policy kind {self.kind!r}; use 'transformer' or 'gru'")
-        if self.d_model % self.heads:
-            raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model})")
-
-
-class Completion(msgspec.Struct, frozen=True):
-    """One sampled response: its token ids and the log-prob of each under the sampler.
-
-    The response ends with ``EOS`` if the policy produced one (generation stops there).
-    """
-
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
+from trainer._hparams import Completion, PolicyConfig
+from trainer._tasks import EOS, PAD, Prompt
 
 
 class Policy(nn.Module):

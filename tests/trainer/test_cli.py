@@ -1,0 +1,137 @@
+"""``trainbus`` as a user runs it: a subprocess, its exit status, its files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eventbus import FitFinished, StepFinished, read_events
+
+TINY = [
+    "--steps",
+    "2",
+    "--no-progress",
+]
+
+
+def trainbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def tiny_toml(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(
+        "[rollout]\nprompts_per_step = 8\ngroup_size = 4\n\n[checkpoint]\nevery = 1\n"
+    )
+    return path
+
+
+def test_train_writes_the_run_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = trainbus("train", "--config", str(tiny_toml(tmp_path)), *TINY, "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "finished: 2 steps" in done.stdout
+    events = list(read_events(out / "events.jsonl"))
+    assert sum(isinstance(e, StepFinished) for e in events) == 2
+    assert isinstance(events[-1], FitFinished)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step-00000000.pt",
+        "step-00000001.pt",
+        "step-00000002.pt",
+    ]
+
+
+def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
+    (tmp_path / "my_ext.py").write_text(
+        "from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability, StepFinished\n"
+        "class Printer:\n"
+        "    name = 'printer'\n"
+        "    api_version = RUNTIME_EXTENSION_API_VERSION\n"
+        "    required_capabilities = (Capability.EVENTS,)\n"
+        "    def on_event(self, context, event):\n"
+        "        if isinstance(event, StepFinished):\n"
+        "            print(f'PRINTER saw step {event.step}', flush=True)\n"
+    )
+    out = tmp_path / "run"
+    done = trainbus(
+        "train",
+        "--config",
+        str(tiny_toml(tmp_path)),
+        *TINY,
+        "--out",
+        str(out),
+        "--extension",
+        "my_ext:Printer",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "PRINTER saw step 2" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "--steps", "0"], "run.steps: expected `int` >= 1"),
+        (["train", "--steps", "many"], "argument --steps: invalid int value: 'many'"),
+        (["train", "--mode", "turbo"], "argument --mode: invalid choice: 'turbo'"),
+        (["train", "--bogus"], "unrecognized arguments: --bogus"),
+        (["train", "--inject", "explode@2"], "unknown fault 'explode'"),
+        (["train", "--inject", "hang"], "fault 'hang' needs a step"),
+        (["train", "--extension", "nosuchmodule:X"], "cannot import 'nosuchmodule'"),
+        (["train", "--extension", "json:NoSuchThing"], "module 'json' has no 'NoSuchThing'"),
+        (["train", "--extension", "json"], "expected MODULE:ATTR"),
+        (["train", "--config", "missing.toml"], "config file missing.toml does not exist"),
+        (["train", "--wait-timeout", "-1"], "rollout.wait_timeout_s: expected `float` > 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2_and_writes_nothing(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    done = trainbus(*args, "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert message in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_config_keys_and_values_are_named(tmp_path: Path) -> None:
+    cases = {
+        "[rollout]\nworkerz = 2\n": "rollout.workerz: unknown key",
+        "[rollout]\nworkers = 'two'\n": "rollout.workers: expected `int`, got `str`",
+        "[ppo]\nclip_eps = 3.0\n": "clip_eps must be in (0, 1)",
+        "[task]\nname = 'chess'\n": "unknown task 'chess'",
+        "[run\n": "is not valid TOML",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "bad.toml"
+        path.write_text(text)
+        done = trainbus("train", "--config", str(path), "--out", str(tmp_path / "run"), cwd=tmp_path)
+        assert done.returncode == 2, text
+        assert message in done.stderr, (text, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "run").exists()
+
+
+def test_an_extension_that_breaks_the_contract_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "bad_ext.py").write_text(
+        "class Old:\n    name = 'old'\n    api_version = '0.9'\n    required_capabilities = ()\n"
+    )
+    done = trainbus("train", "--extension", "bad_ext:Old", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "extension 'old' targets extension API 0.9" in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,173 @@
+"""Atomic checkpoints: write a temporary file, fsync it, rename it into place.
+
+A checkpoint is one ``step-NNNNNNNN.pt`` file (``torch.save`` of a plain dict). Because the
+rename is atomic, a reader sees either the previous checkpoint or the complete new one,
+never a torn file, even if the process is killed in the middle of a save. Leftover
+temporary files from such a kill are removed the next time the folder is opened.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CheckpointError", "CheckpointStore", "StoredCheckpoint"]
+
+logger = logging.getLogger("trainbus.checkpoint")
+
+_NAME = re.compile(r"^step-(\d{8})\.pt$")
+_TMP_SUFFIX = ".tmp"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A checkpoint file on disk."""
+
+    step: int
+    path: Path
+    size_bytes: int
+
+
+class CheckpointStore:
+    """The ``checkpoints/`` folder of a run.
+
+    Args:
+        folder: Where checkpoints live (created if missing); None keeps them in memory (a
+            trainer without a run folder can still restore after a failure).
+        keep: How many of the newest checkpoints to keep (older ones are deleted after a
+            successful save).
+        before_rename: Test and fault-injection hook called with the step and the temporary
+            path after it is written and synced, before the rename (a crash here must lose
+            nothing).
+    """
+
+    def __init__(
+        self,
+        folder: str | Path | None,
+        *,
+        keep: int = 3,
+        before_rename: Callable[[int, Path], None] | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"checkpoint keep must be >= 1, got {keep}")
+        self.folder = Path(folder) if folder is not None else None
+        self._memory: dict[int, bytes] = {}
+        self.keep = keep
+        self.before_rename = before_rename
+        self._cleaned = False
+
+    def list(self) -> list[StoredCheckpoint]:
+        """Checkpoints on disk, oldest first."""
+        if self.folder is None:
+            return [
+                StoredCheckpoint(step, Path(f"memory/step-{step:08d}.pt"), len(data))
+                for step, data in sorted(self._memory.items())
+            ]
+        if not self.folder.is_dir():
+            return []
+        found = []
+        for path in self.folder.iterdir():
+            match = _NAME.match(path.name)
+            if match:
+                found.append(StoredCheckpoint(int(match.group(1)), path, path.stat().st_size))
+        return sorted(found, key=lambda c: c.step)
+
+    def save(self, step: int, state: dict[str, Any]) -> StoredCheckpoint:
+        """Write ``state`` as the checkpoint of ``step`` atomically and durably."""
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getbuffer()
+        if self.folder is None:
+            self._memory[step] = bytes(data)
+            self._prune()
+            return self.list()[-1] if self._memory else StoredCheckpoint(step, Path(), 0)
+        self._remove_partial_writes()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / f"step-{step:08d}.pt"
+        temporary = final.with_name(final.name + _TMP_SUFFIX)
+        try:
+            with temporary.open("wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            if self.before_rename is not None:
+                self.before_rename(step, temporary)
+            os.replace(temporary, final)
+            _fsync_folder(self.folder)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise CheckpointError(f"could not write checkpoint {final}: {exc}") from exc
+        self._prune()
+        return StoredCheckpoint(step, final, len(data))
+
+    def load_latest(self) -> tuple[StoredCheckpoint, dict[str, Any]] | None:
+        """The newest checkpoint that loads, or None when there is none.
+
+        A checkpoint that fails to load (it should not happen, thanks to the atomic rename,
+        but disks do fail) is logged and skipped in favour of the one before it.
+        """
+        self._remove_partial_writes()
+        for stored in reversed(self.list()):
+            try:
+                if self.folder is None:
+                    return stored, _load(io.BytesIO(self._memory[stored.step]), stored.path)
+                return stored, self.load(stored.path)
+            except CheckpointError as exc:
+                logger.error("skipping unreadable checkpoint %s: %s", stored.path, exc)
+        return None
+
+    @staticmethod
+    def load(path: str | Path) -> dict[str, Any]:
+        """Read one checkpoint file."""
+        return _load(path, path)
+
+    def _prune(self) -> None:
+        for stale in self.list()[: -self.keep]:
+            if self.folder is None:
+                del self._memory[stale.step]
+            else:
+                stale.path.unlink(missing_ok=True)
+
+    def _remove_partial_writes(self) -> None:
+        if self._cleaned or self.folder is None or not self.folder.is_dir():
+            return
+        for path in self.folder.glob(f"*{_TMP_SUFFIX}"):
+            logger.warning(
+                "removing partial checkpoint write %s (the writer was interrupted)", path
+            )
+            path.unlink(missing_ok=True)
+        self._cleaned = True
+
+
+def _load(source: str | Path | io.BytesIO, name: str | Path) -> dict[str, Any]:
+    # weights_only: a checkpoint holds tensors and plain data only (extension state too),
+    # so loading one never runs code from the file.
+    try:
+        state = torch.load(source, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {name}: {exc}") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {name} does not hold a dict")
+    return state
+
+
+def _fsync_folder(folder: Path) -> None:
+    # The rename itself must reach the disk, or a power cut could forget it.
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,188 @@
+"""``trainbus``: the command line.
+
+``trainbus train`` runs the main job. Bad flags or config print one line naming the problem
+and exit with status 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad flag, config key or extension: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainbus", description="RL trainer runtime with a typed event bus.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = commands.add_parser("train", help="train a policy (the main job)")
+    train.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
+    train.add_argument("--steps", type=int, help="training steps")
+    train.add_argument("--seed", type=int, help="random seed")
+    train.add_argument("--mode", choices=("sync", "async"), help="on-policy or off-policy")
+    train.add_argument("--backend", choices=("local", "ray"), help="rollout workers")
+    train.add_argument("--workers", type=int, help="rollout workers")
+    train.add_argument("--out", metavar="DIR", help="run folder (default: runs/latest)")
+    train.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="register an extension class or factory (repeatable)",
+    )
+    train.add_argument("--self-heal", action="store_true", help="register SelfHealingExtension")
+    train.add_argument(
+        "--stall-timeout", type=float, metavar="S", help="self-healing stall timeout"
+    )
+    train.add_argument(
+        "--wait-timeout", type=float, metavar="S", help="deadline of any sample wait"
+    )
+    train.add_argument(
+        "--inject", action="append", default=[], metavar="FAULT@STEP", help="inject a fault"
+    )
+    train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
+    train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
+    train.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trainbus`` console script."""
+    try:
+        args = _parser().parse_args(argv)
+        if args.command == "train":
+            return _train(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    flags = {
+        "run.steps": args.steps,
+        "run.seed": args.seed,
+        "run.mode": args.mode,
+        "run.out": args.out,
+        "rollout.backend": args.backend,
+        "rollout.workers": args.workers,
+        "rollout.wait_timeout_s": args.wait_timeout,
+        "self_heal.stall_timeout_s": args.stall_timeout,
+    }
+    overrides = {key: value for key, value in flags.items() if value is not None}
+    if args.self_heal:
+        overrides["self_heal.enabled"] = True
+    if args.fresh:
+        overrides["checkpoint.resume"] = False
+    return overrides
+
+
+def load_extension(spec: str) -> object:
+    """Import ``MODULE:ATTR`` and return an extension: an instance, or a class or factory
+    called without arguments.
+
+    Raises:
+        UsageError: naming what could not be imported or built.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"--extension {spec!r}: expected MODULE:ATTR")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # a user's extension module in the current folder
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"--extension {spec!r}: cannot import {module_name!r}: {exc}") from None
+    try:
+        target = getattr(module, attr)
+    except AttributeError:
+        raise UsageError(f"--extension {spec!r}: module {module_name!r} has no {attr!r}") from None
+    if isinstance(target, type) or (callable(target) and not hasattr(target, "api_version")):
+        try:
+            return target()
+        except Exception as exc:  # noqa: BLE001  (reported as a usage error)
+            raise UsageError(f"--extension {spec!r}: building it failed: {exc}") from None
+    return target
+
+
+def _train(args: argparse.Namespace) -> int:
+    from eventbus import ExtensionError
+
+    from ._config import ConfigError, load_config
+    from ._faults import FaultInjector
+
+    try:
+        config = load_config(args.config, _overrides(args))
+        faults = FaultInjector.parse(args.inject) if args.inject else None
+    except (ConfigError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    extensions = [load_extension(spec) for spec in [*config.extensions, *args.extension]]
+
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import torch
+
+    torch.set_num_threads(1)  # small models next to a busy event loop (see DEVELOPERS.md)
+
+    from ._progress import PlainProgress
+    from ._trainer import PPOTrainer
+
+    out = Path(config.run.out)
+    trainer = PPOTrainer(config, out_dir=out, faults=faults)
+    registrations = []
+    try:
+        for extension in extensions:
+            registrations.append(trainer.register_runtime_extension(extension))
+        if config.self_heal.enabled:
+            from ._selfheal import SelfHealingExtension
+
+            registrations.append(
+                trainer.register_runtime_extension(
+                    SelfHealingExtension.from_config(config.self_heal)
+                )
+            )
+    except ExtensionError as exc:
+        raise UsageError(str(exc)) from None
+    registrations.append(trainer.register_runtime_extension(PlainProgress()))
+    try:
+        summary = trainer.run()
+    except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)
+        print(f"trainbus train: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"run folder: {out}", file=sys.stderr)
+        return 1
+    finally:
+        for registration in registrations:
+            registration.close()
+    average = summary.reward_moving_average
+    print(
+        f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "
+        f"(10-step average {average:.3f}), {len(summary.restarts)} restarts, "
+        f"{summary.duration_s:.1f} s; run folder {out}"
+        if average is not None and summary.final_reward is not None
+        else f"{summary.status}: {summary.steps} steps; run folder {out}"
+    )
+    for error in summary.after_fit_errors:
+        print(f"warning: extension failed at AFTER_FIT: {error}", file=sys.stderr)
+    return 0

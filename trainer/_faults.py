@@ -1,0 +1,216 @@
+"""Fault injection: make the failures self-healing exists for happen on purpose.
+
+``trainbus train --inject FAULT@STEP`` (repeatable) and the Python API
+(``FaultInjector.parse(["hang@3"])``) inject, from step ``STEP`` on:
+
+=================  ============================================================
+``hang``           a rollout worker stops answering (until the rollout side restarts)
+``crash``          a rollout worker dies (with Ray: the actor is killed)
+``slow``           rollouts take several times longer, for a few steps
+``fail-retry``     rollouts fail once (a retryable placeholder), then succeed on retry
+``duplicate``      results are sent twice
+``stale``          results of an earlier step are sent again
+``step-error``     the training step raises
+``checkpoint-crash``  the process dies in the middle of a checkpoint write
+=================  ============================================================
+
+Each fault fires once (``slow`` lasts ``slow_steps`` steps), so a recovered run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eventbus import EventBus, FaultInjected
+
+if TYPE_CHECKING:
+    from replay import RolloutResult
+
+    from ._worker import RolloutWork
+
+__all__ = ["FAULTS", "Fault", "FaultInjector", "InjectedFault", "WorkerCrashed"]
+
+logger = logging.getLogger("trainbus.faults")
+
+FAULTS: tuple[str, ...] = (
+    "hang",
+    "crash",
+    "slow",
+    "fail-retry",
+    "duplicate",
+    "stale",
+    "step-error",
+    "checkpoint-crash",
+)
+
+
+class InjectedFault(RuntimeError):
+    """The error an injected ``step-error`` raises."""
+
+
+class WorkerCrashed(RuntimeError):
+    """An injected ``crash``: the worker dies with its work."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault: its name and the step it starts at."""
+
+    name: str
+    step: int
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        """Parse ``FAULT@STEP``.
+
+        Raises:
+            ValueError: naming the bad part and the known faults.
+        """
+        name, at, step = text.partition("@")
+        if name not in FAULTS:
+            raise ValueError(f"unknown fault {name!r} in {text!r}; known: {', '.join(FAULTS)}")
+        if not at or not step.isdigit():
+            raise ValueError(f"fault {text!r} needs a step: {name}@STEP, e.g. {name}@3")
+        return cls(name, int(step))
+
+
+class FaultInjector:
+    """Fires planned faults at the places they belong (workers, the step, checkpoints).
+
+    Thread-safe: worker threads consult it concurrently.
+
+    Args:
+        faults: The plan.
+        bus: Where ``FaultInjected`` events go.
+        slow_factor: How many times longer a ``slow`` rollout takes.
+        slow_steps: How many steps ``slow`` lasts.
+    """
+
+    def __init__(
+        self,
+        faults: Iterable[Fault],
+        *,
+        bus: EventBus | None = None,
+        slow_factor: float = 4.0,
+        slow_steps: int = 2,
+    ) -> None:
+        self.faults = tuple(faults)
+        self.bus = bus
+        self.slow_factor = slow_factor
+        self.slow_steps = slow_steps
+        self._lock = threading.Lock()
+        self._fired: set[Fault] = set()
+        self._earlier: list[RolloutResult] = []
+        self._earlier_step = -1
+        self.fired: list[tuple[str, int]] = []
+
+    @classmethod
+    def parse(cls, specs: Iterable[str], *, bus: EventBus | None = None) -> FaultInjector:
+        """Build from ``FAULT@STEP`` strings."""
+        return cls([Fault.parse(s) for s in specs], bus=bus)
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def names(self) -> set[str]:
+        """The planned fault names."""
+        return {f.name for f in self.faults}
+
+    def _take(self, name: str, step: int, detail: str) -> bool:
+        """True (once) when fault ``name`` is due at ``step``."""
+        with self._lock:
+            for fault in self.faults:
+                if fault.name == name and step >= fault.step and fault not in self._fired:
+                    self._fired.add(fault)
+                    self.fired.append((name, step))
+                    break
+            else:
+                return False
+        logger.warning("injecting fault %s at step %d (%s)", name, step, detail)
+        if self.bus is not None and self.bus.wants(FaultInjected):
+            self.bus.publish(FaultInjected(fault=name, step=step, detail=detail))
+        return True
+
+    def _active(self, name: str, step: int) -> bool:
+        return any(
+            f.name == name and f.step <= step < f.step + self.slow_steps for f in self.faults
+        )
+
+    # --- worker side ----------------------------------------------------------------------
+
+    def before_work(self, worker_id: str, work: RolloutWork, stop: threading.Event) -> None:
+        """Called by a worker before it runs ``work``: may hang or crash it."""
+        if self._take("hang", work.step, f"worker {worker_id} stops answering"):
+            stop.wait()  # released only when the rollout side restarts (or closes)
+            return
+        if self._take("crash", work.step, f"worker {worker_id} dies"):
+            raise WorkerCrashed(f"injected crash of {worker_id} at step {work.step}")
+
+    def should_kill_actor(self, worker_id: str, step: int) -> bool:
+        """Ray backend: kill the actor running this work (the ``crash`` fault)."""
+        return self._take("crash", step, f"actor {worker_id} killed")
+
+    def should_hang(self, worker_id: str, step: int) -> bool:
+        """Ray backend: make this actor stop answering (the ``hang`` fault)."""
+        return self._take("hang", step, f"actor {worker_id} stops answering")
+
+    def after_work(
+        self,
+        worker_id: str,
+        work: RolloutWork,
+        results: list[RolloutResult],
+        *,
+        stop: threading.Event | None = None,
+        elapsed_s: float = 0.0,
+    ) -> list[RolloutResult]:
+        """Called with a worker's results: may slow, fail, duplicate or age them."""
+        from ._worker import RolloutWorker
+
+        step = work.step
+        if self._active("slow", step) and "slow" in self.names():
+            extra = max(elapsed_s, 0.05) * (self.slow_factor - 1)
+            (stop or threading.Event()).wait(extra)
+        out = list(results)
+        if self._take("fail-retry", step, f"worker {worker_id}: rollouts fail once, then retry"):
+            failed = RolloutWorker.failures(
+                work, "injected transient failure", retryable=True, kind="transient"
+            )
+            out = failed + out  # the placeholders land first; the retries replace them
+        if self._take("duplicate", step, f"worker {worker_id} re-sends its results"):
+            out = out + list(results)
+        with self._lock:
+            earlier, earlier_step = self._earlier, self._earlier_step
+            if step > self._earlier_step:
+                self._earlier, self._earlier_step = list(results), step
+        if (
+            earlier
+            and earlier_step < step
+            and self._take(
+                "stale",
+                step,
+                f"worker {worker_id} re-sends {len(earlier)} results of step {earlier_step}",
+            )
+        ):
+            out = out + earlier
+        return out
+
+    # --- trainer side ---------------------------------------------------------------------
+
+    def check_step(self, step: int) -> None:
+        """Called by the trainer before its update: may raise ``step-error``."""
+        if self._take("step-error", step, "the training step raises"):
+            raise InjectedFault(f"injected step-error at step {step}")
+
+    def before_checkpoint_rename(self, step: int, temporary: Path) -> None:
+        """Checkpoint-store hook: ``checkpoint-crash`` kills the process here, after the
+        temporary file is written and before the rename that would publish it."""
+        if self._take("checkpoint-crash", step, f"process killed while writing {temporary}"):
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,219 @@
+"""The embedded default backend: rollout workers on threads of this process.
+
+Generation runs on worker threads, never on the event loop, so the loop stays responsive
+for safe points, extensions and result intake while rollouts run (torch releases the GIL in
+its kernels). Each restart starts a new *generation* of threads with its own work queue:
+the old threads are told to stop, a hung one is released, and results they still produce
+are late results of an old attempt, which the tracker drops as superseded.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from ._backend import BackendStatistics, ResultSink
+from ._faults import FaultInjector, WorkerCrashed
+from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+
+__all__ = ["LocalBackend"]
+
+logger = logging.getLogger("trainbus.local")
+
+
+@dataclass(eq=False)
+class _Generation:
+    number: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    work: queue.SimpleQueue[RolloutWork | None] = field(default_factory=queue.SimpleQueue)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+class LocalBackend:
+    """Rollout workers as threads of this process.
+
+    Args:
+        spec: What each worker builds (task, policy shape, temperature).
+        workers: Worker threads.
+        faults: Fault injection (tests and ``--inject``); None for none.
+        worker_factory: Builds a worker (tests substitute fakes).
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        workers: int = 2,
+        *,
+        faults: FaultInjector | None = None,
+        worker_factory: Callable[[WorkerSpec, str], RolloutWorker] = RolloutWorker,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.spec = spec
+        self.workers = workers
+        self._faults = faults
+        self._factory = worker_factory
+        self._sink: ResultSink | None = None
+        self._weights: tuple[int, bytes] = (-1, b"")
+        self._generation: _Generation | None = None
+        self._retired: list[_Generation] = []
+        self._lock = threading.Lock()
+        self._submitted = 0
+        self._completed = 0
+        self._restarts = 0
+        self._lost = 0
+        self._syncs = 0
+        self._closed = False
+
+    async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
+        """Start ``workers`` threads sampling from ``version``."""
+        if self._generation is not None:
+            raise RuntimeError("the local backend is already started")
+        self._sink = sink
+        self._weights = (version, weights)
+        self._spawn()
+
+    def submit(self, work: RolloutWork) -> None:
+        """Queue ``work`` for the current workers."""
+        generation = self._generation
+        if generation is None or self._closed:
+            raise RuntimeError("the local backend is not running")
+        with self._lock:
+            self._submitted += 1
+        generation.work.put(work)
+
+    async def update_weights(self, weights: bytes, version: int) -> None:
+        """Workers load ``version`` before their next piece of work."""
+        self._weights = (version, weights)  # one tuple swap: readers see old or new, whole
+        self._syncs += 1
+
+    async def restart(self, reason: str) -> int:
+        """Retire the current threads (dropping their queue) and start fresh ones."""
+        logger.warning("restarting %d local rollout workers: %s", self.workers, reason)
+        self._retire_current()
+        self._restarts += 1
+        self._spawn()
+        await self._reap(timeout=0.0)
+        return self.workers
+
+    async def close(self) -> None:
+        """Stop every thread and wait for them (hung ones are released first)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._retire_current()
+        self._generation = None
+        await self._reap(timeout=30.0)
+
+    def statistics(self) -> BackendStatistics:
+        """A snapshot of the counters."""
+        generation = self._generation
+        alive = sum(t.is_alive() for t in generation.threads) if generation else 0
+        return BackendStatistics(
+            name=self.name,
+            workers=alive,
+            submitted=self._submitted,
+            completed=self._completed,
+            restarts=self._restarts,
+            workers_lost=self._lost,
+            weight_syncs=self._syncs,
+        )
+
+    # --- threads --------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        number = 0 if self._generation is None else self._generation.number + 1
+        number = max(number, self._restarts)
+        generation = _Generation(number)
+        for index in range(self.workers):
+            worker_id = f"local-{generation.number}.{index}"
+            thread = threading.Thread(
+                target=self._run, args=(generation, worker_id), name=worker_id, daemon=True
+            )
+            generation.threads.append(thread)
+        self._generation = generation
+        for thread in generation.threads:
+            thread.start()
+
+    def _retire_current(self) -> None:
+        generation = self._generation
+        if generation is None:
+            return
+        generation.stop.set()
+        for _ in generation.threads:
+            generation.work.put(None)  # wake threads blocked on an empty queue
+        self._retired.append(generation)
+
+    async def _reap(self, timeout: float) -> None:
+        """Join retired threads that have finished (all of them, within ``timeout``)."""
+
+        def join() -> None:
+            for generation in self._retired:
+                for thread in generation.threads:
+                    thread.join(timeout)
+
+        if timeout > 0:
+            await anyio.to_thread.run_sync(join)
+        still = [t.name for g in self._retired for t in g.threads if t.is_alive()]
+        self._retired = [g for g in self._retired if any(t.is_alive() for t in g.threads)]
+        if still and timeout > 0:
+            logger.error("rollout threads still running after %.0f s: %s", timeout, still)
+
+    def _run(self, generation: _Generation, worker_id: str) -> None:
+        sink = self._sink
+        assert sink is not None
+        try:
+            worker = self._factory(self.spec, worker_id)
+        except Exception as exc:
+            logger.exception("rollout worker %s failed to start", worker_id)
+            self._lost += 1
+            sink.worker_lost(worker_id, f"failed to start: {exc}", 0)
+            return
+        faults = self._faults
+        while not generation.stop.is_set():
+            work = generation.work.get()
+            if work is None or generation.stop.is_set():
+                return
+            version, weights = self._weights
+            if worker.version != version:
+                worker.load_weights(weights, version)
+            sink.started(tuple(g.group_id for g in work.groups))
+            try:
+                if faults is not None:
+                    faults.before_work(worker_id, work, generation.stop)
+                    if generation.stop.is_set():
+                        return  # released from a hang by a restart: its work was reissued
+                began = time.perf_counter()
+                results = worker.run(work)
+                if faults is not None:
+                    results = faults.after_work(
+                        worker_id,
+                        work,
+                        results,
+                        stop=generation.stop,
+                        elapsed_s=time.perf_counter() - began,
+                    )
+            except WorkerCrashed as exc:
+                self._lost += 1
+                logger.error("rollout worker %s crashed: %s", worker_id, exc)
+                sink.worker_lost(worker_id, str(exc), len(work.groups))
+                return
+            except Exception as exc:
+                # A worker bug must not vanish: fail its rollouts (retryable: a restart may
+                # fix it) so the batch accounts for them, then keep serving.
+                logger.exception("rollout worker %s failed on %s", worker_id, work.work_id)
+                results = RolloutWorker.failures(
+                    work, f"{type(exc).__name__}: {exc}", retryable=True, kind="worker_error"
+                )
+            for result in results:
+                sink.deliver(result)
+            with self._lock:
+                self._completed += 1

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -39,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--mode", choices=("sync", "async"), help="on-policy or off-policy")
     train.add_argument("--backend", choices=("local", "ray"), help="rollout workers")
     train.add_argument("--workers", type=int, help="rollout workers")
-    train.add_argument("--out", metavar="DIR", help="run folder (default: runs/latest)")
+    train.add_argument(
+        "--out", metavar="DIR", help="run folder; an unfinished run there is resumed"
+    )
     train.add_argument(
         "--extension",
         action="append",
@@ -125,6 +128,25 @@ def load_extension(spec: str) -> object:
     return target
 
 
+def _new_run_folder() -> Path:
+    """``runs/YYYYmmdd-HHMMSS`` (made unique), with ``runs/latest`` pointing at it."""
+    runs = Path("runs")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, n = runs / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = runs / f"{stamp}-{n}"
+    folder.mkdir(parents=True)
+    latest = runs / "latest"
+    try:
+        if latest.is_symlink() or not latest.exists():
+            latest.unlink(missing_ok=True)
+            latest.symlink_to(folder.name)
+    except OSError:
+        pass  # a convenience only (e.g. no symlinks on this filesystem)
+    return folder
+
+
 def _train(args: argparse.Namespace) -> int:
     from eventbus import ExtensionError
 
@@ -149,7 +171,7 @@ def _train(args: argparse.Namespace) -> int:
     from ._progress import PlainProgress
     from ._trainer import PPOTrainer
 
-    out = Path(config.run.out)
+    out = Path(config.run.out) if config.run.out else _new_run_folder()
     trainer = PPOTrainer(config, out_dir=out, faults=faults)
     registrations = []
     try:

@@ -55,13 +55,14 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         mode: ``sync`` (on-policy) or ``async`` (off-policy; rollouts continue while
             training).
         out: The run folder (``events.jsonl``, ``metrics.jsonl``, ``checkpoints/``,
-            ``summary.json``).
+            ``summary.json``). Default: a new ``runs/YYYYmmdd-HHMMSS`` folder per run; an
+            existing folder with checkpoints is resumed.
     """
 
     steps: PositiveInt = 60
     seed: int = 0
     mode: Literal["sync", "async"] = "sync"
-    out: str = "runs/latest"
+    out: str | None = None
 
 
 class TaskConfig(_Section, frozen=True, kw_only=True):

@@ -106,10 +106,11 @@ class FaultInjector:
         self.slow_factor = slow_factor
         self.slow_steps = slow_steps
         self._lock = threading.Lock()
-        self._fired: set[Fault] = set()
+        self._fired: set[int] = set()  # indices: the same fault may be planned twice
         self._earlier: list[RolloutResult] = []
         self._earlier_step = -1
         self.fired: list[tuple[str, int]] = []
+        self.extra_results: dict[str, int] = {}  # results sent beyond the real ones, by fault
 
     @classmethod
     def parse(cls, specs: Iterable[str], *, bus: EventBus | None = None) -> FaultInjector:
@@ -126,9 +127,9 @@ class FaultInjector:
     def _take(self, name: str, step: int, detail: str) -> bool:
         """True (once) when fault ``name`` is due at ``step``."""
         with self._lock:
-            for fault in self.faults:
-                if fault.name == name and step >= fault.step and fault not in self._fired:
-                    self._fired.add(fault)
+            for index, fault in enumerate(self.faults):
+                if fault.name == name and step >= fault.step and index not in self._fired:
+                    self._fired.add(index)
                     self.fired.append((name, step))
                     break
             else:
@@ -183,8 +184,10 @@ class FaultInjector:
                 work, "injected transient failure", retryable=True, kind="transient"
             )
             out = failed + out  # the placeholders land first; the retries replace them
+            self._count("fail-retry", len(failed))
         if self._take("duplicate", step, f"worker {worker_id} re-sends its results"):
             out = out + list(results)
+            self._count("duplicate", len(results))
         with self._lock:
             earlier, earlier_step = self._earlier, self._earlier_step
             if step > self._earlier_step:
@@ -199,7 +202,12 @@ class FaultInjector:
             )
         ):
             out = out + earlier
+            self._count("stale", len(earlier))
         return out
+
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.extra_results[name] = self.extra_results.get(name, 0) + n
 
     # --- trainer side ---------------------------------------------------------------------
 

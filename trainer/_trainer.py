@@ -542,8 +542,9 @@ class PPOTrainer:
     def _apply_state(self, state: dict[str, Any], *, resuming: bool) -> list[Prompt]:
         """Restore a checkpoint; returns the prompts that were in flight (to reissue).
 
-        When resuming in a new process the run's history comes from the checkpoint; when
-        recovering in-process the history so far is kept (it includes the failure)."""
+        When resuming in a new process the run's history and the extensions' state come
+        from the checkpoint; when recovering in-process both are kept as they are (they
+        include the failure)."""
         if state.get("format") != _CHECKPOINT_FORMAT:
             raise RuntimeError(f"unsupported checkpoint format {state.get('format')!r}")
         self.run_id = state["run_id"]
@@ -558,10 +559,12 @@ class PPOTrainer:
         version, _, gauss = random.getstate()
         random.setstate((version, tuple(state["rng"]["python"]), gauss))
         self.stream.position = state["stream_position"]
-        self._load_extension_states(state.get("extensions", {}))
         if resuming:
+            self._load_extension_states(state.get("extensions", {}))
             self.record.load_state_dict(state.get("record", {}))
         else:
+            # In-process recovery keeps the extensions' live state: rewinding it would, for
+            # one, hand the self-healing extension its spent restart budget back.
             self.record.rewind(self.step)
         return [msgspec.convert(p, Prompt) for p in state.get("in_flight", [])]
 

@@ -63,6 +63,35 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
     train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
     train.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+
+    report = commands.add_parser("report", help="summary table and plots of a run")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder")
+    report.add_argument("--no-plots", action="store_true", help="only print the table")
+
+    events = commands.add_parser("events", help="print a run's event log, typed and readable")
+    events.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or an events.jsonl)")
+    events.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        metavar="T",
+        help="only events of type T (repeatable)",
+    )
+    events.add_argument("--step", type=int, metavar="N", help="only events of step N")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    events.add_argument("--json", action="store_true", help="pass the JSON lines through")
+
+    config = commands.add_parser("config", help="show or explain the configuration")
+    config_commands = config.add_subparsers(
+        dest="config_command", required=True, parser_class=_Parser
+    )
+    show = config_commands.add_parser("show", help="print the effective configuration (TOML)")
+    show.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
+    config_commands.add_parser("example", help="print a commented example configuration")
+
+    bench = commands.add_parser("bench", help="run the benchmark suite and print its tables")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    bench.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     return parser
 
 
@@ -72,6 +101,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         if args.command == "train":
             return _train(args)
+        if args.command == "report":
+            from ._report import run_report
+
+            return run_report(args)
+        if args.command == "events":
+            from ._inspect import run_events
+
+            return run_events(args)
+        if args.command == "config":
+            return _config_command(args)
+        if args.command == "bench":
+            return _bench(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -79,6 +120,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    from ._config import ConfigError, load_config
+    from ._toml import example_toml, to_toml
+
+    if args.config_command == "example":
+        print(example_toml(), end="")
+        return 0
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    print(to_toml(config), end="")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    raise UsageError("bench: not available yet")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -128,6 +188,10 @@ def load_extension(spec: str) -> object:
     return target
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _new_run_folder() -> Path:
     """``runs/YYYYmmdd-HHMMSS`` (made unique), with ``runs/latest`` pointing at it."""
     runs = Path("runs")
@@ -160,10 +224,6 @@ def _train(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     extensions = [load_extension(spec) for spec in [*config.extensions, *args.extension]]
 
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     import torch
 
     torch.set_num_threads(1)  # small models next to a busy event loop (see DEVELOPERS.md)
@@ -187,7 +247,22 @@ def _train(args: argparse.Namespace) -> int:
             )
     except ExtensionError as exc:
         raise UsageError(str(exc)) from None
-    registrations.append(trainer.register_runtime_extension(PlainProgress()))
+    # The progress view reports restarts, faults and drops as events; logs add only errors
+    # (and everything with --verbose).
+    level = logging.INFO if args.verbose else logging.ERROR
+    if args.no_progress or not sys.stdout.isatty():
+        view: object = PlainProgress()
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    else:
+        from rich.logging import RichHandler
+
+        from ._live import LiveProgress
+
+        view = LiveProgress()
+        # Log records go through the live view's console, above the bar, not through it.
+        handler = RichHandler(console=view.console, show_path=False, markup=False)
+        logging.basicConfig(level=level, format="%(name)s: %(message)s", handlers=[handler])
+    registrations.append(trainer.register_runtime_extension(view))
     try:
         summary = trainer.run()
     except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)
@@ -197,10 +272,13 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         for registration in registrations:
             registration.close()
+        close = getattr(view, "close", None)
+        if close is not None:
+            close()  # the live view stops drawing even if the run ended without FitFinished
     average = summary.reward_moving_average
     print(
         f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "
-        f"(10-step average {average:.3f}), {len(summary.restarts)} restarts, "
+        f"(10-step average {average:.3f}), {_count(len(summary.restarts), 'restart')}, "
         f"{summary.duration_s:.1f} s; run folder {out}"
         if average is not None and summary.final_reward is not None
         else f"{summary.status}: {summary.steps} steps; run folder {out}"

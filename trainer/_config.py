@@ -66,7 +66,12 @@ class RunConfig(_Section, frozen=True, kw_only=True):
 
 
 class TaskConfig(_Section, frozen=True, kw_only=True):
-    """``[task]``: the built-in task and its parameters (``[task.params]``)."""
+    """``[task]``: the built-in task, with a verifiable reward.
+
+    Attributes:
+        name: reverse, sort, copy or add (digit strings; add does not learn well yet).
+        params: The task's parameters, e.g. length = 5 (digits per prompt).
+    """
 
     name: str = "reverse"
     params: dict[str, Any] = msgspec.field(default_factory=lambda: {"length": 5})
@@ -76,7 +81,11 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
 
 
 class OptimizerConfig(_Section, frozen=True, kw_only=True):
-    """``[optimizer]``: Adam."""
+    """``[optimizer]``: Adam.
+
+    Attributes:
+        lr: Learning rate (1e-2 and above tends to collapse learning from scratch).
+    """
 
     lr: Annotated[float, Meta(gt=0, le=1)] = 3e-3
 
@@ -98,7 +107,6 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         grace_s: How long a failed rollout waits for its retry.
         failure_policy: What a finished batch does with failed rollouts.
         max_failed_fraction: More failed rollouts than this in a batch fail the run.
-        max_retries: Times a failed rollout is retried by its worker.
         ray_address: ``ray`` backend: a cluster to join (default: start a local instance).
     """
 
@@ -113,7 +121,6 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     grace_s: NonNegativeSeconds = 2.0
     failure_policy: Literal["fill", "drop_rollout", "drop_group", "raise"] = "drop_group"
     max_failed_fraction: Fraction = 0.5
-    max_retries: NonNegativeInt = 2
     ray_address: str | None = None
 
 

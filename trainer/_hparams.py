@@ -15,8 +15,8 @@ from ._tasks import VOCAB_SIZE
 __all__ = ["Completion", "PPOConfig", "PolicyConfig"]
 
 
-class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Shape of a policy network; encodes with msgspec so workers can rebuild the model.
+class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The policy network's shape (workers rebuild the model from it).
 
     Attributes:
         kind: ``"transformer"`` (causal, pre-LayerNorm) or ``"gru"``.
@@ -53,8 +53,8 @@ class Completion(msgspec.Struct, frozen=True):
     logprobs: tuple[float, ...]
 
 
-class PPOConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Hyper-parameters of :func:`ppo_update` (defaults learn the built-in tasks quickly).
+class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The PPO/GRPO update (the defaults learn the built-in tasks quickly).
 
     Attributes:
         epochs: passes over each batch.

@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 import anyio
 
@@ -44,13 +44,23 @@ class RecordingSubscriber:
         """The type names of the recorded events, in order."""
         return [type(e).__name__ for e in self.events]
 
+    @overload
+    async def wait_for(
+        self, condition: type[E], *, count: int = ..., timeout: float = ...
+    ) -> list[E]: ...
+
+    @overload
+    async def wait_for(
+        self, condition: Callable[[Event], bool], *, count: int = ..., timeout: float = ...
+    ) -> list[Event]: ...
+
     async def wait_for(
         self,
         condition: type[Event] | Callable[[Event], bool],
         *,
         count: int = 1,
         timeout: float = 5.0,
-    ) -> list[Event]:
+    ) -> list[Any]:
         """Wait until ``count`` recorded events match ``condition`` (a type or predicate).
 
         Raises:
@@ -172,8 +182,3 @@ class ScriptedVoter:
     def points_seen(self) -> list[SafePoint]:
         """The safe points answered (or attempted), in order."""
         return [sp.point for sp in self.safe_points]
-
-
-def expect_types(events: Iterable[Event]) -> list[str]:
-    """Type names of ``events``, a convenient thing to compare in assertions."""
-    return [type(e).__name__ for e in events]

@@ -137,8 +137,34 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = ("bus", "replay", "runtime", "recovery")  # also: learning (no --quick)
+
+
 def _bench(args: argparse.Namespace) -> int:
-    raise UsageError("bench: not available yet")
+    """Run benchmark scripts one after another (each in its own process, so one's threads
+    and memory never skew the next) and let them print their tables."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    if not root.is_dir():
+        raise UsageError("bench: no benchmarks/ folder next to the package; run from a checkout")
+    names = args.names or list(BENCHMARKS)
+    unknown = [n for n in names if not (root / f"{n}.py").is_file()]
+    if unknown:
+        known = ", ".join(sorted(p.stem for p in root.glob("[a-z]*.py")))
+        raise UsageError(f"bench: unknown benchmark {unknown[0]!r} (known: {known})")
+    failed = []
+    for name in names:
+        print(f"== {name} ==", flush=True)
+        command = [sys.executable, str(root / f"{name}.py")]
+        if args.quick:
+            command.append("--quick")
+        if subprocess.call(command) != 0:
+            failed.append(name)
+    if failed:
+        print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -137,3 +137,24 @@ def test_default_host_offers_events_safe_points_and_sample_wait_but_not_state() 
 def test_bad_bus_settings_are_named(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         EventBus(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_drain_waits_until_every_extension_handled_what_was_published() -> None:
+    release = anyio.Event()
+
+    class Slow(ScriptedVoter):
+        async def on_event(self, context: object, event: object) -> None:  # type: ignore[override]
+            await release.wait()
+            self.events.append(event)  # type: ignore[arg-type]
+
+    bus = EventBus()
+    slow = Slow()
+    bus.register_extension(slow)
+    assert not await bus.drain(timeout=0.01)  # not running: nothing handles the mailbox
+    async with bus.running():
+        for step in range(3):
+            bus.publish(StepStarted(step=step))
+        assert not await bus.drain(timeout=0.05)  # stuck in its hook
+        release.set()
+        assert await bus.drain(timeout=5)
+        assert len(slow.events) == 3

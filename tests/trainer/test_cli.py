@@ -30,15 +30,15 @@ def trainbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def tiny_toml(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.toml"
-    path.write_text(
-        "[rollout]\nprompts_per_step = 8\ngroup_size = 4\n\n[checkpoint]\nevery = 1\n"
-    )
+    path.write_text("[rollout]\nprompts_per_step = 8\ngroup_size = 4\n\n[checkpoint]\nevery = 1\n")
     return path
 
 
 def test_train_writes_the_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = trainbus("train", "--config", str(tiny_toml(tmp_path)), *TINY, "--out", str(out), cwd=tmp_path)
+    done = trainbus(
+        "train", "--config", str(tiny_toml(tmp_path)), *TINY, "--out", str(out), cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "finished: 2 steps" in done.stdout
     events = list(read_events(out / "events.jsonl"))
@@ -120,7 +120,9 @@ def test_bad_config_keys_and_values_are_named(tmp_path: Path) -> None:
     for text, message in cases.items():
         path = tmp_path / "bad.toml"
         path.write_text(text)
-        done = trainbus("train", "--config", str(path), "--out", str(tmp_path / "run"), cwd=tmp_path)
+        done = trainbus(
+            "train", "--config", str(path), "--out", str(tmp_path / "run"), cwd=tmp_path
+        )
         assert done.returncode == 2, text
         assert message in done.stderr, (text, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1
@@ -131,7 +133,9 @@ def test_an_extension_that_breaks_the_contract_is_a_usage_error(tmp_path: Path) 
     (tmp_path / "bad_ext.py").write_text(
         "class Old:\n    name = 'old'\n    api_version = '0.9'\n    required_capabilities = ()\n"
     )
-    done = trainbus("train", "--extension", "bad_ext:Old", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    done = trainbus(
+        "train", "--extension", "bad_ext:Old", "--out", str(tmp_path / "run"), cwd=tmp_path
+    )
     assert done.returncode == 2
     assert "extension 'old' targets extension API 0.9" in done.stderr
     assert not (tmp_path / "run").exists()

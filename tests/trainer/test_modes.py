@@ -39,7 +39,9 @@ async def test_a_short_run_improves_reward_clearly(mode: str) -> None:
     assert summary.reward_moving_average is not None
     assert summary.reward_moving_average > statistics.fmean(rewards[:3]) + 0.4
     if mode == "async":
-        staleness = [e.metrics["staleness_mean"] for e in voter.events if isinstance(e, StepFinished)]
+        staleness = [
+            e.metrics["staleness_mean"] for e in voter.events if isinstance(e, StepFinished)
+        ]
         assert max(staleness) <= fit.config.rollout.max_off_policy
         assert max(staleness) > 0  # rollouts really ran ahead of training
 

@@ -10,11 +10,12 @@ decides what counts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from replay import RolloutResult
 
-from ._worker import RolloutWork
+if TYPE_CHECKING:  # the worker module imports torch; this interface module must not
+    from ._worker import RolloutWork
 
 __all__ = ["BackendStatistics", "ResultSink", "RolloutBackend"]
 

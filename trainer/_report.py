@@ -34,6 +34,8 @@ from eventbus import (
     read_events,
 )
 
+from ._run import FitSummary
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -114,36 +116,6 @@ def run_folder(run_dir: str) -> Path:
 # --- loading ----------------------------------------------------------------------------
 
 
-class _Summary(msgspec.Struct, kw_only=True):
-    """The fields of ``summary.json`` the report shows (see ``trainer._run.FitSummary``).
-
-    Decoded here rather than through ``FitSummary``, whose module imports torch: that would
-    cost seconds for a command that only reads files. Unknown fields are ignored and missing
-    ones take defaults, so summaries of older and newer versions still load.
-    """
-
-    run_id: str = ""
-    status: str = "running"
-    error: str | None = None
-    steps: int = 0
-    start_step: int = 0
-    total_steps: int = 0
-    duration_s: float = 0.0
-    best_reward_moving_average: float | None = None
-    restarts: list[dict[str, Any]] = []
-    decisions: dict[str, dict[str, int]] = {}
-    notable_decisions: list[dict[str, Any]] = []
-    dropped_rollouts: dict[str, int] = {}
-    duplicates: int = 0
-    retry_overwrites: int = 0
-    sample_wait_total_s: float = 0.0
-    sample_wait_longest_s: float = 0.0
-    checkpoints: int = 0
-    workers_lost: int = 0
-    extension_failures: int = 0
-    after_fit_errors: list[str] = []
-
-
 @dataclass
 class RunData:
     """What a run folder holds, read once.
@@ -159,7 +131,7 @@ class RunData:
     folder: Path
     metrics: list[dict[str, float]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    summary: _Summary | None = None
+    summary: FitSummary | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -174,7 +146,7 @@ def load_run(folder: Path) -> RunData:
     summary = folder / "summary.json"
     if summary.is_file():
         try:
-            run.summary = msgspec.json.decode(summary.read_bytes(), type=_Summary)
+            run.summary = msgspec.json.decode(summary.read_bytes(), type=FitSummary)
         except msgspec.DecodeError as exc:
             run.notes.append(f"{summary} unreadable ({exc}): derived from the logs instead")
     return run
@@ -249,7 +221,7 @@ class RunFacts:
     after_fit_errors: list[str] = field(default_factory=list)
 
 
-def facts_from_summary(summary: _Summary) -> RunFacts:
+def facts_from_summary(summary: FitSummary) -> RunFacts:
     """The facts of a run that wrote ``summary.json``."""
     return RunFacts(
         status=summary.status,

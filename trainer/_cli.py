@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -214,6 +215,20 @@ def load_extension(spec: str) -> object:
     return target
 
 
+def _stop_on_signals(trainer: Any) -> None:
+    """First Ctrl-C or SIGTERM: finish the current step, save, stop cleanly. Second: now."""
+
+    def handler(signum: int, frame: object) -> None:
+        if trainer.stop_requested:
+            raise KeyboardInterrupt
+        name = signal.Signals(signum).name
+        print(f"\n{name}: stopping after this step (again to stop now)", file=sys.stderr)
+        trainer.request_stop(f"{name} received")
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -289,6 +304,7 @@ def _train(args: argparse.Namespace) -> int:
         handler = RichHandler(console=view.console, show_path=False, markup=False)
         logging.basicConfig(level=level, format="%(name)s: %(message)s", handlers=[handler])
     registrations.append(trainer.register_runtime_extension(view))
+    _stop_on_signals(trainer)
     try:
         summary = trainer.run()
     except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)

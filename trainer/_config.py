@@ -108,6 +108,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         failure_policy: What a finished batch does with failed rollouts.
         max_failed_fraction: More failed rollouts than this in a batch fail the run.
         ray_address: ``ray`` backend: a cluster to join (default: start a local instance).
+        ray_actor_cpus: ``ray`` backend: CPUs each rollout actor reserves (0 lets any number
+            share the machine; on a cluster, 1 spreads them over nodes).
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -122,6 +124,7 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     failure_policy: Literal["fill", "drop_rollout", "drop_group", "raise"] = "drop_group"
     max_failed_fraction: Fraction = 0.5
     ray_address: str | None = None
+    ray_actor_cpus: Annotated[float, Meta(ge=0)] = 0.0
 
 
 class CheckpointConfig(_Section, frozen=True, kw_only=True):

@@ -25,6 +25,7 @@ import functools
 import logging
 import math
 import os
+import signal
 import threading
 import time
 import uuid
@@ -295,6 +296,17 @@ class RayBackend:
     def _init_ray(self) -> None:
         if ray.is_initialized():
             return
+        # ray.init installs a SIGTERM handler that exits the process at once; the host's own
+        # (trainbus train stops cleanly at the next step boundary) must stay in charge.
+        in_main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
+        try:
+            self._start_ray()
+        finally:
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
+
+    def _start_ray(self) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # RAY_ADDRESS is how Ray users point every driver at their cluster.
         address = self.address or os.environ.get("RAY_ADDRESS") or None

@@ -164,6 +164,7 @@ class PPOTrainer:
         self.record = RunRecord(self.out_dir)
         self._fitting = False
         self._recoveries = 0
+        self._stop_requested: str | None = None
 
     # --- public API -----------------------------------------------------------------------
 
@@ -174,6 +175,18 @@ class PPOTrainer:
         ``state_dict()`` is saved in checkpoints under its name and restored on resume.
         """
         return self.bus.register_extension(extension)
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop cleanly at the next step boundary: save, reach ``AFTER_FIT``, finish.
+
+        Safe to call from a signal handler or another thread (it only sets a flag).
+        """
+        self._stop_requested = reason
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether :meth:`request_stop` was called during this ``fit()``."""
+        return self._stop_requested is not None
 
     def run(self) -> FitSummary:
         """:meth:`fit` for synchronous callers, on uvloop when it is installed."""
@@ -196,6 +209,7 @@ class PPOTrainer:
         if self._fitting:
             raise RuntimeError("fit() is already running on this trainer")
         self._fitting = True
+        self._stop_requested = None
         sink: Registration | None = None
         jsonl: JsonlSink | None = None
         try:
@@ -242,6 +256,8 @@ class PPOTrainer:
             try:
                 await self._decide(SafePoint.BEFORE_FIT)
                 while self.step < config.run.steps:
+                    if self._stop_requested is not None:
+                        raise _StopRequested(self._stop_requested)
                     try:
                         await self._train_step()
                     except (_StopRequested, RunAborted):

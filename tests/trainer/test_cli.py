@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,38 @@ def test_an_extension_that_breaks_the_contract_is_a_usage_error(tmp_path: Path) 
     assert done.returncode == 2
     assert "extension 'old' targets extension API 0.9" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_stops_cleanly_after_the_current_step(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(tiny_toml(tmp_path)),
+            "--steps",
+            "500",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("step    2/"):
+            process.send_signal(signal.SIGTERM)
+            break
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "SIGTERM: stopping after this step" in stderr
+    assert "stopped early: SIGTERM received" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped"
+    assert 2 <= summary["steps"] < 500

@@ -224,3 +224,21 @@ async def test_sample_wait_restart_abandons_the_wait_and_waits_again() -> None:
     assert [r.step for r in restarts] == [2]
     assert restarts[0].reissued  # the hung worker's rollouts, under a new attempt
     assert summary.dropped_rollouts.get("superseded_attempt", 0) == 0  # the hung one sent none
+
+
+async def test_request_stop_finishes_the_current_step_saves_and_stops(tmp_path: Path) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=50, checkpoint__every=100), out_dir=tmp_path)
+
+    class StopAfterTwo(ScriptedVoter):
+        def on_event(self, context: ExtensionContext, event: Event) -> None:
+            super().on_event(context, event)
+            if isinstance(event, StepFinished) and event.step == 2:
+                fit.request_stop("operator asked")
+
+    voter = StopAfterTwo()
+    fit.register_runtime_extension(voter)
+    summary = await fit.fit()
+    assert summary.status == "stopped"
+    assert 2 <= summary.steps < 50
+    assert (tmp_path / "checkpoints" / f"step-{summary.steps:08d}.pt").exists()
+    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT

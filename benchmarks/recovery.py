@@ -1,0 +1,521 @@
+"""Recovery benchmark: a rollout worker stalls; how long until training resumes, local and Ray.
+
+Each run trains a short sync-mode run (16 prompts x 4 rollouts, 2 workers, ``K + 1`` steps)
+with :class:`~trainer.SelfHealingExtension` registered (``stall_timeout_s=S``) and a
+``hang@K`` fault: at step ``K`` one rollout worker stops answering before it starts its
+work. A recorder subscribed to the trainer's bus timestamps (with the bus's ``Event.time``,
+stamped when each event is published):
+
+* the stall: the ``FaultInjected`` event, published by the worker as it stops;
+* the restart decision: the first ``SafePointResolved`` deciding ``RESTART_REQUIRED``;
+* the restart: ``RolloutRestarted`` (fresh workers, the hung rollouts reissued);
+* the batch: ``BatchReconciled`` of step ``K`` (the reissued rollouts came back);
+* training resumed: ``StepFinished`` of step ``K`` (the update ran and weights synced).
+
+Targets (from the issue): stall to training resumed within ``S + 2 s`` on ``local`` and
+``S + 5 s`` on ``ray``, checked on the worst run. The stall is detected from ``SampleWait``
+reports, which a wait with nothing arriving makes once per ``rollout.poll_interval_s``
+(0.5 s by default, left so here), so detection itself lands up to one poll interval after
+``S`` of no progress.
+
+Ray is only ever started inside a loopback-only network namespace; the script refuses
+otherwise:
+
+    unshare -n sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/recovery.py \\
+        --backend ray'
+
+Results of each backend are merged into ``benchmarks/results/recovery.json`` (a run for one
+backend keeps the other's rows), and a table goes to stdout.
+
+    .venv/bin/python benchmarks/recovery.py            # local, about 30 s
+    .venv/bin/python benchmarks/recovery.py --quick    # local, smoke test, about 10 s
+
+The Ray part (the command above) takes about 2 minutes, 25 s with ``--quick``: most of it
+is starting Ray and the actors' processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib.metadata
+import json
+import logging
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` and the packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before anything imports ray
+
+import torch
+
+from benchmarks._common import RESULTS_DIR, Result, print_table, write_results
+from eventbus import (
+    BatchReconciled,
+    Decision,
+    FaultInjected,
+    FitStarted,
+    RolloutRestarted,
+    SafePointResolved,
+    StepFinished,
+)
+from eventbus.testing import record_events
+from trainer import FaultInjector, PPOTrainer, SelfHealingExtension, TrainerConfig, load_config
+
+NAME = "recovery"
+BACKENDS = ("local", "ray")
+
+# Targets: stall to training resumed within the stall timeout plus this much.
+SLACK_S = {"local": 2.0, "ray": 5.0}
+
+NAMESPACE_COMMAND = (
+    "unshare -n sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/recovery.py "
+    "--backend ray'"
+)
+
+TIMEOUT = "configured stall timeout"
+DECIDED = "stall -> restart decided"
+RESTARTED = "stall -> rollouts restarted"
+BATCH = "stall -> batch complete"
+RESUMED = "stall -> training resumed"
+RESTART = "restart itself (decided -> restarted)"
+STARTUP = "first start of the workers (context)"
+NORMAL_STEP = "normal step (context)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """What each backend runs.
+
+    Attributes:
+        stall_timeouts: The ``stall_timeout_s`` values measured, each in its own runs.
+        repeat: Runs per stall timeout.
+        hang_step: The step ``K`` at which a worker hangs (the run trains ``K + 1`` steps).
+        prompts: Prompt groups per step.
+        group_size: Rollouts per prompt.
+        workers: Rollout workers.
+    """
+
+    stall_timeouts: tuple[float, ...]
+    repeat: int
+    hang_step: int = 3
+    prompts: int = 16
+    group_size: int = 4
+    workers: int = 2
+
+
+FULL = Settings(stall_timeouts=(1.0, 2.0, 4.0), repeat=3)
+QUICK = Settings(stall_timeouts=(2.0,), repeat=1, hang_step=2)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timeline:
+    """Seconds from the stall (``FaultInjected``) to each milestone of one run.
+
+    Attributes:
+        decided: The safe point that decided ``RESTART_REQUIRED``.
+        restarted: ``RolloutRestarted``.
+        batch: ``BatchReconciled`` of the hung step.
+        resumed: ``StepFinished`` of the hung step.
+        startup_s: From calling ``fit()`` to ``FitStarted`` (the backend's first start of
+            its workers, which the restart repeats).
+        normal_step_s: Median duration of the other steps.
+        restarts: Rollout restarts in the run.
+        decided_at: The safe point that decided the restart (``sample_wait`` ...).
+        reason: Why the self-healing extension voted to restart.
+    """
+
+    decided: float
+    restarted: float
+    batch: float
+    resumed: float
+    startup_s: float
+    normal_step_s: float
+    restarts: int
+    decided_at: str
+    reason: str
+
+
+class RunFailed(RuntimeError):
+    """A run did not go as planned (no stall, no restart, the run failed ...)."""
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+def make_config(backend: str, settings: Settings) -> TrainerConfig:
+    """A short sync run with checkpoints only where ``fit()`` always writes them."""
+    steps = settings.hang_step + 1
+    return load_config(
+        overrides={
+            "run.steps": steps,
+            "run.seed": 0,
+            "rollout.backend": backend,
+            "rollout.prompts_per_step": settings.prompts,
+            "rollout.group_size": settings.group_size,
+            "rollout.workers": settings.workers,
+            "checkpoint.every": steps + 1,
+        }
+    )
+
+
+async def run_once(backend: str, stall_timeout: float, settings: Settings) -> Timeline:
+    """Train with a hung worker at step ``K`` and self-healing; time the recovery.
+
+    Raises:
+        RunFailed: The fault did not fire, nothing restarted, or the run did not finish.
+    """
+    k = settings.hang_step
+    faults = FaultInjector.parse([f"hang@{k}"])
+    trainer = PPOTrainer(make_config(backend, settings), faults=faults)
+    healing = SelfHealingExtension(stall_timeout_s=stall_timeout)
+    with trainer.register_runtime_extension(healing):
+        async with record_events(
+            trainer.bus,
+            FaultInjected,
+            SafePointResolved,
+            RolloutRestarted,
+            BatchReconciled,
+            StepFinished,
+            FitStarted,
+        ) as recorder:
+            called = time.time()  # the bus's clock
+            summary = await trainer.fit()
+    if summary.status != "finished" or summary.steps != k + 1:
+        raise RunFailed(f"the run did not finish: {summary.status} {summary.error}")
+    events = recorder.events
+    stalls = [e for e in events if isinstance(e, FaultInjected) and e.fault == "hang"]
+    if not stalls:
+        raise RunFailed("the hang fault did not fire")
+    stall = stalls[0].time
+    decisions = [
+        e
+        for e in events
+        if isinstance(e, SafePointResolved)
+        and e.outcome.decision is Decision.RESTART_REQUIRED
+        and e.time >= stall
+    ]
+    restarts = [e for e in events if isinstance(e, RolloutRestarted)]
+    batches = [e for e in events if isinstance(e, BatchReconciled) and e.report.step == k]
+    steps = [e for e in events if isinstance(e, StepFinished)]
+    resumed = [e for e in steps if e.step == k]
+    if not (decisions and restarts and batches and resumed):
+        raise RunFailed(
+            f"incomplete recovery: {len(decisions)} restart decisions, {len(restarts)} "
+            f"restarts, {len(batches)} batches and {len(resumed)} finished steps at step {k}"
+        )
+    started = [e.time for e in events if isinstance(e, FitStarted)]
+    normal = [e.duration_s for e in steps if e.step not in (1, k)]  # step 1 warms up
+    outcome = decisions[0].outcome
+    return Timeline(
+        decided=decisions[0].time - stall,
+        restarted=restarts[0].time - stall,
+        batch=batches[0].time - stall,
+        resumed=resumed[0].time - stall,
+        startup_s=started[0] - called if started else math.nan,
+        normal_step_s=statistics.median(normal) if normal else math.nan,
+        restarts=len(restarts),
+        decided_at=outcome.point.value,
+        reason=outcome.summary(),
+    )
+
+
+# --- Ray -------------------------------------------------------------------------------------
+
+
+def loopback_only() -> tuple[bool, list[str]]:
+    """Whether this process's network namespace has no interface but ``lo``."""
+    interfaces = sorted(name for _, name in socket.if_nameindex())
+    return interfaces == ["lo"], interfaces
+
+
+def start_ray() -> None:
+    """Start a small local Ray instance for every run (refuses outside a loopback-only
+    network namespace)."""
+    confined, interfaces = loopback_only()
+    if not confined:
+        raise SystemExit(
+            f"recovery.py: refusing to start Ray: network interfaces {interfaces}, expected "
+            f"only 'lo'. Run the Ray part in a loopback-only namespace:\n  {NAMESPACE_COMMAND}"
+        )
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=100 * 1024 * 1024,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        _node_ip_address="127.0.0.1",
+    )
+
+
+def stop_ray() -> None:
+    """Shut the Ray instance down."""
+    import ray
+
+    ray.shutdown()
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+
+def measure(backend: str, settings: Settings) -> tuple[dict[float, list[Timeline]], list[str]]:
+    """Every stall timeout, ``settings.repeat`` runs each; failures are collected."""
+    timelines: dict[float, list[Timeline]] = {s: [] for s in settings.stall_timeouts}
+    errors: list[str] = []
+    for stall_timeout in settings.stall_timeouts:
+        for index in range(settings.repeat):
+            try:
+                timeline = asyncio.run(run_once(backend, stall_timeout, settings))
+            except Exception as exc:  # noqa: BLE001  (reported in the table and the JSON)
+                errors.append(f"{backend}, S={stall_timeout:g} s, run {index + 1}: {exc!r}")
+                print(f"  {errors[-1]}", file=sys.stderr)
+                continue
+            timelines[stall_timeout].append(timeline)
+            print(
+                f"  {backend}, S={stall_timeout:g} s, run {index + 1}/{settings.repeat}: "
+                f"restarted after {timeline.restarted:.2f} s, resumed after "
+                f"{timeline.resumed:.2f} s",
+                file=sys.stderr,
+            )
+    return timelines, errors
+
+
+def _row(group: str, case: str, backend: str, values: Sequence[float], **params: Any) -> Result:
+    return Result(
+        group=group,
+        case=case,
+        variant=backend,
+        value=statistics.median(values),
+        low=min(values),
+        high=max(values),
+        unit="s",
+        n=len(values),
+        runs=tuple(values),
+        params=dict(params),
+    )
+
+
+def rows(backend: str, timelines: dict[float, list[Timeline]]) -> list[Result]:
+    """One group per stall timeout: the timeout, each milestone, a normal step."""
+    out: list[Result] = []
+    slack = SLACK_S[backend]
+    for stall_timeout, runs in timelines.items():
+        if not runs:
+            continue
+        group = f"recovery, stall timeout {stall_timeout:g} s"
+        baseline = _row(group, TIMEOUT, backend, [stall_timeout] * len(runs))
+        out.append(baseline)
+        milestones = (
+            (DECIDED, [t.decided for t in runs]),
+            (RESTARTED, [t.restarted for t in runs]),
+            (BATCH, [t.batch for t in runs]),
+            (RESUMED, [t.resumed for t in runs]),
+        )
+        for case, values in milestones:
+            row = _row(group, case, backend, values)
+            if case == RESUMED:
+                limit = stall_timeout + slack
+                row.compare(baseline, "<=", limit / stall_timeout)
+                row.met = row.high <= limit  # every run, not just the median
+                row.params.update(
+                    stall_timeout_s=stall_timeout,
+                    limit_s=limit,
+                    worst_overshoot_s=row.high - stall_timeout,
+                )
+            else:
+                row.compare(baseline)
+            out.append(row)
+        context = (
+            (RESTART, [t.restarted - t.decided for t in runs]),
+            (STARTUP, [t.startup_s for t in runs]),
+            (NORMAL_STEP, [t.normal_step_s for t in runs]),
+        )
+        for case, values in context:
+            known = [v for v in values if not math.isnan(v)]
+            if known:
+                out.append(_row(group, case, backend, known))
+    return out
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+def _load_previous(directory: Path, keep: set[str]) -> tuple[list[Result], dict[str, Any]]:
+    """Rows and per-backend details of backends not run now, from the last results file."""
+    path = directory / f"{NAME}.json"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [], {}
+    fields = {f.name for f in dataclasses.fields(Result)}
+    previous = []
+    for data in document.get("results", []):
+        if data.get("variant") in keep:
+            values = {k: v for k, v in data.items() if k in fields}
+            values["runs"] = tuple(values.get("runs", ()))
+            for key in ("low", "high"):
+                if values.get(key) is None:
+                    values[key] = math.nan
+            previous.append(Result(**values))
+    backends = {k: v for k, v in document.get("backends", {}).items() if k in keep}
+    return previous, backends
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for package in ("torch", "ray", "anyio"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def print_summary(table: Sequence[Result]) -> None:
+    """One line per stall timeout and backend: the overshoot against the target."""
+    for row in table:
+        if row.case != RESUMED:
+            continue
+        stall_timeout = row.params["stall_timeout_s"]
+        print(
+            f"{row.variant}, S = {stall_timeout:g} s: training resumed S + "
+            f"{row.value - stall_timeout:.2f} s (median), worst S + "
+            f"{row.params['worst_overshoot_s']:.2f} s; target S + {SLACK_S[row.variant]:g} s "
+            f"for every run: {'met' if row.met else 'MISSED'}"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark, print the table, merge the results into ``results/recovery.json``.
+
+    Returns:
+        The exit status: 2 when Ray is asked for outside a loopback-only namespace, 1 when a
+        run failed (or, with ``--check``, a target is missed), else 0.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="one short run (smoke test)")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=BACKENDS,
+        help="rollout backend(s); default: local, and ray too inside a loopback-only namespace",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        action="append",
+        help="stall timeout(s) in seconds (default: 1, 2 and 4; quick: 2)",
+    )
+    parser.add_argument("--repeat", type=int, help="runs per stall timeout (default 3, quick 1)")
+    parser.add_argument("--no-write", action="store_true", help=f"do not write {NAME}.json")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS_DIR,
+        help=f"where {NAME}.json goes (default: %(default)s)",
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+
+    settings = QUICK if args.quick else FULL
+    if args.stall_timeout:
+        if min(args.stall_timeout) <= 0:
+            parser.error("--stall-timeout must be > 0")
+        settings = dataclasses.replace(settings, stall_timeouts=tuple(args.stall_timeout))
+    if args.repeat:
+        settings = dataclasses.replace(settings, repeat=args.repeat)
+    confined, interfaces = loopback_only()
+    selected: list[str] = args.backend or (["local", "ray"] if confined else ["local"])
+    if "ray" in selected and not confined:
+        print(
+            f"recovery.py: refusing to start Ray: network interfaces {interfaces}, expected "
+            f"only 'lo'. Run the Ray part in a loopback-only namespace:\n  {NAMESPACE_COMMAND}",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.backend and not confined:
+        print(f"(ray skipped: not in a loopback-only namespace; {NAMESPACE_COMMAND})")
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.ERROR)  # the fault and restart warnings are expected
+
+    started = time.perf_counter()
+    table: list[Result] = []
+    details: dict[str, Any] = {}
+    errors: list[str] = []
+    for backend in selected:
+        began = time.perf_counter()
+        if backend == "ray":
+            try:
+                start_ray()
+            except Exception as exc:  # noqa: BLE001  (reported; the other backends still run)
+                errors.append(f"ray: could not start Ray: {exc!r}")
+                print(errors[-1], file=sys.stderr)
+                continue
+        try:
+            timelines, failed = measure(backend, settings)
+        finally:
+            if backend == "ray":
+                stop_ray()
+        errors += failed
+        table += rows(backend, timelines)
+        details[backend] = {
+            "seconds": round(time.perf_counter() - began, 2),
+            "errors": failed,
+            "settings": dataclasses.asdict(settings),
+            "config": make_config(backend, settings).to_dict(),
+            "slack_s": SLACK_S[backend],
+            "timelines": {
+                f"{s:g}": [dataclasses.asdict(t) for t in runs] for s, runs in timelines.items()
+            },
+        }
+    seconds = time.perf_counter() - started
+
+    print_table(table)
+    print()
+    print_summary(table)
+    checked = [r for r in table if r.met is not None]
+    missed = [r for r in checked if not r.met]
+    print(
+        f"\n{len(checked) - len(missed)}/{len(checked)} targets met"
+        f" ({'quick' if args.quick else 'full'} run, {', '.join(selected)}, {seconds:.1f} s)"
+    )
+    for error in errors:
+        print(f"FAILED: {error}")
+    if not args.no_write and table:
+        previous, previous_details = _load_previous(args.results_dir, set(BACKENDS) - set(details))
+        merged = previous + table
+        path = write_results(
+            NAME,
+            merged,
+            {
+                "quick": args.quick,
+                "versions": _versions(),
+                "torch_threads": torch.get_num_threads(),
+                "targets": {
+                    f"resumed_within_stall_timeout_plus_s_{b}": SLACK_S[b] for b in BACKENDS
+                },
+                "met": {f"{r.group} / {r.variant}": r.met for r in merged if r.met is not None},
+                "backends": {**previous_details, **details},
+            },
+            directory=args.results_dir,
+        )
+        print(f"results written to {path}")
+    if errors:
+        return 1
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

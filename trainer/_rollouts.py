@@ -21,6 +21,7 @@ from replay import (
     ReplayBuffer,
     RolloutResult,
     RolloutTracker,
+    TrackerStatistics,
 )
 
 from ._backend import RolloutBackend
@@ -65,6 +66,7 @@ class RolloutDriver:
         self.max_attempt = attempt_floor
         self.workers_lost = 0
         self._open = 0  # async: groups dispatched and not yet sampled or evicted
+        self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
         self._build_buffer()
         self._version = 0
         self._step = 0
@@ -109,7 +111,12 @@ class RolloutDriver:
         self.attempt_floor = self.max_attempt + 1
         self.max_attempt = self.attempt_floor
         self._open = 0
+        self.retired_trackers.append(self.tracker.statistics())
         self._build_buffer()
+
+    def tracker_statistics(self) -> list[TrackerStatistics]:
+        """The counters of every tracker of this run: replaced ones first, then the current."""
+        return [*self.retired_trackers, self.tracker.statistics()]
 
     # --- ResultSink (called from worker threads) ------------------------------------------
 

@@ -148,7 +148,7 @@ class RunRecord:
         error: BaseException | None,
         stopped_early: bool,
         stop_reason: str,
-        tracker: TrackerStatistics,
+        trackers: list[TrackerStatistics],
         backend: BackendStatistics,
         extension_failures: int,
     ) -> None:
@@ -160,10 +160,11 @@ class RunRecord:
         else:
             s.status = "stopped" if stopped_early else "finished"
             s.error = None
-        for reason, count in tracker.dropped.items():
-            s.dropped_rollouts[reason] = s.dropped_rollouts.get(reason, 0) + count
-        s.duplicates += tracker.duplicates
-        s.retry_overwrites += tracker.retry_overwrites
+        for tracker in trackers:
+            for reason, count in tracker.dropped.items():
+                s.dropped_rollouts[reason] = s.dropped_rollouts.get(reason, 0) + count
+            s.duplicates += tracker.duplicates
+            s.retry_overwrites += tracker.retry_overwrites
         s.workers_lost += backend.workers_lost
         s.checkpoints += self.checkpoints
         self.checkpoints = 0

@@ -311,7 +311,7 @@ class PPOTrainer:
                 error=error,
                 stopped_early=bool(stop_reason),
                 stop_reason=stop_reason,
-                tracker=self.driver.tracker.statistics(),
+                trackers=self.driver.tracker_statistics(),
                 backend=self.backend.statistics(),
                 extension_failures=self.bus.statistics().extension_failures,
             )

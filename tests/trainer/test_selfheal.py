@@ -36,11 +36,18 @@ torch.set_num_threads(1)
 class Run:
     """A trainer with self-healing, a recorder, and every batch it trained on."""
 
-    def __init__(self, faults: list[str], *, max_restarts: int = 3, **config: Any) -> None:
+    def __init__(
+        self,
+        faults: list[str],
+        *,
+        max_restarts: int = 3,
+        stall_timeout_s: float = 1.0,
+        **config: Any,
+    ) -> None:
         self.faults = FaultInjector.parse(faults)
         self.trainer = PPOTrainer(tiny_config(run__steps=4, **config), faults=self.faults)
         self.healer = SelfHealingExtension(
-            stall_timeout_s=1.0, max_restarts=max_restarts, backoff_s=0.0
+            stall_timeout_s=stall_timeout_s, max_restarts=max_restarts, backoff_s=0.0
         )
         self.trainer.register_runtime_extension(self.healer)
         self.recorder = ScriptedVoter(name="recorder", sample_wait=True)
@@ -72,10 +79,12 @@ class Run:
         for event in self.events(BatchReconciled):
             reported.update(event.report.dropped)
             reported["duplicate"] += event.report.duplicates
-        stats = self.trainer.driver.tracker.statistics()
-        assert stats.received == stats.admitted + stats.duplicates + sum(stats.dropped.values())
-        tracked = Counter(stats.dropped)
-        tracked["duplicate"] += stats.duplicates
+        tracked: Counter[str] = Counter()
+        for stats in self.trainer.driver.tracker_statistics():  # one per restore
+            dropped = sum(stats.dropped.values())
+            assert stats.received == stats.admitted + stats.duplicates + dropped
+            tracked.update(stats.dropped)
+            tracked["duplicate"] += stats.duplicates
         assert +reported == +tracked
         return dict(+reported)
 

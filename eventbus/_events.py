@@ -224,7 +224,8 @@ class FitFinished(Event, frozen=True):
 
 
 class FitFailed(Event, frozen=True):
-    """``fit()`` is raising ``error_type: message`` at ``step``."""
+    """``fit()`` is raising ``error_type: message``; ``step`` is the step that failed (or
+    the last completed one, when the failure came between steps)."""
 
     step: int
     error_type: str

@@ -7,7 +7,7 @@ and exit with status 2, before anything is written.
 from __future__ import annotations
 
 import argparse
-import importlib
+import asyncio
 import logging
 import signal
 import sys
@@ -187,83 +187,73 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-def load_extension(spec: str) -> object:
-    """Import ``MODULE:ATTR`` and return an extension: an instance, or a class or factory
-    called without arguments.
-
-    Raises:
-        UsageError: naming what could not be imported or built.
-    """
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise UsageError(f"--extension {spec!r}: expected MODULE:ATTR")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # a user's extension module in the current folder
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"--extension {spec!r}: cannot import {module_name!r}: {exc}") from None
-    try:
-        target = getattr(module, attr)
-    except AttributeError:
-        raise UsageError(f"--extension {spec!r}: module {module_name!r} has no {attr!r}") from None
-    if isinstance(target, type) or (callable(target) and not hasattr(target, "api_version")):
-        try:
-            return target()
-        except Exception as exc:  # noqa: BLE001  (reported as a usage error)
-            raise UsageError(f"--extension {spec!r}: building it failed: {exc}") from None
-    return target
-
-
-def _stop_on_signals(trainer: Any) -> None:
-    """First Ctrl-C or SIGTERM: finish the current step, save, stop cleanly. Second: now."""
+def _stop_on_signals(trainer: Any) -> dict[int, Any]:
+    """First Ctrl-C or SIGTERM: finish the current step, save, stop cleanly. Second: stop
+    now (the run is cancelled; its clean-up still runs). Returns the handlers replaced."""
 
     def handler(signum: int, frame: object) -> None:
-        if trainer.stop_requested:
-            raise KeyboardInterrupt
         name = signal.Signals(signum).name
+        if trainer.stop_requested:
+            print(f"\n{name} again: stopping now", file=sys.stderr)
+            trainer.request_stop(f"{name} received twice", now=True)
+            return
         print(f"\n{name}: stopping after this step (again to stop now)", file=sys.stderr)
         trainer.request_stop(f"{name} received")
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, handler)
+    return previous
 
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _new_run_folder() -> Path:
-    """``runs/YYYYmmdd-HHMMSS`` (made unique), with ``runs/latest`` pointing at it."""
+def _new_run_folder_name() -> Path:
+    """``runs/YYYYmmdd-HHMMSS`` (made unique); created only once the run is validated."""
     runs = Path("runs")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     folder, n = runs / stamp, 1
     while folder.exists():
         n += 1
         folder = runs / f"{stamp}-{n}"
-    folder.mkdir(parents=True)
-    latest = runs / "latest"
+    return folder
+
+
+def _link_latest(folder: Path) -> None:
+    """Create ``folder`` with ``runs/latest`` pointing at it (a convenience only)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    latest = folder.parent / "latest"
     try:
         if latest.is_symlink() or not latest.exists():
             latest.unlink(missing_ok=True)
             latest.symlink_to(folder.name)
     except OSError:
-        pass  # a convenience only (e.g. no symlinks on this filesystem)
-    return folder
+        pass  # e.g. no symlinks on this filesystem
 
 
 def _train(args: argparse.Namespace) -> int:
     from eventbus import ExtensionError
 
-    from ._config import ConfigError, load_config
+    from ._config import ConfigError, convert, load_config
     from ._faults import FaultInjector
 
     try:
         config = load_config(args.config, _overrides(args))
+        if args.extension:
+            config = convert(
+                {**config.to_dict(), "extensions": [*config.extensions, *args.extension]}
+            )
         faults = FaultInjector.parse(args.inject) if args.inject else None
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    extensions = [load_extension(spec) for spec in [*config.extensions, *args.extension]]
+    out = Path(config.run.out) if config.run.out else _new_run_folder_name()
+    if not config.checkpoint.resume and any((out / "checkpoints").glob("step-*.pt")):
+        raise UsageError(
+            f"--fresh: {out} already holds a run; choose another --out (or delete that folder)"
+        )
 
     import torch
 
@@ -272,22 +262,14 @@ def _train(args: argparse.Namespace) -> int:
     from ._progress import PlainProgress
     from ._trainer import PPOTrainer
 
-    out = Path(config.run.out) if config.run.out else _new_run_folder()
-    trainer = PPOTrainer(config, out_dir=out, faults=faults)
-    registrations = []
     try:
-        for extension in extensions:
-            registrations.append(trainer.register_runtime_extension(extension))
-        if config.self_heal.enabled:
-            from ._selfheal import SelfHealingExtension
-
-            registrations.append(
-                trainer.register_runtime_extension(
-                    SelfHealingExtension.from_config(config.self_heal)
-                )
-            )
+        # Registers config.extensions and, with self_heal.enabled, SelfHealingExtension.
+        trainer = PPOTrainer(config, out_dir=out, faults=faults)
     except ExtensionError as exc:
         raise UsageError(str(exc)) from None
+    # Everything is validated: only now does the run folder appear.
+    if not config.run.out:
+        _link_latest(out)
     # The progress view reports restarts, faults and drops as events; logs add only errors
     # (and everything with --verbose).
     level = logging.INFO if args.verbose else logging.ERROR
@@ -303,17 +285,21 @@ def _train(args: argparse.Namespace) -> int:
         # Log records go through the live view's console, above the bar, not through it.
         handler = RichHandler(console=view.console, show_path=False, markup=False)
         logging.basicConfig(level=level, format="%(name)s: %(message)s", handlers=[handler])
-    registrations.append(trainer.register_runtime_extension(view))
-    _stop_on_signals(trainer)
+    registration = trainer.register_runtime_extension(view)
+    previous = _stop_on_signals(trainer)
     try:
         summary = trainer.run()
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"interrupted; run folder {out} (the same --out resumes)", file=sys.stderr)
+        return 130
     except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)
         print(f"trainbus train: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"run folder: {out}", file=sys.stderr)
         return 1
     finally:
-        for registration in registrations:
-            registration.close()
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
+        registration.close()
         close = getattr(view, "close", None)
         if close is not None:
             close()  # the live view stops drawing even if the run ended without FitFinished

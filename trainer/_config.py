@@ -196,6 +196,14 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
                 f"model.max_seq_len is {self.model.max_seq_len}, but task {task.name!r} needs "
                 f"{needed} (prompt + response)"
             )
+        heal = self.self_heal
+        if heal.enabled and heal.backoff_max_s >= self.safe_point_timeout_s:
+            # The backoff is slept inside the vote: a vote that outlasts the safe point
+            # times out, counts as CONTINUE, and the recovery silently does not happen.
+            raise ValueError(
+                f"self_heal.backoff_max_s ({heal.backoff_max_s}) must be below "
+                f"safe_point_timeout_s ({self.safe_point_timeout_s})"
+            )
         for spec in self.extensions:
             module, colon, attr = spec.partition(":")
             if not (module and colon and attr):

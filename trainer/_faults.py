@@ -175,7 +175,9 @@ class FaultInjector:
         from ._worker import RolloutWorker
 
         step = work.step
-        if self._active("slow", step) and "slow" in self.names():
+        if self._active("slow", step):
+            # Announced (and recorded as fired) once; it lasts slow_steps steps.
+            self._take("slow", step, f"rollouts take {self.slow_factor:g}x longer")
             extra = max(elapsed_s, 0.05) * (self.slow_factor - 1)
             (stop or threading.Event()).wait(extra)
         out = list(results)

@@ -6,6 +6,7 @@ whole run, not just the part after the last restart.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -30,7 +31,8 @@ class FitSummary(msgspec.Struct, kw_only=True):
 
     Attributes:
         run_id: Stable across resumes.
-        status: ``finished``, ``stopped`` (a STOP decision) or ``failed``.
+        status: ``finished``, ``stopped`` (a STOP decision or a stop request),
+            ``interrupted`` (stopped at once) or ``failed``.
         error: ``Type: message`` of the error that failed the run.
         steps: Steps completed.
         start_step: The step this ``fit()`` started from (> 0 after a resume).
@@ -40,7 +42,9 @@ class FitSummary(msgspec.Struct, kw_only=True):
         reward_moving_average: Mean reward over the last 10 steps.
         best_reward_moving_average: Best 10-step moving average.
         restarts: Every restart: rollout-side restarts and checkpoint recoveries, with why.
-        decisions: Safe-point decisions by point, then by decision.
+        decisions: Decisions of the safe points the trainer reached, by point, then by
+            decision. ``sample_wait`` counts only the waits a decision interrupted (the
+            buffers reach it on every unsuccessful poll; the event log has every one).
         notable_decisions: Every decision other than CONTINUE, with who asked and why.
         dropped_rollouts: Results not admitted, by reason.
         duplicates: Duplicate results (no-ops).
@@ -155,7 +159,9 @@ class RunRecord:
         s = self.summary
         s.steps = steps
         s.duration_s = duration_s
-        if error is not None:
+        if isinstance(error, asyncio.CancelledError):
+            s.status, s.error = "interrupted", None
+        elif error is not None:
             s.status, s.error = "failed", f"{type(error).__name__}: {error}"
         else:
             s.status = "stopped" if stopped_early else "finished"

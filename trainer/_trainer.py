@@ -48,6 +48,7 @@ from replay import GroupResult, SampleWaitInterrupted
 from ._backend import RolloutBackend
 from ._checkpoint import CheckpointStore, StoredCheckpoint
 from ._config import TrainerConfig
+from ._extload import load_extension
 from ._faults import FaultInjector
 from ._grpo import Sample, group_samples, ppo_update
 from ._hparams import Completion
@@ -161,10 +162,22 @@ class PPOTrainer:
             before_rename=faults.before_checkpoint_rename if faults else None,
         )
         self.driver = RolloutDriver(config, self.stream, self.backend, self.bus)
+        # What the configuration asks to register (the same for the CLI and for Python).
+        self.registrations: list[Registration] = []
+        if config.self_heal.enabled:
+            from ._selfheal import SelfHealingExtension
+
+            healer = SelfHealingExtension.from_config(config.self_heal)
+            self.registrations.append(self.bus.register_extension(healer))
+        for spec in config.extensions:
+            self.registrations.append(self.bus.register_extension(load_extension(spec)))
         self.record = RunRecord(self.out_dir)
         self._fitting = False
         self._recoveries = 0
         self._stop_requested: str | None = None
+        self._active_step: int | None = None  # the step being trained, for FitFailed
+        self._task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- public API -----------------------------------------------------------------------
 
@@ -176,12 +189,17 @@ class PPOTrainer:
         """
         return self.bus.register_extension(extension)
 
-    def request_stop(self, reason: str = "stop requested") -> None:
+    def request_stop(self, reason: str = "stop requested", *, now: bool = False) -> None:
         """Stop cleanly at the next step boundary: save, reach ``AFTER_FIT``, finish.
 
-        Safe to call from a signal handler or another thread (it only sets a flag).
+        With ``now``, cancel the running ``fit()`` at once instead; its clean-up (workers
+        stopped, ``AFTER_FIT``, ``summary.json``) still runs, and it raises
+        ``CancelledError``. Safe to call from a signal handler or another thread.
         """
         self._stop_requested = reason
+        task, loop = self._task, self._loop
+        if now and task is not None and loop is not None:
+            loop.call_soon_threadsafe(task.cancel)
 
     @property
     def stop_requested(self) -> bool:
@@ -210,6 +228,7 @@ class PPOTrainer:
             raise RuntimeError("fit() is already running on this trainer")
         self._fitting = True
         self._stop_requested = None
+        self._task, self._loop = asyncio.current_task(), asyncio.get_running_loop()
         sink: Registration | None = None
         jsonl: JsonlSink | None = None
         try:
@@ -225,6 +244,7 @@ class PPOTrainer:
             if jsonl is not None:
                 jsonl.close()
             self._fitting = False
+            self._task = self._loop = None
 
     # --- the lifecycle --------------------------------------------------------------------
 
@@ -251,8 +271,11 @@ class PPOTrainer:
                         resumed=start_step > 0,
                     )
                 )
-            if not self.checkpoints.list():
-                await self._save_checkpoint()  # step 0: a terminal failure can always restore
+            if not self.checkpoints.list() and (
+                self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
+            ):
+                # Step 0, so that a recovery from a failure can always restore something.
+                await self._save_checkpoint()
             try:
                 await self._decide(SafePoint.BEFORE_FIT)
                 while self.step < config.run.steps:
@@ -330,14 +353,18 @@ class PPOTrainer:
         try:
             if self.bus.wants(FitFailed):
                 self.bus.publish(
-                    FitFailed(step=self.step, error_type=type(error).__name__, message=str(error))
+                    FitFailed(
+                        step=self._active_step or self.step,
+                        error_type=type(error).__name__,
+                        message=str(error),
+                    )
                 )
         except Exception:
             logger.exception("publishing FitFailed failed")
 
     async def _train_step(self) -> None:
         bus, config = self.bus, self.config
-        step = self.step + 1
+        step = self._active_step = self.step + 1
         began = time.perf_counter()
         if bus.wants(StepStarted):
             bus.publish(StepStarted(step=step))
@@ -361,6 +388,7 @@ class PPOTrainer:
             samples_per_s=metrics["num_samples"] / duration if duration > 0 else 0.0,
             policy_version=float(self.policy_version),
         )
+        self._active_step = None
         self.record.step(step, metrics)
         if bus.wants(StepFinished):
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
@@ -520,7 +548,9 @@ class PPOTrainer:
         if any(Capability.STATE in r.capabilities for r in self.bus.registrations()):
             await self.bus.drain(timeout=self.config.safe_point_timeout_s)
         began = time.perf_counter()
-        stored = self.checkpoints.save(self.step, self._state())
+        # Serialising and fsyncing take milliseconds: off the event loop. Nothing changes
+        # the state meanwhile, since the loop awaits the save before training on.
+        stored = await anyio.to_thread.run_sync(self.checkpoints.save, self.step, self._state())
         elapsed = time.perf_counter() - began
         self.record.checkpoints += 1
         if self.bus.wants(CheckpointSaved):
@@ -586,7 +616,16 @@ class PPOTrainer:
 
     def _resume(self) -> list[Prompt] | None:
         """Continue from the run folder's last checkpoint, if asked and there is one."""
-        if not self.config.checkpoint.resume or self.out_dir is None:
+        if self.out_dir is None:
+            return None
+        if not self.config.checkpoint.resume:
+            if self.checkpoints.list():
+                # A fresh run here would mix its checkpoints, metrics and events with the
+                # old run's (and a recovery could restore the old run's weights).
+                raise RuntimeError(
+                    f"{self.out_dir} already holds a run and checkpoint.resume is off; "
+                    f"use another run folder"
+                )
             return None
         latest = self.checkpoints.load_latest()
         if latest is None:

@@ -94,7 +94,7 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         (["train", "--inject", "hang"], "fault 'hang' needs a step"),
         (["train", "--extension", "nosuchmodule:X"], "cannot import 'nosuchmodule'"),
         (["train", "--extension", "json:NoSuchThing"], "module 'json' has no 'NoSuchThing'"),
-        (["train", "--extension", "json"], "expected MODULE:ATTR"),
+        (["train", "--extension", "json"], "'json' is not of the form MODULE:ATTR"),
         (["train", "--config", "missing.toml"], "config file missing.toml does not exist"),
         (["train", "--wait-timeout", "-1"], "rollout.wait_timeout_s: expected `float` > 0"),
     ],
@@ -175,3 +175,19 @@ def test_sigterm_stops_cleanly_after_the_current_step(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped"
     assert 2 <= summary["steps"] < 500
+
+
+def test_fresh_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "step-00000004.pt").write_bytes(b"old run")
+    done = trainbus("train", "--fresh", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "already holds a run" in done.stderr
+    assert sorted(p.name for p in out.rglob("*")) == ["checkpoints", "step-00000004.pt"]
+
+
+def test_a_rejected_extension_creates_no_run_folder(tmp_path: Path) -> None:
+    done = trainbus("train", "--extension", "json:NoSuchThing", cwd=tmp_path)
+    assert done.returncode == 2
+    assert not (tmp_path / "runs").exists()

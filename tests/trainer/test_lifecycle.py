@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +243,28 @@ async def test_request_stop_finishes_the_current_step_saves_and_stops(tmp_path: 
     assert 2 <= summary.steps < 50
     assert (tmp_path / "checkpoints" / f"step-{summary.steps:08d}.pt").exists()
     assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+
+
+async def test_request_stop_now_cancels_the_run_but_still_cleans_up(tmp_path: Path) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=50), out_dir=tmp_path)
+
+    class StopNow(ScriptedVoter):
+        def on_event(self, context: ExtensionContext, event: Event) -> None:
+            super().on_event(context, event)
+            if isinstance(event, StepFinished) and event.step == 2:
+                fit.request_stop("operator insists", now=True)
+
+    voter = StopNow()
+    fit.register_runtime_extension(voter)
+    with pytest.raises(asyncio.CancelledError):
+        await fit.fit()
+    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert '"status": "interrupted"' in (tmp_path / "summary.json").read_text()
+    assert fit.backend.statistics().workers == 0  # the workers were stopped
+
+
+def test_the_configuration_registers_self_healing_and_extensions() -> None:
+    fit = PPOTrainer(
+        tiny_config(self_heal__enabled=True, extensions=["eventbus.testing:ScriptedVoter"])
+    )
+    assert [r.name for r in fit.bus.registrations()] == ["self-healing", "scripted-voter"]

@@ -70,13 +70,12 @@ class LiveProgress:
         elif isinstance(event, SampleWait):
             self._status = Text(describe_wait(event), style="yellow")
         elif not isinstance(event, FitStarted):
+            if isinstance(event, FitFinished | FitFailed):
+                self.close()  # the last frame first, then the closing line below it
             line = self._lines.describe(event)
             if line and not line.startswith("step "):
                 self.console.print(line.strip(), highlight=False)
-        if isinstance(event, FitFinished | FitFailed):
-            self.close()
-        else:
-            self._refresh()
+        self._refresh()
 
     def _start(self, event: FitStarted) -> None:
         self._lines.describe(event)  # keeps its step total in step

@@ -15,6 +15,7 @@ call is timed. The clock is ``time.perf_counter_ns`` unless :func:`use_clock` sa
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import math
@@ -31,6 +32,7 @@ from typing import Any, Literal, TextIO
 
 __all__ = [
     "RESULTS_DIR",
+    "add_output_arguments",
     "Body",
     "Result",
     "Stats",
@@ -344,6 +346,18 @@ def machine_info() -> dict[str, Any]:
     if hasattr(os, "getloadavg"):
         info["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     return info
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """The flags every benchmark shares: ``--no-write``, ``--results-dir``, ``--check``."""
+    parser.add_argument("--no-write", action="store_true", help=f"do not write {name}.json")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS_DIR,
+        help=f"where {name}.json goes (default: %(default)s)",
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
 
 
 def write_results(

@@ -48,9 +48,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and `eventbu
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import (
-    RESULTS_DIR,
     Body,
     Result,
+    add_output_arguments,
     clock_ns,
     measure_group,
     op_loop,
@@ -495,14 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--backend", action="append", choices=backends(), help="event loop(s); default: all"
     )
-    parser.add_argument("--no-write", action="store_true", help=f"do not write {NAME}.json")
-    parser.add_argument(
-        "--results-dir",
-        type=Path,
-        default=RESULTS_DIR,
-        help=f"where {NAME}.json goes (default: %(default)s)",
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_output_arguments(parser, NAME)
     parser.add_argument(
         "--cpu-time",
         action="store_true",

@@ -59,7 +59,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before anything imports
 
 import torch
 
-from benchmarks._common import RESULTS_DIR, Result, print_table, write_results
+from benchmarks._common import Result, add_output_arguments, print_table, write_results
 from eventbus import (
     BatchReconciled,
     Decision,
@@ -419,14 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="stall timeout(s) in seconds (default: 1, 2 and 4; quick: 2)",
     )
     parser.add_argument("--repeat", type=int, help="runs per stall timeout (default 3, quick 1)")
-    parser.add_argument("--no-write", action="store_true", help=f"do not write {NAME}.json")
-    parser.add_argument(
-        "--results-dir",
-        type=Path,
-        default=RESULTS_DIR,
-        help=f"where {NAME}.json goes (default: %(default)s)",
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_output_arguments(parser, NAME)
     args = parser.parse_args(argv)
 
     settings = QUICK if args.quick else FULL

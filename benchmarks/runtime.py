@@ -73,7 +73,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the pack
 import anyio
 import torch
 
-from benchmarks._common import RESULTS_DIR, Result, print_table, write_results
+from benchmarks._common import Result, add_output_arguments, print_table, write_results
 from eventbus import JsonlSink
 from eventbus.testing import ScriptedVoter
 from trainer import PPOTrainer, TrainerConfig, load_config
@@ -542,14 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile", action="store_true", default=None, help="profile (default: not if quick)"
     )
     profiling.add_argument("--no-profile", dest="profile", action="store_false")
-    parser.add_argument("--no-write", action="store_true", help=f"do not write {NAME}.json")
-    parser.add_argument(
-        "--results-dir",
-        type=Path,
-        default=RESULTS_DIR,
-        help=f"where {NAME}.json goes (default: %(default)s)",
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    add_output_arguments(parser, NAME)
     args = parser.parse_args(argv)
 
     settings = QUICK if args.quick else FULL

@@ -70,7 +70,6 @@ class RolloutDriver:
         self._build_buffer()
         self._version = 0
         self._step = 0
-        self._works = 0
 
     def _build_buffer(self) -> None:
         rollout, bus = self.config.rollout, self.bus
@@ -246,7 +245,6 @@ class RolloutDriver:
         than one call per prompt); each piece's seed depends only on what it holds."""
         seed = self.config.run.seed
         for index, part in enumerate(chunk(groups, self.backend.workers)):
-            self._works += 1
             first = part[0]
             self.backend.submit(
                 RolloutWork(

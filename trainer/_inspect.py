@@ -111,15 +111,12 @@ def _usage(message: str) -> NoReturn:
 def events_path(run_dir: str, *, follow: bool = False) -> Path:
     """The ``events.jsonl`` of a run folder (or the file itself, when given one).
 
-    With ``follow``, a run folder (or its log) that does not exist yet is accepted: the run
-    may be starting (``trainbus train --out DIR`` creates DIR a few seconds in), and the log
-    is waited for.
+    With ``follow``, a run folder whose log does not exist yet is accepted: the run may be
+    starting, and the log is waited for.
     """
     path = Path(run_dir)
     if path.is_file():
         return path
-    if not path.exists() and follow:
-        return path / "events.jsonl"
     if not path.is_dir():
         _usage(f"{run_dir}: no such run folder")
     log = path / "events.jsonl"

@@ -47,3 +47,14 @@ async def test_duplicates_and_a_step_error_on_ray_are_handled_like_local() -> No
     run.check_batches()
     dropped = run.check_accounting()
     assert sum(dropped.values()) >= run.faults.extra_results["duplicate"] > 0
+
+
+async def test_slow_retried_and_stale_results_on_ray() -> None:
+    run = Run(["slow@2", "fail-retry@2", "stale@3"], stall_timeout_s=10.0, **RAY)
+    summary = await run.trainer.fit()
+    assert summary.steps == 4
+    assert run.events(RolloutRestarted) == []  # slow is not a stall
+    assert summary.retry_overwrites == run.faults.extra_results["fail-retry"] > 0
+    run.check_batches()
+    dropped = run.check_accounting()
+    assert dropped.get("earlier_step", 0) == run.faults.extra_results["stale"] > 0

@@ -14,6 +14,7 @@ extension and no subscriber runs the plain loop.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import random
 import time
@@ -652,9 +653,12 @@ class PPOTrainer:
                 continue
             state_dict: Callable[[], Any] = registration.extension.state_dict  # type: ignore[attr-defined]
             try:
-                states[registration.name] = state_dict()
+                state = state_dict()
+                _check_plain(state)
             except Exception as exc:  # noqa: BLE001  (logged, counted, published)
                 self.bus.report_extension_failure(registration, "state_dict", exc)
+                continue
+            states[registration.name] = state
         return states
 
     def _load_extension_states(self, states: dict[str, Any]) -> None:
@@ -686,3 +690,19 @@ class PPOTrainer:
         from ._local import LocalBackend
 
         return LocalBackend(spec, rollout.workers, faults=self.faults)
+
+
+def _check_plain(state: Any) -> None:
+    """Raise unless ``state`` survives a checkpoint: checkpoints load with
+    ``weights_only=True``, which takes tensors and plain data only. Without this check an
+    extension returning, say, a dataclass would make every later checkpoint unreadable."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as exc:  # noqa: BLE001  (re-raised with what to do about it)
+        raise TypeError(
+            "state_dict() must return plain data (dicts, lists, numbers, strings, tensors): "
+            f"{exc}".splitlines()[0]
+        ) from None

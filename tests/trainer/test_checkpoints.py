@@ -133,3 +133,23 @@ async def test_extension_state_is_saved_under_its_name_and_restored_on_resume(
     await second.fit()
     assert resumed.loaded == {"steps": 2}
     assert resumed.steps == 3
+
+
+async def test_extension_state_that_a_checkpoint_cannot_hold_is_reported_not_saved(
+    tmp_path: Path,
+) -> None:
+    class Opaque:
+        pass
+
+    class Bad(Counter):
+        def state_dict(self) -> dict[str, Any]:
+            return {"thing": Opaque()}
+
+    fit = PPOTrainer(tiny_config(run__steps=2), out_dir=tmp_path)
+    bad = Bad()
+    bad.name = "bad"
+    registration = fit.register_runtime_extension(bad)
+    await fit.fit()
+    assert registration.statistics().failures >= 1
+    state = CheckpointStore.load(tmp_path / "checkpoints" / "step-00000002.pt")  # still loads
+    assert "bad" not in state["extensions"]

@@ -130,9 +130,7 @@ class LocalBackend:
     # --- threads --------------------------------------------------------------------------
 
     def _spawn(self) -> None:
-        number = 0 if self._generation is None else self._generation.number + 1
-        number = max(number, self._restarts)
-        generation = _Generation(number)
+        generation = _Generation(self._restarts)  # 0 at start, one more per restart
         for index in range(self.workers):
             worker_id = f"local-{generation.number}.{index}"
             thread = threading.Thread(

@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer._grpo import PPOConfig, Sample, group_samples, ppo_update
-from trainer._policy import PolicyConfig, build_policy, generate
-from trainer._tasks import PromptStream, Task, make_task
+from trainer.rl._grpo import PPOConfig, Sample, group_samples, ppo_update
+from trainer.rl._policy import PolicyConfig, build_policy, generate
+from trainer.rl._tasks import PromptStream, Task, make_task
 
 
 def evaluate(task: Task, policy: Any, seed: int, n: int = 256) -> float:

@@ -77,7 +77,7 @@ from benchmarks._common import Result, add_output_arguments, print_table, write_
 from eventbus import JsonlSink
 from eventbus.testing import ScriptedVoter
 from trainer import PPOTrainer, TrainerConfig, load_config
-from trainer._policy import weights_to_bytes
+from trainer.rl._policy import weights_to_bytes
 
 NAME = "runtime"
 
@@ -400,8 +400,8 @@ _LANDMARKS: tuple[tuple[str, str], ...] = (
     ("eventbus/_dispatch.py", "_answer"),
     ("eventbus/_sinks.py", "on_event"),
     ("replay/_waiting.py", "report"),
-    ("trainer/_trainer.py", "_save_checkpoint"),
-    ("trainer/_policy.py", "weights_to_bytes"),
+    ("trainer/runtime/_trainer.py", "_save_checkpoint"),
+    ("trainer/rl/_policy.py", "weights_to_bytes"),
 )
 
 

@@ -5,6 +5,9 @@ current thing, generated when the documentation is built.
   the output of ``trainbus config example``. The command runs as ``python -m trainer ...``
   with the Python that runs MkDocs, from the repository root. A command that fails fails the
   build.
+* ``<!-- api: trainer -->`` becomes ``::: trainer`` listing the members of ``trainer.__all__``
+  (derived at import time from the package's one list of its public names, which the
+  documentation tool cannot evaluate by itself).
 * ``<!-- bench: bus -->`` becomes the tables of ``benchmarks/results/bus.json``, formatted
   as ``benchmarks/_common.py`` prints them; a missing file becomes a note saying how to
   produce it.
@@ -14,6 +17,7 @@ So the quoted text can never drift from the code or from the committed results.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -30,11 +34,18 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 COMMAND = re.compile(r"^<!-- trainbus: (?P<args>[^|>]+?)(?: \| (?P<lang>\w+))? -->$", re.MULTILINE)
 BENCH = re.compile(r"^<!-- bench: (?P<name>[\w-]+) -->$", re.MULTILINE)
+API = re.compile(r"^<!-- api: (?P<module>[\w.]+) -->$", re.MULTILINE)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     markdown = COMMAND.sub(lambda m: _command_block(m["args"].strip(), m["lang"]), markdown)
+    markdown = API.sub(lambda m: _api_block(m["module"]), markdown)
     return BENCH.sub(lambda m: _bench_tables(m["name"]), markdown)
+
+
+def _api_block(module: str) -> str:
+    names = importlib.import_module(module).__all__
+    return f"::: {module}\n    options:\n      members: {json.dumps(sorted(names))}"
 
 
 # --- command output ---------------------------------------------------------------------

@@ -1,110 +1,72 @@
 """The trainbus trainer: PPO/GRPO on torch, rollout backends, checkpoints, built-in extensions.
 
-This module only re-exports the public API; the implementation lives in private modules.
-Names are resolved on first use, so ``import trainer`` (and the ``trainbus`` command line
-up to the training itself) does not pay for importing torch.
+This module only re-exports the public API; the implementation lives in the subpackages
+(``rl``, ``config``, ``rollout``, ``runtime``, ``cli``; see ``docs/architecture.md``).
+
+The ``TYPE_CHECKING`` block below is the one list of the public API: type checkers and the
+API reference read it as written, and at run time ``__all__`` and the lazy resolution are
+derived from it. Names are resolved on first use, so ``import trainer`` (and the ``trainbus``
+command line up to the training itself) does not pay for importing torch.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._backend import BackendStatistics as BackendStatistics
-    from ._backend import ResultSink as ResultSink
-    from ._backend import RolloutBackend as RolloutBackend
-    from ._checkpoint import CheckpointError as CheckpointError
-    from ._checkpoint import CheckpointStore as CheckpointStore
-    from ._config import ConfigError as ConfigError
-    from ._config import TrainerConfig as TrainerConfig
-    from ._config import load_config as load_config
-    from ._faults import FAULTS as FAULTS
-    from ._faults import Fault as Fault
-    from ._faults import FaultInjector as FaultInjector
-    from ._faults import InjectedFault as InjectedFault
-    from ._hparams import PolicyConfig as PolicyConfig
-    from ._hparams import PPOConfig as PPOConfig
-    from ._local import LocalBackend as LocalBackend
-    from ._progress import PlainProgress as PlainProgress
-    from ._ray import RayBackend as RayBackend
-    from ._run import FitSummary as FitSummary
-    from ._selfheal import SelfHealingExtension as SelfHealingExtension
-    from ._tasks import TASKS as TASKS
-    from ._tasks import make_task as make_task
-    from ._trainer import PPOTrainer as PPOTrainer
-    from ._trainer import RunAborted as RunAborted
-    from ._trainer import TrainerView as TrainerView
-    from ._worker import RolloutWork as RolloutWork
-    from ._worker import RolloutWorker as RolloutWorker
-    from ._worker import WorkerSpec as WorkerSpec
+    from .cli._progress import PlainProgress as PlainProgress
+    from .config._schema import ConfigError as ConfigError
+    from .config._schema import TrainerConfig as TrainerConfig
+    from .config._schema import load_config as load_config
+    from .rl._hparams import PolicyConfig as PolicyConfig
+    from .rl._hparams import PPOConfig as PPOConfig
+    from .rl._tasks import TASKS as TASKS
+    from .rl._tasks import make_task as make_task
+    from .rollout._backend import BackendStatistics as BackendStatistics
+    from .rollout._backend import ResultSink as ResultSink
+    from .rollout._backend import RolloutBackend as RolloutBackend
+    from .rollout._faults import FAULTS as FAULTS
+    from .rollout._faults import Fault as Fault
+    from .rollout._faults import FaultInjector as FaultInjector
+    from .rollout._faults import InjectedFault as InjectedFault
+    from .rollout._local import LocalBackend as LocalBackend
+    from .rollout._ray import RayBackend as RayBackend
+    from .rollout._worker import RolloutWork as RolloutWork
+    from .rollout._worker import RolloutWorker as RolloutWorker
+    from .rollout._worker import WorkerSpec as WorkerSpec
+    from .runtime._checkpoint import CheckpointError as CheckpointError
+    from .runtime._checkpoint import CheckpointStore as CheckpointStore
+    from .runtime._run import FitSummary as FitSummary
+    from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
+    from .runtime._trainer import PPOTrainer as PPOTrainer
+    from .runtime._trainer import RunAborted as RunAborted
+    from .runtime._trainer import TrainerView as TrainerView
 
-_WHERE = {
-    "BackendStatistics": "_backend",
-    "ResultSink": "_backend",
-    "RolloutBackend": "_backend",
-    "CheckpointError": "_checkpoint",
-    "CheckpointStore": "_checkpoint",
-    "ConfigError": "_config",
-    "TrainerConfig": "_config",
-    "load_config": "_config",
-    "FAULTS": "_faults",
-    "Fault": "_faults",
-    "FaultInjector": "_faults",
-    "InjectedFault": "_faults",
-    "PolicyConfig": "_hparams",
-    "PPOConfig": "_hparams",
-    "LocalBackend": "_local",
-    "PlainProgress": "_progress",
-    "RayBackend": "_ray",
-    "FitSummary": "_run",
-    "SelfHealingExtension": "_selfheal",
-    "TASKS": "_tasks",
-    "make_task": "_tasks",
-    "PPOTrainer": "_trainer",
-    "RunAborted": "_trainer",
-    "TrainerView": "_trainer",
-    "RolloutWork": "_worker",
-    "RolloutWorker": "_worker",
-    "WorkerSpec": "_worker",
-}
 
-__all__ = (
-    "FAULTS",
-    "TASKS",
-    "BackendStatistics",
-    "CheckpointError",
-    "CheckpointStore",
-    "ConfigError",
-    "Fault",
-    "FaultInjector",
-    "FitSummary",
-    "InjectedFault",
-    "LocalBackend",
-    "PPOConfig",
-    "PPOTrainer",
-    "PlainProgress",
-    "PolicyConfig",
-    "RayBackend",
-    "ResultSink",
-    "RolloutBackend",
-    "RolloutWork",
-    "RolloutWorker",
-    "RunAborted",
-    "SelfHealingExtension",
-    "TrainerConfig",
-    "TrainerView",
-    "WorkerSpec",
-    "load_config",
-    "make_task",
-)
+def _exports() -> dict[str, str]:
+    """Each public name and its module, read from this file's ``TYPE_CHECKING`` block."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If))
+    return {
+        alias.name: f"{'.' * node.level}{node.module}"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+_WHERE = _exports()
+__all__ = tuple(sorted(_WHERE))
 
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value  # resolve once
     return value
 

@@ -1,0 +1,116 @@
+"""The progress views: what a user reads while the trainer runs and waits."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from eventbus import (
+    EventBus,
+    ExtensionContext,
+    FitFinished,
+    FitStarted,
+    RolloutRestarted,
+    SampleWait,
+    SampleWaitState,
+    StepFinished,
+)
+from trainer import PlainProgress
+from trainer.cli._live import LiveProgress
+
+CONTEXT = ExtensionContext(name="progress", bus=EventBus(), capabilities=frozenset())
+METRICS = {
+    "reward_mean": 0.734,
+    "approx_kl": 0.0123,
+    "clip_frac": 0.05,
+    "entropy": 1.2,
+    "samples_per_s": 2400.0,
+    "wait_time_s": 0.04,
+}
+
+
+def waiting(elapsed: float) -> SampleWait:
+    return SampleWait(
+        state=SampleWaitState(
+            mode="sync",
+            step=3,
+            partition="train",
+            required=16,
+            available=12,
+            pending_groups=0,
+            running_groups=3,
+            elapsed_s=elapsed,
+            poll_interval_s=0.5,
+            poll_count=4,
+        )
+    )
+
+
+def test_plain_lines_say_what_the_trainer_does_and_waits_for() -> None:
+    out = io.StringIO()
+    view = PlainProgress(out, wait_every_s=5.0)
+    for event in [
+        FitStarted(run_id="r1", total_steps=60, mode="sync", backend="local"),
+        StepFinished(step=3, metrics=METRICS, duration_s=0.11),
+        waiting(0.5),
+        waiting(1.0),
+        waiting(8.2),
+        RolloutRestarted(step=4, reason="no progress", workers=2, reissued=("a#0",), attempt=2),
+        FitFinished(step=60, duration_s=7.4),
+    ]:
+        view.on_event(CONTEXT, event)
+    assert out.getvalue().splitlines() == [
+        "run r1: 60 steps, sync mode, local backend",
+        "step    3/60  reward 0.734  kl(old) 0.0123  clip 0.050  entropy 1.200  "
+        "2400 samples/s  0.11 s",
+        # short waits are normal; a wait is reported once it lasted wait_every_s
+        "           waiting: 12/16 samples, 3 groups running, 0 pending, 8.2 s",
+        "restart at step 4: no progress; 2 workers, 1 rollouts reissued (attempt 2)",
+        "finished at step 60 in 7.4 s",
+    ]
+
+
+def test_the_live_view_shows_the_bar_and_the_current_wait() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=120, color_system=None)
+    view = LiveProgress(console)
+    view.on_event(CONTEXT, FitStarted(run_id="r1", total_steps=60, mode="sync", backend="local"))
+    view.on_event(CONTEXT, StepFinished(step=3, metrics=METRICS, duration_s=0.11))
+    view.on_event(CONTEXT, waiting(8.2))
+    frame = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "3/60" in frame
+    assert "reward 0.734" in frame
+    assert "waiting: 12/16 samples, 3 groups running, 0 pending, 8.2 s" in frame
+    view.on_event(CONTEXT, FitFinished(step=60, duration_s=7.4))
+    assert console.file.getvalue().rstrip().endswith("finished at step 60 in 7.4 s")  # type: ignore[attr-defined]
+    assert view._live is None  # stopped drawing
+
+
+def test_not_on_a_terminal_trainbus_prints_plain_step_lines(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.toml"
+    config.write_text("[rollout]\nprompts_per_step = 8\ngroup_size = 4\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(config),
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("run ")
+    assert [line.split()[1] for line in lines if line.startswith("step ")] == ["1/2", "2/2"]
+    assert "\x1b[" not in done.stdout  # no terminal control codes in a pipe

@@ -1,0 +1,304 @@
+"""``trainbus report``: the table and the plots, on a real run (driven as a subprocess) and
+on hand-built run folders (in-process, fast).
+
+The real run is trained once per session and shared with ``test_inspect.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eventbus import (
+    BatchReconciled,
+    BatchReport,
+    CheckpointRestored,
+    CheckpointSaved,
+    Decision,
+    FitFailed,
+    FitFinished,
+    FitStarted,
+    RolloutRestarted,
+    SafePoint,
+    SafePointOutcome,
+    SafePointResolved,
+    StepStarted,
+    Vote,
+    encode_event,
+)
+from trainer.cli._report import (
+    Marker,
+    facts_from_log,
+    load_run,
+    restart_markers,
+    run_report,
+    table_rows,
+    write_plots,
+)
+
+TINY_TOML = "[rollout]\nprompts_per_step = 8\ngroup_size = 4\npoll_interval_s = 0.05\n"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+_TRAINED: dict[str, Path] = {}
+
+
+def trainbus(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m trainer ARGS`` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def trained_run(factory: pytest.TempPathFactory) -> Path:
+    """A real run folder, trained once per session: 3 steps of 8 prompts x 4 rollouts, with a
+    worker hang at step 2 that self-healing resolves by restarting the rollout side.
+
+    A plain function with a cache rather than a shared fixture: pytest would build a fixture
+    imported into a second module a second time.
+    """
+    if "run" not in _TRAINED:
+        root = factory.mktemp("trained")
+        config = root / "tiny.toml"
+        config.write_text(TINY_TOML)
+        out = root / "run"
+        done = trainbus(
+            *("train", "--config", config, "--steps", "3", "--out", out, "--no-progress"),
+            *("--self-heal", "--stall-timeout", "0.3", "--inject", "hang@2"),
+            cwd=root,
+        )
+        assert done.returncode == 0, done.stderr
+        _TRAINED["run"] = out
+    return _TRAINED["run"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return trained_run(tmp_path_factory)
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the trained run, without plots, to change freely."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("*.png", "checkpoints"))
+    return copy
+
+
+def assert_valid_png(path: Path) -> None:
+    """A PNG that decodes into a real picture (many colours, not a blank canvas)."""
+    import matplotlib.image
+    import numpy as np
+
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 5_000
+    pixels = matplotlib.image.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] >= 300 and pixels.shape[1] >= 600
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 10
+
+
+def report(folder: Path, *flags: str) -> int:
+    """``run_report`` in-process (fast; what the subprocess tests drive through ``main``)."""
+    return run_report(argparse.Namespace(run_dir=str(folder), no_plots="--no-plots" in flags))
+
+
+# --- the command, on a real run -----------------------------------------------------------
+
+
+def test_report_prints_the_table_and_writes_valid_plots(run_dir: Path) -> None:
+    done = trainbus("report", run_dir)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    out = done.stdout
+    assert out.startswith(f"trainbus report: {run_dir}\n")
+    for expected in (
+        "status                 finished",
+        "steps                  3 of 3",
+        "final reward",
+        "best reward",
+        "time",
+        "restarts               1\n",
+        "step 2 rollouts: restart_required (self-healing:",
+        "dropped rollouts       none",
+        "sample waits",
+        "sample_wait: restart_required 1",
+        "step_boundary: continue 3",
+    ):
+        assert expected in out
+    # Not a terminal: plain text, no escape codes, no padding at line ends.
+    assert "\x1b[" not in out
+    assert all(line == line.rstrip() for line in out.splitlines())
+    reward, waits = run_dir / "reward.png", run_dir / "waits.png"
+    assert out.rstrip().endswith(f"plots written: {reward}, {waits}")
+    assert_valid_png(reward)
+    assert_valid_png(waits)
+
+
+def test_no_plots_only_prints_the_table(run_dir: Path, tmp_path: Path) -> None:
+    folder = copy_run(run_dir, tmp_path)
+    done = trainbus("report", folder, "--no-plots")
+    assert done.returncode == 0, done.stderr
+    assert "steps                  3 of 3" in done.stdout
+    assert "plots written" not in done.stdout
+    assert list(folder.glob("*.png")) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [("missing", "no such run folder"), ("", "not a run folder")],
+    ids=["missing", "not-a-run"],
+)
+def test_bad_folder_is_one_line_and_status_2(tmp_path: Path, name: str, problem: str) -> None:
+    done = trainbus("report", tmp_path / name)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith("error: ") and problem in done.stderr
+
+
+def test_a_run_without_summary_is_reported_from_its_logs(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Still running: no summary, the log stops before FitFinished, a metrics line is torn.
+    folder = copy_run(run_dir, tmp_path)
+    (folder / "summary.json").unlink()
+    lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
+    last_step = max(i for i, line in enumerate(lines) if '"type":"StepFinished"' in line)
+    (folder / "events.jsonl").write_text("".join(lines[: last_step + 1]))
+    with (folder / "metrics.jsonl").open("a") as file:
+        file.write('{"step": 4, "reward_mean": 0.9')
+
+    assert report(folder) == 0
+    out = capsys.readouterr().out
+    assert "running or interrupted" in out
+    assert "no summary yet" in out
+    assert "steps                  3 of 3" in out
+    assert "step 2 rollouts: restart_required" in out
+    assert "so far" in out
+    assert_valid_png(folder / "waits.png")
+
+
+def test_a_damaged_summary_is_noted_and_the_logs_used(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = copy_run(run_dir, tmp_path)
+    (folder / "summary.json").write_text("{not json")
+    assert report(folder, "--no-plots") == 0
+    out = capsys.readouterr().out
+    assert "note: " in out and "summary.json unreadable" in out
+    assert "status                 finished" in out
+
+
+# --- hand-built runs ----------------------------------------------------------------------
+
+
+def _resolved(point: SafePoint, step: int, decision: Decision, reason: str) -> SafePointResolved:
+    vote = Vote(participant="healer", decision=decision, reason=reason)
+    outcome = SafePointOutcome(point=point, step=step, decision=decision, votes=(vote,))
+    return SafePointResolved(outcome=outcome)
+
+
+def _batch(step: int, **dropped: int) -> BatchReconciled:
+    report = BatchReport(step=step, registered=8, succeeded=8, dropped=dropped, duplicates=1)
+    return BatchReconciled(report=report)
+
+
+FAILED_RUN = [
+    FitStarted(run_id="abc", total_steps=5, seq=1, time=100.0),
+    StepStarted(step=1, seq=2, time=100.5),
+    _batch(1, superseded_attempt=2),
+    _resolved(SafePoint.SAMPLE_WAIT, 1, Decision.RESTART_REQUIRED, "stalled"),
+    RolloutRestarted(step=1, reason="restart_required (healer: stalled)", seq=5, time=101.0),
+    _batch(1, superseded_attempt=1, earlier_step=3),
+    CheckpointSaved(step=1, path="/x/step-1.pt", seq=7, time=102.0),
+    StepStarted(step=2, seq=8, time=102.5),
+    CheckpointRestored(step=1, path="/x/step-1.pt", reason="boom recovery", seq=9, time=103.0),
+    FitFailed(step=1, error_type="ValueError", message="boom", seq=10, time=104.0),
+]
+
+
+def test_facts_from_the_log_of_a_failed_run() -> None:
+    facts = facts_from_log(FAILED_RUN, [{"step": 1, "reward_mean": 0.5, "wait_time_s": 2.0}])
+    assert facts.status == "failed"
+    assert facts.error == "ValueError: boom"
+    assert (facts.run_id, facts.steps, facts.total_steps) == ("abc", 1, 5)
+    assert facts.duration_s == pytest.approx(4.0)
+    assert facts.restarts == [
+        "step 1 rollouts: restart_required (healer: stalled)",
+        "restored step 1: boom recovery",
+    ]
+    assert facts.dropped == {"superseded_attempt": 3, "earlier_step": 3}
+    assert facts.duplicates == 2
+    assert facts.decisions == {"sample_wait": {"restart_required": 1}}
+    assert facts.notable == ["step 1 sample_wait: restart_required (healer: stalled)"]
+    assert facts.checkpoints == 1
+    assert (facts.wait_total_s, facts.wait_longest_s) == (2.0, 2.0)
+
+
+def test_table_rows_of_a_run_without_steps() -> None:
+    facts = facts_from_log([FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)], [])
+    rows = dict(table_rows(facts, []))
+    assert rows["status"].startswith("running or interrupted\nno summary yet")
+    assert rows["steps"] == "0 of 3"
+    assert rows["final reward"] == "n/a (no finished step)"
+    assert rows["restarts"] == rows["dropped rollouts"] == "none"
+
+
+def test_restarts_are_marked_where_they_happened() -> None:
+    resumed = CheckpointRestored(step=4, path="/x/step-4.pt", reason="resume", seq=11, time=9.0)
+    assert restart_markers([*FAILED_RUN, resumed]) == [
+        Marker(1, "rollout restart"),
+        Marker(2, "checkpoint restored"),  # the step that failed, not the one restored
+        Marker(2, "resumed"),
+    ]
+
+
+def test_a_summary_older_than_the_log_says_the_run_goes_on(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = copy_run(run_dir, tmp_path)
+    with (folder / "events.jsonl").open("ab") as file:
+        file.write(encode_event(FitStarted(run_id="again", seq=999, time=1e10)) + b"\n")
+    assert report(folder, "--no-plots") == 0
+    out = capsys.readouterr().out
+    assert "running again\n" in out and "summary.json is from an earlier attempt" in out
+
+
+def test_metrics_keep_one_line_per_step_and_skip_a_torn_line(tmp_path: Path) -> None:
+    rows = [
+        {"step": 1, "reward_mean": 0.1, "wait_time_s": 0.5},
+        {"step": 2, "reward_mean": 0.2, "wait_time_s": 0.5},
+        {"step": 2, "reward_mean": 0.3, "wait_time_s": 0.5},  # redone after a restore
+    ]
+    text = "".join(json.dumps(row) + "\n" for row in rows) + '{"step": 3, "rew'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    run = load_run(tmp_path)
+    assert [(m["step"], m["reward_mean"]) for m in run.metrics] == [(1, 0.1), (2, 0.3)]
+
+
+def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:
+    metrics = "".join(
+        json.dumps({"step": s, "reward_mean": s / 10, "kl": 0.0, "wait_time_s": 0.1 * s}) + "\n"
+        for s in range(1, 6)
+    )
+    (tmp_path / "metrics.jsonl").write_text(metrics)
+    events = [FitStarted(seq=1, time=1.0), FitFinished(step=5, seq=2, time=2.0)]
+    (tmp_path / "events.jsonl").write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    # approx_kl is missing: its line is left empty rather than failing the plot.
+    assert write_plots(load_run(tmp_path)) == [tmp_path / "reward.png", tmp_path / "waits.png"]
+    assert_valid_png(tmp_path / "reward.png")
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def test_no_plots_without_a_finished_step(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_bytes(encode_event(FitStarted(seq=1, time=1.0)) + b"\n")
+    assert write_plots(load_run(tmp_path)) == []

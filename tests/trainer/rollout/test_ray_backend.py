@@ -1,0 +1,255 @@
+"""The Ray backend on a real local Ray instance (run inside a loopback-only namespace).
+
+    unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -m ray \
+        tests/trainer/rollout/test_ray_backend.py'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import pytest
+
+from replay import PromptGroup, RolloutResult
+from trainer import (
+    Fault,
+    FaultInjector,
+    PolicyConfig,
+    PPOTrainer,
+    RolloutWork,
+    RolloutWorker,
+    WorkerSpec,
+    load_config,
+    make_task,
+)
+from trainer.rl._policy import build_policy, weights_to_bytes
+from trainer.rl._tasks import PromptStream
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+ray = pytest.importorskip("ray")
+from trainer import RayBackend  # noqa: E402  (needs ray)
+
+SPEC = WorkerSpec(task_name="reverse", task_params={"length": 4}, policy=PolicyConfig())
+WAIT_S = 30.0  # a deadline for things that take well under a second, never a measurement
+
+
+class FakeSink:
+    """Records what the backend reports (thread-safe, like the real sink)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.results: list[RolloutResult] = []
+        self.running: list[str] = []
+        self.lost: list[tuple[str, str, int]] = []
+
+    def deliver(self, result: RolloutResult) -> None:
+        with self._lock:
+            self.results.append(result)
+
+    def started(self, group_ids: tuple[str, ...]) -> None:
+        with self._lock:
+            self.running.extend(group_ids)
+
+    def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
+        with self._lock:
+            self.lost.append((worker_id, reason, in_flight))
+
+    def results_of(self, work: RolloutWork) -> list[RolloutResult]:
+        groups = {group.group_id for group in work.groups}
+        with self._lock:
+            return [r for r in self.results if r.group_id in groups]
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for ``condition`` (checked every few ms) or fail after ``WAIT_S``."""
+    with anyio.fail_after(WAIT_S):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+_stream = PromptStream(make_task("reverse", length=4), seed=0)
+
+
+def make_work(name: str, *, step: int = 1, groups: int = 2, n: int = 4) -> RolloutWork:
+    prompts = _stream.next_prompts(groups)
+    return RolloutWork(
+        work_id=name,
+        groups=tuple(
+            PromptGroup(
+                group_id=f"{name}/{p.prompt_id}",
+                rollout_ids=tuple(f"{name}/{p.prompt_id}#{i}" for i in range(n)),
+                step=step,
+                policy_version=0,
+                attempt=1,
+                prompt=p,
+            )
+            for p in prompts
+        ),
+        seed=step * 1000 + len(name),
+        step=step,
+    )
+
+
+def weights(seed: int) -> bytes:
+    return weights_to_bytes(build_policy(SPEC.policy, seed=seed))
+
+
+def our_actors() -> list[str]:
+    return [name for name in ray.util.list_named_actors() if name.startswith("trainbus-")]
+
+
+@pytest.fixture
+async def started() -> AsyncIterator[tuple[RayBackend, FakeSink]]:
+    """A started two-actor backend; closing it must leave no actor and no task behind."""
+    backend = RayBackend(SPEC, 2)
+    sink = FakeSink()
+    await backend.start(sink, weights(0), 0)
+    assert sorted(our_actors()) == sorted(backend.actor_names())
+    yield backend, sink
+    await backend.close()
+    await backend.close()  # idempotent
+    with pytest.raises(RuntimeError, match="not running"):
+        backend.submit(make_work("late"))
+    assert our_actors() == []
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert backend.statistics().workers == 0
+    assert ray.is_initialized()  # the session started Ray, so the backend leaves it running
+
+
+async def test_runs_work_delivers_every_result_and_syncs_weights(
+    started: tuple[RayBackend, FakeSink],
+) -> None:
+    backend, sink = started
+    works = [make_work(f"w{i}") for i in range(3)]
+    for work in works:
+        backend.submit(work)
+    expected = {rid for work in works for group in work.groups for rid in group.rollout_ids}
+    await until(lambda: len(sink.results) == len(expected))
+
+    assert {r.rollout_id for r in sink.results} == expected
+    assert all(r.ok and r.policy_version == 0 for r in sink.results)
+    assert set(sink.running) == {group.group_id for work in works for group in work.groups}
+    assert sink.lost == []
+    stats = backend.statistics()
+    assert (stats.name, stats.workers, stats.submitted, stats.completed) == ("ray", 2, 3, 3)
+
+    # After a weight sync every actor samples exactly what a local worker with the new
+    # weights samples (the same work seeds the same generator): the weights, not just the
+    # version number, arrived. Submitted from another thread, as a sink callback may.
+    new = weights(7)
+    await backend.update_weights(new, 1)
+    synced = [make_work(f"synced{i}") for i in range(4)]  # enough for both actors
+    for work in synced:
+        await anyio.to_thread.run_sync(backend.submit, work)
+    await until(lambda: all(len(sink.results_of(w)) == 8 for w in synced))
+    local = RolloutWorker(SPEC, "local")
+    local.load_weights(new, 1)
+    for work in synced:
+        expected_payloads = {r.rollout_id: r.payload for r in local.run(work)}
+        assert {r.rollout_id: r.payload for r in sink.results_of(work)} == expected_payloads
+        assert {r.policy_version for r in sink.results_of(work)} == {1}
+    assert backend.statistics().weight_syncs == 1
+
+
+async def test_crash_fault_kills_the_actor_and_a_restart_brings_fresh_ones() -> None:
+    faults = FaultInjector([Fault("crash", 2)])
+    backend = RayBackend(SPEC, 2, faults=faults)
+    sink = FakeSink()
+    await backend.start(sink, weights(0), 0)
+    try:
+        doomed = make_work("crash", step=2)
+        backend.submit(doomed)
+        await until(lambda: bool(sink.lost))
+        worker_id, reason, in_flight = sink.lost[0]
+        assert in_flight == len(doomed.groups) and "ActorDiedError" in reason
+        assert faults.fired == [("crash", 2)]
+        # Really dead: Ray released its name.
+        assert f"{backend.actor_prefix}-{worker_id}" not in our_actors()
+        assert len(our_actors()) == 1
+        stats = backend.statistics()
+        assert (stats.workers, stats.workers_lost) == (1, 1)
+        assert sink.results_of(doomed) == []
+
+        assert await backend.restart("crash test") == 2
+        works = [make_work(f"fresh{i}", step=3) for i in range(2)]
+        for work in works:
+            backend.submit(work)
+        await until(lambda: all(len(sink.results_of(w)) == 8 for w in works))
+        assert len(sink.lost) == 1
+        stats = backend.statistics()
+        assert (stats.workers, stats.restarts) == (2, 1)
+        assert sorted(our_actors()) == sorted(backend.actor_names())
+
+        # Killed from outside while idle: noticed with the next piece of work it gets.
+        victim = backend.actor_names()[0]
+        ray.kill(ray.get_actor(victim), no_restart=True)
+        works = [make_work("a", step=3), make_work("b", step=3)]
+        for work in works:
+            backend.submit(work)  # both actors are idle: each takes one piece
+        await until(lambda: len(sink.lost) == 2 and sum(map(len, map(sink.results_of, works))) == 8)
+        worker_id, _, in_flight = sink.lost[1]
+        assert victim.endswith(worker_id) and in_flight == 2
+        assert backend.statistics().workers == 1
+    finally:
+        await backend.close()
+    assert our_actors() == []
+
+
+async def test_a_hung_actor_blocks_neither_restart_nor_close() -> None:
+    faults = FaultInjector([Fault("hang", 1), Fault("hang", 3)])
+    backend = RayBackend(SPEC, 2, faults=faults)
+    sink = FakeSink()
+    await backend.start(sink, weights(0), 0)
+    try:
+        hung, fine = make_work("hung"), make_work("fine")
+        backend.submit(hung)
+        backend.submit(fine)
+        await until(lambda: len(sink.results_of(fine)) == 8)
+        assert faults.fired == [("hang", 1)]
+        assert set(sink.running) >= {group.group_id for group in hung.groups}  # picked up
+        with anyio.fail_after(WAIT_S):
+            assert await backend.restart("hung") == 2
+        after = make_work("after", step=2)
+        backend.submit(after)
+        await until(lambda: len(sink.results_of(after)) == 8)
+        assert sink.results_of(hung) == [] and sink.lost == []
+
+        backend.submit(make_work("hang-at-close", step=3))  # close with a call hanging now
+        await until(lambda: len(faults.fired) == 2)
+        with anyio.fail_after(WAIT_S):
+            await backend.close()
+    finally:
+        await backend.close()  # a no-op unless an assertion failed above
+    assert our_actors() == []
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+def test_submit_needs_a_started_backend() -> None:
+    with pytest.raises(RuntimeError, match="not running"):
+        RayBackend(SPEC, 1).submit(make_work("early"))
+    with pytest.raises(ValueError, match="workers"):
+        RayBackend(SPEC, 0)
+
+
+async def test_a_short_training_run_on_ray_completes() -> None:
+    config = load_config(
+        overrides={
+            "run.steps": 3,
+            "rollout.backend": "ray",
+            "rollout.prompts_per_step": 8,
+            "rollout.group_size": 4,
+            "rollout.wait_timeout_s": WAIT_S,
+        }
+    )
+    trainer = PPOTrainer(config)
+    summary = await trainer.fit()
+
+    assert (summary.status, summary.steps) == ("finished", 3)
+    stats = trainer.backend.statistics()
+    assert stats.name == "ray" and stats.workers == 0  # closed at the end of fit()
+    assert stats.weight_syncs >= 3 and stats.completed >= 6 and stats.workers_lost == 0
+    assert our_actors() == []

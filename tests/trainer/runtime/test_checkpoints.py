@@ -1,0 +1,155 @@
+"""Checkpoints: atomic writes, exact resume, extension state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eventbus import (
+    RUNTIME_EXTENSION_API_VERSION,
+    Capability,
+    Event,
+    ExtensionContext,
+    StepFinished,
+)
+from trainer import CheckpointStore, PPOTrainer
+
+from ..helpers import tiny_config
+
+torch.set_num_threads(1)
+
+
+def parameters(fit: PPOTrainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in fit.policy.parameters()]
+
+
+async def test_n_steps_straight_equal_half_resume_half(tmp_path: Path) -> None:
+    straight = PPOTrainer(tiny_config(run__steps=4), out_dir=tmp_path / "straight")
+    await straight.fit()
+
+    first = PPOTrainer(tiny_config(run__steps=2), out_dir=tmp_path / "split")
+    await first.fit()
+    second = PPOTrainer(tiny_config(run__steps=4), out_dir=tmp_path / "split")  # a new process
+    summary = await second.fit()
+
+    assert summary.start_step == 2
+    assert second.run_id == first.run_id
+    for a, b in zip(parameters(straight), parameters(second), strict=True):
+        assert torch.equal(a, b)
+    lines = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 4  # one line per step across the resume
+
+
+async def test_a_different_seed_gives_different_parameters(tmp_path: Path) -> None:
+    a = PPOTrainer(tiny_config(run__steps=2))
+    b = PPOTrainer(tiny_config(run__steps=2, run__seed=1))
+    await a.fit()
+    await b.fit()
+    assert not all(torch.equal(x, y) for x, y in zip(parameters(a), parameters(b), strict=True))
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> None:
+    class Killed(Exception):
+        pass
+
+    def die(step: int, temporary: Path) -> None:
+        assert temporary.exists()  # written and synced, not yet renamed
+        raise Killed
+
+    store = CheckpointStore(tmp_path, keep=3)
+    store.save(1, {"step": 1, "weights": torch.ones(3)})
+    store.before_rename = die
+    with pytest.raises(Killed):
+        store.save(2, {"step": 2, "weights": torch.zeros(3)})
+    reopened = CheckpointStore(tmp_path)
+    loaded = reopened.load_latest()
+    assert loaded is not None
+    stored, state = loaded
+    assert stored.step == 1
+    assert torch.equal(state["weights"], torch.ones(3))
+    assert not list(tmp_path.glob("*.tmp"))  # the partial write was cleaned up
+
+
+def test_keep_prunes_old_checkpoints_and_memory_mode_works(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in range(4):
+        store.save(step, {"step": step})
+    assert [c.step for c in store.list()] == [2, 3]
+    memory = CheckpointStore(None, keep=1)
+    memory.save(5, {"x": torch.arange(3)})
+    loaded = memory.load_latest()
+    assert loaded is not None
+    assert loaded[0].step == 5
+
+
+def test_an_unreadable_checkpoint_is_skipped_for_the_one_before(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"step": 1})
+    (tmp_path / "step-00000002.pt").write_bytes(b"not a checkpoint")
+    loaded = store.load_latest()
+    assert loaded is not None
+    assert loaded[0].step == 1
+
+
+class Counter:
+    """An extension with state: counts the steps it saw."""
+
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS, Capability.STATE)
+
+    def __init__(self) -> None:
+        self.name = "counter"
+        self.steps = 0
+        self.loaded: dict[str, Any] | None = None
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        if isinstance(event, StepFinished):
+            self.steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded = state
+        self.steps = state["steps"]
+
+
+async def test_extension_state_is_saved_under_its_name_and_restored_on_resume(
+    tmp_path: Path,
+) -> None:
+    first = PPOTrainer(tiny_config(run__steps=2), out_dir=tmp_path)
+    counter = Counter()
+    first.register_runtime_extension(counter)
+    await first.fit()
+    state = CheckpointStore.load(tmp_path / "checkpoints" / "step-00000002.pt")
+    assert state["extensions"] == {"counter": {"steps": 2}}
+
+    second = PPOTrainer(tiny_config(run__steps=3), out_dir=tmp_path)
+    resumed = Counter()
+    second.register_runtime_extension(resumed)
+    await second.fit()
+    assert resumed.loaded == {"steps": 2}
+    assert resumed.steps == 3
+
+
+async def test_extension_state_that_a_checkpoint_cannot_hold_is_reported_not_saved(
+    tmp_path: Path,
+) -> None:
+    class Opaque:
+        pass
+
+    class Bad(Counter):
+        def state_dict(self) -> dict[str, Any]:
+            return {"thing": Opaque()}
+
+    fit = PPOTrainer(tiny_config(run__steps=2), out_dir=tmp_path)
+    bad = Bad()
+    bad.name = "bad"
+    registration = fit.register_runtime_extension(bad)
+    await fit.fit()
+    assert registration.statistics().failures >= 1
+    state = CheckpointStore.load(tmp_path / "checkpoints" / "step-00000002.pt")  # still loads
+    assert "bad" not in state["extensions"]

@@ -1,0 +1,270 @@
+"""The trainer's lifecycle: events, safe points, and what it does with each decision."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trainer.rollout._driver
+import trainer.runtime._trainer
+from eventbus import (
+    RUNTIME_EXTENSION_API_VERSION,
+    Capability,
+    CheckpointRestored,
+    CheckpointSaved,
+    Decision,
+    Event,
+    ExtensionContext,
+    ExtensionFailed,
+    FitFailed,
+    RolloutRestarted,
+    SafePoint,
+    SafePointReached,
+    StepFinished,
+)
+from eventbus.testing import ScriptedVoter
+from trainer import FaultInjector, InjectedFault, PPOTrainer, RunAborted
+
+from ..helpers import tiny_config
+
+torch.set_num_threads(1)
+
+
+def types(events: list[Event]) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+async def test_plain_loop_builds_no_event_and_reaches_no_safe_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no extension and no subscriber, fit() is the plain loop."""
+    built: list[str] = []
+    for module in (trainer.runtime._trainer, trainer.rollout._driver):
+        for name, value in vars(module).copy().items():
+            if isinstance(value, type) and issubclass(value, Event):
+
+                def counting(*args: Any, _cls: type = value, **kwargs: Any) -> Any:
+                    built.append(_cls.__name__)
+                    return _cls(*args, **kwargs)
+
+                monkeypatch.setattr(module, name, counting)
+    fit = PPOTrainer(tiny_config(run__steps=3))
+    reached: list[SafePoint] = []
+    original = fit.bus.safe_point
+
+    async def spy(point: SafePoint, **kwargs: Any) -> Any:
+        reached.append(point)
+        return await original(point, **kwargs)
+
+    monkeypatch.setattr(fit.bus, "safe_point", spy)
+    summary = await fit.fit()
+    assert summary.steps == 3
+    assert built == []
+    assert reached == []
+
+
+async def test_an_extension_sees_the_lifecycle_in_order() -> None:
+    fit = PPOTrainer(tiny_config(run__steps=2))
+    voter = ScriptedVoter()
+    fit.register_runtime_extension(voter)
+    await fit.fit()
+    assert voter.points_seen() == [
+        SafePoint.BEFORE_FIT,
+        SafePoint.STEP_BOUNDARY,
+        SafePoint.STEP_BOUNDARY,
+        SafePoint.AFTER_FIT,
+    ]
+    seen = [t for t in types(voter.events) if t not in {"SafePointResolved", "BatchReconciled"}]
+    assert seen[0] == "FitStarted"
+    assert seen[-1] == "FitFinished"
+    step_events = [t for t in seen if t in {"StepStarted", "WeightsSynced", "StepFinished"}]
+    assert step_events == ["StepStarted", "WeightsSynced", "StepFinished"] * 2
+    finished = [e for e in voter.events if isinstance(e, StepFinished)]
+    for key in ("reward_mean", "kl", "clip_frac", "entropy", "samples_per_s", "wait_time_s"):
+        assert key in finished[0].metrics
+
+
+async def test_checkpoint_decision_saves_at_that_step() -> None:
+    fit = PPOTrainer(tiny_config(run__steps=3, checkpoint__every=100))
+    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [Decision.CHECKPOINT]})
+    fit.register_runtime_extension(voter)
+    await fit.fit()
+    saved = [e.step for e in voter.events if isinstance(e, CheckpointSaved)]
+    assert saved == [0, 1, 3]  # the initial one, the decision's, the final one
+
+
+async def test_restart_decision_restarts_the_rollout_side_and_training_goes_on() -> None:
+    fit = PPOTrainer(tiny_config(run__steps=3))
+    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [Decision.RESTART_REQUIRED]})
+    fit.register_runtime_extension(voter)
+    summary = await fit.fit()
+    restarts = [e for e in voter.events if isinstance(e, RolloutRestarted)]
+    assert len(restarts) == 1
+    assert restarts[0].step == 1
+    assert "scripted-voter: scripted" in restarts[0].reason
+    assert summary.steps == 3
+    assert summary.restarts[0]["kind"] == "rollouts"
+    assert fit.backend.statistics().restarts == 1
+
+
+async def test_stop_decision_saves_and_finishes_cleanly(tmp_path: Path) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=5, checkpoint__every=100), out_dir=tmp_path)
+    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [Decision.CONTINUE, (Decision.STOP, "enough")]})
+    fit.register_runtime_extension(voter)
+    summary = await fit.fit()
+    assert summary.status == "stopped"
+    assert summary.steps == 2
+    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert (tmp_path / "checkpoints" / "step-00000002.pt").exists()
+    assert summary.notable_decisions[0]["why"] == "stop (scripted-voter: enough)"
+
+
+async def test_abort_decision_fails_the_run_with_a_clear_error() -> None:
+    fit = PPOTrainer(tiny_config(run__steps=5))
+    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [(Decision.ABORT, "loss exploded")]})
+    fit.register_runtime_extension(voter)
+    with pytest.raises(RunAborted, match=r"step_boundary \(step 1\).*loss exploded"):
+        await fit.fit()
+    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert any(isinstance(e, FitFailed) for e in voter.events)
+
+
+async def test_terminal_failure_with_restart_restores_the_checkpoint_and_continues() -> None:
+    faults = FaultInjector.parse(["step-error@3"])
+    fit = PPOTrainer(tiny_config(run__steps=4), faults=faults)
+    voter = ScriptedVoter({SafePoint.TERMINAL_FAILURE: [(Decision.RESTART_REQUIRED, "heal")]})
+    fit.register_runtime_extension(voter)
+    summary = await fit.fit()
+    assert summary.status == "finished"
+    assert summary.steps == 4
+    restored = [e for e in voter.events if isinstance(e, CheckpointRestored)]
+    assert [e.step for e in restored] == [2]
+    (recovery,) = summary.restarts
+    assert recovery["kind"] == "recovery"
+    assert recovery["error"] == "InjectedFault: injected step-error at step 3"
+
+
+async def test_without_a_recovery_vote_the_original_error_surfaces() -> None:
+    faults = FaultInjector.parse(["step-error@2"])
+    fit = PPOTrainer(tiny_config(run__steps=4), faults=faults)
+    voter = ScriptedVoter()
+    fit.register_runtime_extension(voter)
+    with pytest.raises(InjectedFault, match="step-error at step 2"):
+        await fit.fit()
+    assert SafePoint.TERMINAL_FAILURE in voter.points_seen()
+    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+
+
+class Saboteur:
+    """Fails in every hook it has."""
+
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS, Capability.SAFE_POINTS)
+
+    def __init__(self, name: str = "saboteur", only: SafePoint | None = None) -> None:
+        self.name = name
+        self.only = only
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        if self.only is None and isinstance(event, FitFailed):
+            raise RuntimeError("saboteur on_event")
+
+    def on_safe_point(self, context: ExtensionContext, safe_point: SafePointReached) -> Decision:
+        if self.only is None or safe_point.point is self.only:
+            raise RuntimeError(f"saboteur at {safe_point.point.value}")
+        return Decision.CONTINUE
+
+
+async def test_an_extension_failing_during_a_training_error_never_replaces_it() -> None:
+    faults = FaultInjector.parse(["step-error@2"])
+    fit = PPOTrainer(tiny_config(run__steps=4), faults=faults)
+    fit.register_runtime_extension(Saboteur())
+    recorder = ScriptedVoter(name="recorder")
+    fit.register_runtime_extension(recorder)
+    with pytest.raises(InjectedFault) as caught:
+        await fit.fit()
+    assert str(caught.value) == "injected step-error at step 2"
+    failures = [e for e in recorder.events if isinstance(e, ExtensionFailed)]
+    hooks = {(e.hook, e.event_type) for e in failures}
+    assert ("on_safe_point", "SafePointReached") in hooks
+    assert ("on_event", "FitFailed") in hooks
+
+
+async def test_a_failing_after_fit_hook_on_success_is_reported(tmp_path: Path) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=1), out_dir=tmp_path)
+    fit.register_runtime_extension(Saboteur(only=SafePoint.AFTER_FIT))
+    summary = await fit.fit()
+    assert summary.status == "finished"
+    assert summary.after_fit_errors == ["saboteur: RuntimeError: saboteur at after_fit"]
+    assert "saboteur at after_fit" in (tmp_path / "summary.json").read_text()
+
+
+async def test_sample_wait_restart_abandons_the_wait_and_waits_again() -> None:
+    faults = FaultInjector.parse(["hang@2"])
+    fit = PPOTrainer(tiny_config(run__steps=3), faults=faults)
+
+    class RestartOnLongWait(ScriptedVoter):
+        async def on_safe_point(  # type: ignore[override]
+            self, context: ExtensionContext, safe_point: SafePointReached
+        ) -> tuple[Decision, str]:
+            self.safe_points.append(safe_point)
+            # Only the hung step waits with groups running and nothing arriving for long.
+            if safe_point.point is SafePoint.SAMPLE_WAIT and safe_point.details["elapsed_s"] > 1.0:
+                return Decision.RESTART_REQUIRED, "no progress"
+            return Decision.CONTINUE, ""
+
+    voter = RestartOnLongWait(sample_wait=True)
+    fit.register_runtime_extension(voter)
+    summary = await fit.fit()
+    assert summary.steps == 3
+    restarts = [e for e in voter.events if isinstance(e, RolloutRestarted)]
+    assert [r.step for r in restarts] == [2]
+    assert restarts[0].reissued  # the hung worker's rollouts, under a new attempt
+    assert summary.dropped_rollouts.get("superseded_attempt", 0) == 0  # the hung one sent none
+
+
+async def test_request_stop_finishes_the_current_step_saves_and_stops(tmp_path: Path) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=50, checkpoint__every=100), out_dir=tmp_path)
+
+    class StopAfterTwo(ScriptedVoter):
+        def on_event(self, context: ExtensionContext, event: Event) -> None:
+            super().on_event(context, event)
+            if isinstance(event, StepFinished) and event.step == 2:
+                fit.request_stop("operator asked")
+
+    voter = StopAfterTwo()
+    fit.register_runtime_extension(voter)
+    summary = await fit.fit()
+    assert summary.status == "stopped"
+    assert 2 <= summary.steps < 50
+    assert (tmp_path / "checkpoints" / f"step-{summary.steps:08d}.pt").exists()
+    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+
+
+async def test_request_stop_now_cancels_the_run_but_still_cleans_up(tmp_path: Path) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=50), out_dir=tmp_path)
+
+    class StopNow(ScriptedVoter):
+        def on_event(self, context: ExtensionContext, event: Event) -> None:
+            super().on_event(context, event)
+            if isinstance(event, StepFinished) and event.step == 2:
+                fit.request_stop("operator insists", now=True)
+
+    voter = StopNow()
+    fit.register_runtime_extension(voter)
+    with pytest.raises(asyncio.CancelledError):
+        await fit.fit()
+    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert '"status": "interrupted"' in (tmp_path / "summary.json").read_text()
+    assert fit.backend.statistics().workers == 0  # the workers were stopped
+
+
+def test_the_configuration_registers_self_healing_and_extensions() -> None:
+    fit = PPOTrainer(
+        tiny_config(self_heal__enabled=True, extensions=["eventbus.testing:ScriptedVoter"])
+    )
+    assert [r.name for r in fit.bus.registrations()] == ["self-healing", "scripted-voter"]

@@ -1,0 +1,199 @@
+"""Self-healing against real faults, end to end on the local backend.
+
+Every run is real training (tiny batches): the run completes all its steps, no batch holds a
+duplicate or a superseded attempt's rollout, and the reconciliation reports account for
+every dropped result by reason.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eventbus import (
+    BatchReconciled,
+    CheckpointRestored,
+    Event,
+    RolloutRestarted,
+    SafePoint,
+    WorkerLost,
+)
+from eventbus.testing import ScriptedVoter
+from replay import GroupResult
+from trainer import FaultInjector, InjectedFault, PPOTrainer, SelfHealingExtension
+
+from ..helpers import tiny_config
+
+torch.set_num_threads(1)
+
+
+class Run:
+    """A trainer with self-healing, a recorder, and every batch it trained on."""
+
+    def __init__(
+        self,
+        faults: list[str],
+        *,
+        max_restarts: int = 3,
+        stall_timeout_s: float = 1.0,
+        **config: Any,
+    ) -> None:
+        self.faults = FaultInjector.parse(faults)
+        self.trainer = PPOTrainer(tiny_config(run__steps=4, **config), faults=self.faults)
+        self.healer = SelfHealingExtension(
+            stall_timeout_s=stall_timeout_s, max_restarts=max_restarts, backoff_s=0.0
+        )
+        self.trainer.register_runtime_extension(self.healer)
+        self.recorder = ScriptedVoter(name="recorder", sample_wait=True)
+        self.trainer.register_runtime_extension(self.recorder)
+        self.batches: list[tuple[GroupResult, ...]] = []
+        update = self.trainer._update
+
+        def spy(batch: tuple[GroupResult, ...]) -> dict[str, float]:
+            self.batches.append(batch)
+            return update(batch)
+
+        self.trainer._update = spy  # type: ignore[method-assign]
+
+    def events(self, kind: type[Event]) -> list[Any]:
+        return [e for e in self.recorder.events if isinstance(e, kind)]
+
+    def check_batches(self) -> None:
+        """No batch holds a duplicate, or a rollout from an attempt older than its group's."""
+        for batch in self.batches:
+            ids = [r.rollout_id for g in batch for r in g.results]
+            assert len(ids) == len(set(ids))
+            for group in batch:
+                assert all(r.attempt == group.group.attempt for r in group.results)
+                assert all(r.ok for r in group.results)
+
+    def check_accounting(self) -> dict[str, int]:
+        """Every result that did not count is in a report, by reason; nothing is silent."""
+        reported: Counter[str] = Counter()
+        for event in self.events(BatchReconciled):
+            reported.update(event.report.dropped)
+            reported["duplicate"] += event.report.duplicates
+        tracked: Counter[str] = Counter()
+        for stats in self.trainer.driver.tracker_statistics():  # one per restore
+            dropped = sum(stats.dropped.values())
+            assert stats.received == stats.admitted + stats.duplicates + dropped
+            tracked.update(stats.dropped)
+            tracked["duplicate"] += stats.duplicates
+        assert +reported == +tracked
+        return dict(+reported)
+
+
+async def test_a_hung_worker_is_restarted_and_the_run_completes() -> None:
+    run = Run(["hang@2"])
+    summary = await run.trainer.fit()
+    assert summary.steps == 4
+    restarts = run.events(RolloutRestarted)
+    assert [r.step for r in restarts] == [2]
+    assert "no progress for" in restarts[0].reason
+    assert restarts[0].reissued
+    assert run.healer.stall_restarts == 1
+    run.check_batches()
+    run.check_accounting()
+
+
+async def test_a_crashed_worker_is_seen_and_replaced() -> None:
+    run = Run(["crash@2"])
+    summary = await run.trainer.fit()
+    assert summary.steps == 4
+    (lost,) = run.events(WorkerLost)
+    assert "injected crash" in lost.reason
+    restarts = run.events(RolloutRestarted)
+    assert len(restarts) == 1
+    assert f"worker {lost.worker_id} lost" in restarts[0].reason
+    run.check_batches()
+    run.check_accounting()
+
+
+async def test_slow_rollouts_do_not_trigger_a_restart() -> None:
+    run = Run(["slow@2"])
+    summary = await run.trainer.fit()
+    assert summary.steps == 4
+    assert run.events(RolloutRestarted) == []
+    run.check_batches()
+
+
+async def test_a_failed_rollout_is_replaced_by_its_retry() -> None:
+    run = Run(["fail-retry@2"])
+    summary = await run.trainer.fit()
+    assert summary.steps == 4
+    assert summary.retry_overwrites == run.faults.extra_results["fail-retry"] > 0
+    run.check_batches()
+    run.check_accounting()
+
+
+@pytest.mark.parametrize(
+    ("fault", "reasons"), [("duplicate", {"duplicate", "finalized"}), ("stale", {"earlier_step"})]
+)
+async def test_resent_results_never_reach_a_batch_and_are_accounted_for(
+    fault: str, reasons: set[str]
+) -> None:
+    run = Run([f"{fault}@2"])
+    summary = await run.trainer.fit()
+    assert summary.steps == 4
+    run.check_batches()
+    dropped = run.check_accounting()
+    assert set(dropped) <= reasons
+    assert sum(dropped.values()) == run.faults.extra_results[fault] > 0
+
+
+async def test_a_step_error_restores_the_last_checkpoint_and_continues() -> None:
+    run = Run(["step-error@3"])
+    summary = await run.trainer.fit()
+    assert summary.steps == 4
+    assert [e.step for e in run.events(CheckpointRestored)] == [2]
+    assert run.healer.restarts_used == 1
+    assert summary.restarts[0]["kind"] == "recovery"
+    run.check_batches()
+
+
+async def test_an_exhausted_restart_budget_lets_the_original_error_surface() -> None:
+    run = Run(["step-error@2", "step-error@2"], max_restarts=1)
+    with pytest.raises(InjectedFault, match="injected step-error at step 2"):
+        await run.trainer.fit()
+    votes = [
+        v
+        for sp in run.recorder.events
+        if type(sp).__name__ == "SafePointResolved"
+        and sp.outcome.point is SafePoint.TERMINAL_FAILURE
+        for v in sp.outcome.votes
+        if v.participant == "self-healing"
+    ]
+    assert "restart 1 of 1" in votes[0].reason
+    assert "restart budget exhausted (1 of 1 used)" in votes[1].reason
+    assert run.recorder.points_seen()[-1] is SafePoint.AFTER_FIT
+
+
+def test_killed_during_a_checkpoint_write_resumes_from_the_last_intact_one(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        "[rollout]\nprompts_per_step = 8\ngroup_size = 4\n\n[checkpoint]\nevery = 1\n"
+    )
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "trainer", "train", "--config", str(config), "--steps", "4"]
+    command += ["--out", str(out), "--no-progress"]
+    killed = subprocess.run(
+        [*command, "--inject", "checkpoint-crash@3"], capture_output=True, text=True, timeout=300
+    )
+    assert killed.returncode == -9  # SIGKILL in the middle of the write
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert [n for n in names if n.endswith(".pt")][-1] == "step-00000002.pt"
+    assert "step-00000003.pt.tmp" in names  # the torn write of step 3
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at step 2" in resumed.stdout
+    assert "finished: 4 steps" in resumed.stdout
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names[-1] == "step-00000004.pt"
+    assert not any(name.endswith(".tmp") for name in names)

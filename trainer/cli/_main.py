@@ -1,0 +1,312 @@
+"""``trainbus``: the command line.
+
+``trainbus train`` runs the main job. Bad flags or config print one line naming the problem
+and exit with status 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ._errors import EXIT_USAGE, UsageError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainbus", description="RL trainer runtime with a typed event bus.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = commands.add_parser("train", help="train a policy (the main job)")
+    train.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
+    train.add_argument("--steps", type=int, help="training steps")
+    train.add_argument("--seed", type=int, help="random seed")
+    train.add_argument("--mode", choices=("sync", "async"), help="on-policy or off-policy")
+    train.add_argument("--backend", choices=("local", "ray"), help="rollout workers")
+    train.add_argument("--workers", type=int, help="rollout workers")
+    train.add_argument(
+        "--out", metavar="DIR", help="run folder; an unfinished run there is resumed"
+    )
+    train.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="register an extension class or factory (repeatable)",
+    )
+    train.add_argument("--self-heal", action="store_true", help="register SelfHealingExtension")
+    train.add_argument(
+        "--stall-timeout", type=float, metavar="S", help="self-healing stall timeout"
+    )
+    train.add_argument(
+        "--wait-timeout", type=float, metavar="S", help="deadline of any sample wait"
+    )
+    train.add_argument(
+        "--inject", action="append", default=[], metavar="FAULT@STEP", help="inject a fault"
+    )
+    train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
+    train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
+    train.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+
+    report = commands.add_parser("report", help="summary table and plots of a run")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder")
+    report.add_argument("--no-plots", action="store_true", help="only print the table")
+
+    events = commands.add_parser("events", help="print a run's event log, typed and readable")
+    events.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or an events.jsonl)")
+    events.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        metavar="T",
+        help="only events of type T (repeatable)",
+    )
+    events.add_argument("--step", type=int, metavar="N", help="only events of step N")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    events.add_argument("--json", action="store_true", help="pass the JSON lines through")
+
+    config = commands.add_parser("config", help="show or explain the configuration")
+    config_commands = config.add_subparsers(
+        dest="config_command", required=True, parser_class=_Parser
+    )
+    show = config_commands.add_parser("show", help="print the effective configuration (TOML)")
+    show.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
+    config_commands.add_parser("example", help="print a commented example configuration")
+
+    bench = commands.add_parser("bench", help="run the benchmark suite and print its tables")
+    bench.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    bench.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trainbus`` console script."""
+    try:
+        args = _parser().parse_args(argv)
+        if args.command == "train":
+            return _train(args)
+        if args.command == "report":
+            from ._report import run_report
+
+            return run_report(args)
+        if args.command == "events":
+            from ._inspect import run_events
+
+            return run_events(args)
+        if args.command == "config":
+            return _config_command(args)
+        if args.command == "bench":
+            return _bench(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    from ..config._schema import ConfigError, load_config
+    from ..config._toml import example_toml, to_toml
+
+    if args.config_command == "example":
+        print(example_toml(), end="")
+        return 0
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    print(to_toml(config), end="")
+    return 0
+
+
+BENCHMARKS = ("bus", "replay", "runtime", "recovery")  # also: learning (no --quick)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """Run benchmark scripts one after another (each in its own process, so one's threads
+    and memory never skew the next) and let them print their tables."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    if not root.is_dir():
+        raise UsageError("bench: no benchmarks/ folder next to the package; run from a checkout")
+    names = args.names or list(BENCHMARKS)
+    unknown = [n for n in names if not (root / f"{n}.py").is_file()]
+    if unknown:
+        known = ", ".join(sorted(p.stem for p in root.glob("[a-z]*.py")))
+        raise UsageError(f"bench: unknown benchmark {unknown[0]!r} (known: {known})")
+    failed = []
+    for name in names:
+        print(f"== {name} ==", flush=True)
+        command = [sys.executable, str(root / f"{name}.py")]
+        if args.quick:
+            command.append("--quick")
+        if subprocess.call(command) != 0:
+            failed.append(name)
+    if failed:
+        print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    flags = {
+        "run.steps": args.steps,
+        "run.seed": args.seed,
+        "run.mode": args.mode,
+        "run.out": args.out,
+        "rollout.backend": args.backend,
+        "rollout.workers": args.workers,
+        "rollout.wait_timeout_s": args.wait_timeout,
+        "self_heal.stall_timeout_s": args.stall_timeout,
+    }
+    overrides = {key: value for key, value in flags.items() if value is not None}
+    if args.self_heal:
+        overrides["self_heal.enabled"] = True
+    if args.fresh:
+        overrides["checkpoint.resume"] = False
+    return overrides
+
+
+def _stop_on_signals(trainer: Any) -> dict[int, Any]:
+    """First Ctrl-C or SIGTERM: finish the current step, save, stop cleanly. Second: stop
+    now (the run is cancelled; its clean-up still runs). Returns the handlers replaced."""
+
+    def handler(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if trainer.stop_requested:
+            print(f"\n{name} again: stopping now", file=sys.stderr)
+            trainer.request_stop(f"{name} received twice", now=True)
+            return
+        print(f"\n{name}: stopping after this step (again to stop now)", file=sys.stderr)
+        trainer.request_stop(f"{name} received")
+
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, handler)
+    return previous
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _new_run_folder_name() -> Path:
+    """``runs/YYYYmmdd-HHMMSS`` (made unique); created only once the run is validated."""
+    runs = Path("runs")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, n = runs / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = runs / f"{stamp}-{n}"
+    return folder
+
+
+def _link_latest(folder: Path) -> None:
+    """Create ``folder`` with ``runs/latest`` pointing at it (a convenience only)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    latest = folder.parent / "latest"
+    try:
+        if latest.is_symlink() or not latest.exists():
+            latest.unlink(missing_ok=True)
+            latest.symlink_to(folder.name)
+    except OSError:
+        pass  # e.g. no symlinks on this filesystem
+
+
+def _train(args: argparse.Namespace) -> int:
+    from eventbus import ExtensionError
+
+    from ..config._schema import ConfigError, convert, load_config
+    from ..rollout._faults import FaultInjector
+
+    try:
+        config = load_config(args.config, _overrides(args))
+        if args.extension:
+            config = convert(
+                {**config.to_dict(), "extensions": [*config.extensions, *args.extension]}
+            )
+        faults = FaultInjector.parse(args.inject) if args.inject else None
+    except (ConfigError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    out = Path(config.run.out) if config.run.out else _new_run_folder_name()
+    if not config.checkpoint.resume and any((out / "checkpoints").glob("step-*.pt")):
+        raise UsageError(
+            f"--fresh: {out} already holds a run; choose another --out (or delete that folder)"
+        )
+
+    import torch
+
+    torch.set_num_threads(1)  # small models next to a busy event loop (see DEVELOPERS.md)
+
+    from ..runtime._trainer import PPOTrainer
+    from ._progress import PlainProgress
+
+    try:
+        # Registers config.extensions and, with self_heal.enabled, SelfHealingExtension.
+        trainer = PPOTrainer(config, out_dir=out, faults=faults)
+    except ExtensionError as exc:
+        raise UsageError(str(exc)) from None
+    # Everything is validated: only now does the run folder appear.
+    if not config.run.out:
+        _link_latest(out)
+    # The progress view reports restarts, faults and drops as events; logs add only errors
+    # (and everything with --verbose).
+    level = logging.INFO if args.verbose else logging.ERROR
+    if args.no_progress or not sys.stdout.isatty():
+        view: object = PlainProgress()
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    else:
+        from rich.logging import RichHandler
+
+        from ._live import LiveProgress
+
+        view = LiveProgress()
+        # Log records go through the live view's console, above the bar, not through it.
+        handler = RichHandler(console=view.console, show_path=False, markup=False)
+        logging.basicConfig(level=level, format="%(name)s: %(message)s", handlers=[handler])
+    registration = trainer.register_runtime_extension(view)
+    previous = _stop_on_signals(trainer)
+    try:
+        summary = trainer.run()
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print(f"interrupted; run folder {out} (the same --out resumes)", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)
+        print(f"trainbus train: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"run folder: {out}", file=sys.stderr)
+        return 1
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
+        registration.close()
+        close = getattr(view, "close", None)
+        if close is not None:
+            close()  # the live view stops drawing even if the run ended without FitFinished
+    average = summary.reward_moving_average
+    print(
+        f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "
+        f"(10-step average {average:.3f}), {_count(len(summary.restarts), 'restart')}, "
+        f"{summary.duration_s:.1f} s; run folder {out}"
+        if average is not None and summary.final_reward is not None
+        else f"{summary.status}: {summary.steps} steps; run folder {out}"
+    )
+    for error in summary.after_fit_errors:
+        print(f"warning: extension failed at AFTER_FIT: {error}", file=sys.stderr)
+    return 0

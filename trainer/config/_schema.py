@@ -1,0 +1,281 @@
+"""The run configuration: TOML decoded and validated into msgspec Structs.
+
+Every section forbids unknown keys, every number carries its bounds, and cross-field rules
+are checked in :meth:`TrainerConfig.__post_init__`, so a bad file fails at load time with
+one line that names the key (``$.rollout.workers``) and the problem, before anything is
+written.
+"""
+
+from __future__ import annotations
+
+import random
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from ..rl._hparams import PolicyConfig, PPOConfig
+from ..rl._tasks import make_task
+
+__all__ = [
+    "CheckpointConfig",
+    "ConfigError",
+    "OptimizerConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SelfHealConfig",
+    "TaskConfig",
+    "TrainerConfig",
+    "load_config",
+]
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+Seconds = Annotated[float, Meta(gt=0)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the problem."""
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class RunConfig(_Section, frozen=True, kw_only=True):
+    """``[run]``: how long, how seeded, which mode, where the run folder goes.
+
+    Attributes:
+        steps: Training steps.
+        seed: Seeds the policy, the prompt stream and every rollout.
+        mode: ``sync`` (on-policy) or ``async`` (off-policy; rollouts continue while
+            training).
+        out: The run folder (``events.jsonl``, ``metrics.jsonl``, ``checkpoints/``,
+            ``summary.json``). Default: a new ``runs/YYYYmmdd-HHMMSS`` folder per run; an
+            existing folder with checkpoints is resumed.
+    """
+
+    steps: PositiveInt = 60
+    seed: int = 0
+    mode: Literal["sync", "async"] = "sync"
+    out: str | None = None
+
+
+class TaskConfig(_Section, frozen=True, kw_only=True):
+    """``[task]``: the built-in task, with a verifiable reward.
+
+    Attributes:
+        name: reverse, sort, copy or add (digit strings; add does not learn well yet).
+        params: The task's parameters, e.g. length = 5 (digits per prompt).
+    """
+
+    name: str = "reverse"
+    params: dict[str, Any] = msgspec.field(default_factory=lambda: {"length": 5})
+
+    def __post_init__(self) -> None:
+        make_task(self.name, **self.params)  # raises ValueError naming the problem
+
+
+class OptimizerConfig(_Section, frozen=True, kw_only=True):
+    """``[optimizer]``: Adam.
+
+    Attributes:
+        lr: Learning rate (1e-2 and above tends to collapse learning from scratch).
+    """
+
+    lr: Annotated[float, Meta(gt=0, le=1)] = 3e-3
+
+
+class RolloutConfig(_Section, frozen=True, kw_only=True):
+    """``[rollout]``: workers, batch shape, waiting and failure handling.
+
+    Attributes:
+        backend: ``local`` (in-process workers) or ``ray`` (Ray actors).
+        workers: Rollout workers.
+        prompts_per_step: Prompt groups per training batch.
+        group_size: Rollouts per prompt (the GRPO group, >= 2).
+        max_off_policy: Async mode: how many policy versions old a group may be.
+        staleness: Async mode: ``drop`` stale groups and refill, or ``wait`` for them.
+        wait_timeout_s: Deadline of any sample wait; after it the run fails with a clear
+            error unless an extension decided otherwise.
+        poll_interval_s: Longest sleep between two checks of a wait (waits wake on every
+            result; this bounds how often ``SampleWait`` is reported while nothing arrives).
+        grace_s: How long a failed rollout waits for its retry.
+        failure_policy: What a finished batch does with failed rollouts.
+        max_failed_fraction: More failed rollouts than this in a batch fail the run.
+        ray_address: ``ray`` backend: a cluster to join (default: start a local instance).
+        ray_actor_cpus: ``ray`` backend: CPUs each rollout actor reserves (0 lets any number
+            share the machine; on a cluster, 1 spreads them over nodes).
+    """
+
+    backend: Literal["local", "ray"] = "local"
+    workers: Annotated[int, Meta(ge=1, le=64)] = 2
+    prompts_per_step: PositiveInt = 32
+    group_size: Annotated[int, Meta(ge=2)] = 8
+    max_off_policy: NonNegativeInt = 2
+    staleness: Literal["drop", "wait"] = "drop"
+    wait_timeout_s: Seconds = 120.0
+    poll_interval_s: Seconds = 0.5
+    grace_s: NonNegativeSeconds = 2.0
+    failure_policy: Literal["fill", "drop_rollout", "drop_group", "raise"] = "drop_group"
+    max_failed_fraction: Fraction = 0.5
+    ray_address: str | None = None
+    ray_actor_cpus: Annotated[float, Meta(ge=0)] = 0.0
+
+
+class CheckpointConfig(_Section, frozen=True, kw_only=True):
+    """``[checkpoint]``: how often, how many kept, whether to resume.
+
+    Attributes:
+        every: Save every N steps (and at the end of the run).
+        keep: Newest checkpoints kept.
+        resume: Continue from the run folder's last checkpoint when there is one.
+    """
+
+    every: PositiveInt = 10
+    keep: PositiveInt = 3
+    resume: bool = True
+
+
+class SelfHealConfig(_Section, frozen=True, kw_only=True):
+    """``[self_heal]``: the built-in self-healing extension.
+
+    Attributes:
+        enabled: Register ``SelfHealingExtension``.
+        stall_timeout_s: No progress in available samples for this long while rollouts are
+            outstanding counts as a stall.
+        max_restarts: Restarts allowed for terminal failures over the run.
+        backoff_s: First wait before a recovery restart (doubles each time).
+        backoff_max_s: Longest wait between recovery restarts.
+    """
+
+    enabled: bool = False
+    stall_timeout_s: Seconds = 10.0
+    max_restarts: NonNegativeInt = 3
+    backoff_s: NonNegativeSeconds = 0.5
+    backoff_max_s: NonNegativeSeconds = 10.0
+
+
+class TrainerConfig(_Section, frozen=True, kw_only=True):
+    """The whole run configuration (one TOML file; every section optional).
+
+    Attributes:
+        run: ``[run]``.
+        task: ``[task]``.
+        model: ``[model]``: the policy network (``PolicyConfig``).
+        optimizer: ``[optimizer]``.
+        ppo: ``[ppo]``: the PPO/GRPO update (``PPOConfig``).
+        rollout: ``[rollout]``.
+        checkpoint: ``[checkpoint]``.
+        self_heal: ``[self_heal]``.
+        extensions: ``MODULE:ATTR`` of extension classes or factories to register.
+        safe_point_timeout_s: How long a safe point waits for extension votes.
+    """
+
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
+    task: TaskConfig = msgspec.field(default_factory=TaskConfig)
+    model: PolicyConfig = msgspec.field(default_factory=PolicyConfig)
+    optimizer: OptimizerConfig = msgspec.field(default_factory=OptimizerConfig)
+    ppo: PPOConfig = msgspec.field(default_factory=PPOConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
+    self_heal: SelfHealConfig = msgspec.field(default_factory=SelfHealConfig)
+    extensions: list[str] = msgspec.field(default_factory=list)
+    safe_point_timeout_s: Seconds = 30.0
+
+    def __post_init__(self) -> None:
+        task = make_task(self.task.name, **self.task.params)
+        needed = len(task.sample_prompt(random.Random(0), "p").tokens)
+        needed += task.max_response_len
+        if self.model.kind == "transformer" and needed > self.model.max_seq_len:
+            raise ValueError(
+                f"model.max_seq_len is {self.model.max_seq_len}, but task {task.name!r} needs "
+                f"{needed} (prompt + response)"
+            )
+        heal = self.self_heal
+        if heal.enabled and heal.backoff_max_s >= self.safe_point_timeout_s:
+            # The backoff is slept inside the vote: a vote that outlasts the safe point
+            # times out, counts as CONTINUE, and the recovery silently does not happen.
+            raise ValueError(
+                f"self_heal.backoff_max_s ({heal.backoff_max_s}) must be below "
+                f"safe_point_timeout_s ({self.safe_point_timeout_s})"
+            )
+        for spec in self.extensions:
+            module, colon, attr = spec.partition(":")
+            if not (module and colon and attr):
+                raise ValueError(f"extensions: {spec!r} is not of the form MODULE:ATTR")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (for ``config show``, checkpoints and ``summary.json``)."""
+        result: dict[str, Any] = msgspec.to_builtins(self)
+        return result
+
+    def replace(self, **sections: Any) -> TrainerConfig:
+        """A copy with whole sections replaced (validated again)."""
+        return convert(msgspec.structs.replace(self, **sections).to_dict())
+
+
+def convert(data: dict[str, Any]) -> TrainerConfig:
+    """Validate plain data into a :class:`TrainerConfig`.
+
+    Raises:
+        ConfigError: naming the key and the problem.
+    """
+    try:
+        return msgspec.convert(data, TrainerConfig, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_readable(str(exc))) from None
+
+
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> TrainerConfig:
+    """Read a TOML file (optional), apply ``overrides`` and validate.
+
+    Args:
+        path: A TOML file; None starts from the defaults.
+        overrides: ``{"section.key": value}`` pairs (command-line flags) applied on top.
+
+    Raises:
+        ConfigError: The file is missing or not TOML, or a key is unknown, mistyped or
+            impossible. The message is one line that names it.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"`{key}` must be a table to set `{dotted}`")
+            node = child
+        node[leaf] = value
+    return convert(data)
+
+
+def _readable(message: str) -> str:
+    # msgspec says "Expected `int` >= 1, got `0` - at `$.run.steps`"; lead with the key.
+    text, sep, where = message.rpartition(" - at ")
+    if not sep:
+        text, where = message, ""
+    key = where.strip("`").removeprefix("$").removeprefix(".")
+    unknown = text.removeprefix("Object contains unknown field ")
+    if unknown != text:
+        name = unknown.strip("`")
+        return f"{key}.{name}: unknown key" if key else f"{name}: unknown key"
+    if not key:
+        return text
+    return f"{key}: {text[0].lower()}{text[1:]}" if text else key

@@ -1,0 +1,83 @@
+"""The rollout backend interface, shared by the local (threads) and Ray (actors) backends.
+
+A backend owns rollout workers. The trainer gives it a :class:`ResultSink` at start, submits
+:class:`~trainer.rollout._worker.RolloutWork`, pushes new weights after each update and, when a
+safe point decides so, restarts it. Results flow back through the sink from whatever thread
+or task produced them; the sink is the replay buffer's admission gate, so the backend never
+decides what counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from replay import RolloutResult
+
+if TYPE_CHECKING:  # the worker module imports torch; this interface module must not
+    from ._worker import RolloutWork
+
+__all__ = ["BackendStatistics", "ResultSink", "RolloutBackend"]
+
+
+class ResultSink(Protocol):
+    """Where a backend reports. Every method is thread-safe and never raises."""
+
+    def deliver(self, result: RolloutResult) -> None:
+        """A rollout result (success or failed placeholder)."""
+
+    def started(self, group_ids: tuple[str, ...]) -> None:
+        """A worker picked these groups up (``pending -> running``)."""
+
+    def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
+        """A worker died or stopped answering; its in-flight work is lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatistics:
+    """Counters of a backend.
+
+    Attributes:
+        name: ``local`` or ``ray``.
+        workers: Workers alive now.
+        submitted: Work items submitted.
+        completed: Work items that returned results.
+        restarts: Restarts of the rollout side.
+        workers_lost: Workers that died or were lost.
+        weight_syncs: Weight updates pushed.
+    """
+
+    name: str
+    workers: int
+    submitted: int
+    completed: int
+    restarts: int
+    workers_lost: int
+    weight_syncs: int
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """Rollout workers behind one interface (``local``: threads; ``ray``: actors)."""
+
+    name: str
+    workers: int
+
+    async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
+        """Start the workers with ``weights`` as policy ``version``."""
+
+    def submit(self, work: RolloutWork) -> None:
+        """Queue ``work``; results arrive through the sink. Never blocks."""
+
+    async def update_weights(self, weights: bytes, version: int) -> None:
+        """Make every worker sample from ``version`` for work it starts from now on."""
+
+    async def restart(self, reason: str) -> int:
+        """Stop or kill the workers and start fresh ones; queued work is dropped (the
+        trainer reissues it). Returns the number of workers started."""
+
+    async def close(self) -> None:
+        """Stop every worker; nothing is left running afterwards. Idempotent."""
+
+    def statistics(self) -> BackendStatistics:
+        """A snapshot of the counters."""

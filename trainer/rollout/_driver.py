@@ -1,0 +1,273 @@
+"""The rollout side of a run: dispatching prompt groups, collecting batches, restarting.
+
+The driver sits between the trainer, the replay buffer and the backend. It is the backend's
+:class:`ResultSink`, so every result goes through the buffer's tracker (the admission gate)
+whatever thread it arrives on. In ``sync`` mode it draws the step's prompts and waits for
+exactly that batch; in ``async`` mode it keeps about two batches of groups in flight, tagged
+with the policy version at dispatch, and samples any that are fresh enough.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from eventbus import EventBus, RolloutRestarted, WorkerLost
+from replay import (
+    AsyncReplayBuffer,
+    EvictionReason,
+    GroupResult,
+    PromptGroup,
+    ReplayBuffer,
+    RolloutResult,
+    RolloutTracker,
+    TrackerStatistics,
+)
+
+from ..config._schema import TrainerConfig
+from ..rl._tasks import Prompt, PromptStream
+from ._backend import RolloutBackend
+from ._worker import RolloutWork, chunk, work_seed
+
+__all__ = ["RestartRecord", "RolloutDriver"]
+
+logger = logging.getLogger("trainbus.rollouts")
+
+RestartRecord = dict[str, object]
+
+
+class RolloutDriver:
+    """Dispatches prompt groups to a backend and hands finished batches to the trainer.
+
+    Args:
+        config: The run configuration.
+        stream: The training prompt stream (its position is the run's data position).
+        backend: The rollout workers.
+        bus: Where rollout events go.
+        attempt_floor: Attempt number of newly registered groups. After a checkpoint is
+            restored it is raised above every earlier attempt, so results still arriving
+            from before the restore are dropped as superseded.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        stream: PromptStream,
+        backend: RolloutBackend,
+        bus: EventBus,
+        *,
+        attempt_floor: int = 1,
+    ) -> None:
+        self.config = config
+        self.stream = stream
+        self.backend = backend
+        self.bus = bus
+        self.attempt_floor = attempt_floor
+        self.max_attempt = attempt_floor
+        self.workers_lost = 0
+        self._open = 0  # async: groups dispatched and not yet sampled or evicted
+        self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
+        self._build_buffer()
+        self._version = 0
+        self._step = 0
+
+    def _build_buffer(self) -> None:
+        rollout, bus = self.config.rollout, self.bus
+        # Stragglers fail the wait at wait_timeout_s (a clear deadline error) unless a safe
+        # point restarts the rollout side first; the batch deadline is only a backstop.
+        self.tracker = RolloutTracker(
+            bus=bus,
+            grace_s=rollout.grace_s,
+            grace_polls=1 if rollout.grace_s > 0 else 0,
+            batch_timeout_s=rollout.wait_timeout_s * 2,
+            poll_interval_s=rollout.poll_interval_s,
+            failure_policy=rollout.failure_policy,
+            max_failed_fraction=rollout.max_failed_fraction,
+        )
+        self.buffer: ReplayBuffer | AsyncReplayBuffer
+        if self.config.run.mode == "sync":
+            self.buffer = ReplayBuffer(
+                self.tracker,
+                bus=bus,
+                wait_timeout_s=rollout.wait_timeout_s,
+                safe_point_timeout_s=self.config.safe_point_timeout_s,
+            )
+        else:
+            self.buffer = AsyncReplayBuffer(
+                self.tracker,
+                bus=bus,
+                max_off_policy=rollout.max_off_policy,
+                strategy=rollout.staleness,
+                refill=self._refill,
+                wait_timeout_s=rollout.wait_timeout_s,
+                safe_point_timeout_s=self.config.safe_point_timeout_s,
+            )
+
+    def reset(self) -> None:
+        """Forget every open group (a checkpoint is being restored): a new tracker and buffer,
+        with attempts above every earlier one, so results still arriving from before the
+        restore are dropped as superseded."""
+        self.attempt_floor = self.max_attempt + 1
+        self.max_attempt = self.attempt_floor
+        self._open = 0
+        self.retired_trackers.append(self.tracker.statistics())
+        self._build_buffer()
+
+    def tracker_statistics(self) -> list[TrackerStatistics]:
+        """The counters of every tracker of this run: replaced ones first, then the current."""
+        return [*self.retired_trackers, self.tracker.statistics()]
+
+    # --- ResultSink (called from worker threads) ------------------------------------------
+
+    def deliver(self, result: RolloutResult) -> None:
+        """Offer a result to the admission gate."""
+        self.buffer.add(result)
+
+    def started(self, group_ids: tuple[str, ...]) -> None:
+        """Groups went from pending to running."""
+        self.buffer.mark_running(group_ids)
+
+    def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
+        """A worker died: report it (self-healing watches for this)."""
+        self.workers_lost += 1
+        if self.bus.wants(WorkerLost):
+            self.bus.publish(WorkerLost(worker_id=worker_id, reason=reason, in_flight=in_flight))
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, weights: bytes, version: int) -> None:
+        """Start the backend's workers."""
+        self._version = version
+        await self.backend.start(self, weights, version)
+
+    async def close(self) -> None:
+        """Stop the backend's workers."""
+        await self.backend.close()
+
+    # --- collecting -----------------------------------------------------------------------
+
+    def dispatch_step(self, step: int, version: int) -> None:
+        """Sync mode: register and dispatch the prompt groups of ``step``."""
+        self._step, self._version = step, version
+        if isinstance(self.buffer, ReplayBuffer):
+            groups = self._new_groups(
+                self.stream.next_prompts(self.config.rollout.prompts_per_step), step, version
+            )
+            self.buffer.register(groups)
+            self._dispatch(groups, step, "batch")
+        else:
+            self._top_up(step, version)
+
+    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
+        """Wait for the batch of ``step`` (raises ``SampleWaitInterrupted`` on a decision)."""
+        size = self.config.rollout.prompts_per_step
+        self._step, self._version = step, version
+        if isinstance(self.buffer, ReplayBuffer):
+            return await self.buffer.sample(step, size)
+        self._top_up(step, version)
+        groups = await self.buffer.sample(step, size, policy_version=version)
+        self._open -= len(groups)
+        return groups
+
+    def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
+        """Async mode, on resume: dispatch the prompts that were in flight at the checkpoint."""
+        if not prompts:
+            return
+        groups = self._new_groups(prompts, step, version)
+        if isinstance(self.buffer, ReplayBuffer):
+            raise RuntimeError("sync mode has no prompts in flight between steps")
+        self.buffer.register(groups)
+        self._open += len(groups)
+        self._dispatch(groups, step, "resume")
+
+    def in_flight_prompts(self) -> list[Prompt]:
+        """Prompts of every open group (what a checkpoint must reissue on resume)."""
+        prompts = []
+        for group in self.tracker.in_flight():
+            if isinstance(group.prompt, Prompt):
+                prompts.append(group.prompt)
+        return prompts
+
+    async def restart(self, step: int, reason: str) -> RestartRecord:
+        """Restart the rollout side: fresh workers, every in-flight rollout reissued under a
+        new attempt. Late results of the old attempts are dropped as superseded."""
+        workers = await self.backend.restart(reason)
+        reissued = self.buffer.reissue()
+        if reissued:
+            self.max_attempt = max(self.max_attempt, *(g.attempt for g in reissued))
+            self._dispatch(list(reissued), step, f"reissue{self.max_attempt}")
+        rollout_ids = tuple(rid for g in reissued for rid in g.rollout_ids)
+        if self.bus.wants(RolloutRestarted):
+            self.bus.publish(
+                RolloutRestarted(
+                    step=step,
+                    reason=reason,
+                    workers=workers,
+                    reissued=rollout_ids,
+                    attempt=self.max_attempt,
+                )
+            )
+        logger.warning(
+            "rollout side restarted at step %d (%s): %d workers, %d rollouts of %d groups reissued",
+            step,
+            reason,
+            workers,
+            len(rollout_ids),
+            len(reissued),
+        )
+        return {
+            "step": step,
+            "reason": reason,
+            "workers": workers,
+            "reissued_rollouts": len(rollout_ids),
+            "reissued_groups": len(reissued),
+            "attempt": self.max_attempt,
+        }
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _new_groups(self, prompts: Sequence[Prompt], step: int, version: int) -> list[PromptGroup]:
+        n = self.config.rollout.group_size
+        return [
+            PromptGroup(
+                group_id=p.prompt_id,
+                rollout_ids=tuple(f"{p.prompt_id}#{i}" for i in range(n)),
+                step=step,
+                policy_version=version,
+                attempt=self.attempt_floor,
+                prompt=p,
+            )
+            for p in prompts
+        ]
+
+    def _dispatch(self, groups: Sequence[PromptGroup], step: int, kind: str) -> None:
+        """Split groups into one piece of work per worker (batched sampling is ~3x faster
+        than one call per prompt); each piece's seed depends only on what it holds."""
+        seed = self.config.run.seed
+        for index, part in enumerate(chunk(groups, self.backend.workers)):
+            first = part[0]
+            self.backend.submit(
+                RolloutWork(
+                    work_id=f"s{step}-{kind}-{index}",
+                    groups=part,
+                    seed=work_seed(seed, first.step, first.group_id, first.attempt, len(part)),
+                    step=step,
+                )
+            )
+
+    def _top_up(self, step: int, version: int) -> None:
+        """Async mode: keep two batches' worth of groups open."""
+        want = 2 * self.config.rollout.prompts_per_step - self._open
+        if want <= 0:
+            return
+        groups = self._new_groups(self.stream.next_prompts(want), step, version)
+        assert isinstance(self.buffer, AsyncReplayBuffer)
+        self.buffer.register(groups)
+        self._open += len(groups)
+        self._dispatch(groups, step, "async")
+
+    def _refill(self, evicted: tuple[PromptGroup, ...], reason: EvictionReason) -> None:
+        """Async mode: evicted groups (stale or failed) are replaced by fresh prompts."""
+        self._open -= len(evicted)
+        logger.info("%d groups evicted (%s); dispatching replacements", len(evicted), reason.value)
+        self._top_up(self._step, self._version)

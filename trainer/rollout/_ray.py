@@ -1,0 +1,514 @@
+"""The Ray backend: rollout workers as Ray actors, behind the same interface as ``local``.
+
+Each actor is a thin wrapper around :class:`~trainer.rollout._worker.RolloutWorker`. The driver side
+runs on the trainer's asyncio loop (Ray object refs are awaitable): one *slot* task per actor
+takes work from the current generation's queue, so every actor has at most one call in flight
+and idle actors pull work as they free up. A restart starts a new generation: the old slot
+tasks are cancelled and awaited, the old actors are killed (a hung call cannot hold anything
+up) and fresh actors start with the latest weights; queued work is dropped because the
+trainer reissues it under a new attempt.
+
+Weights travel through the object store: :meth:`RayBackend.update_weights` puts them there
+once per version, and the next call to each actor carries the reference (Ray resolves it in
+the actor), so an actor only fetches weights it has not loaded yet and no weight sync ever
+waits for a busy or hung actor.
+
+Ray itself: the backend joins ``address`` when one is given, uses the running instance when
+Ray is already initialised (a test fixture, a user's script), and otherwise starts a small
+local instance confined to loopback, which :meth:`RayBackend.close` shuts down again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import anyio
+import torch
+
+try:
+    import ray
+    from ray import ObjectRef
+    from ray.actor import ActorClass, ActorHandle
+    from ray.exceptions import RayActorError, RayError
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
+
+from replay import RolloutResult
+
+from ._backend import BackendStatistics, ResultSink
+from ._faults import FaultInjector
+from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+
+__all__ = ["RayBackend", "RolloutActor"]
+
+logger = logging.getLogger("trainbus.ray")
+
+# The local instance only hosts this run's actors (by default they ask for no CPUs), so a
+# couple of logical CPUs and a small object store (weights are kilobytes to megabytes per
+# version) are enough; Ray's defaults would size both to the whole machine.
+_LOCAL_MIN_CPUS = 2
+_LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(eq=False)
+class _Actor:
+    """The driver's view of one actor."""
+
+    worker_id: str
+    # What ray's stubs make of ``ActorClass[T].remote()``: the union lets method access
+    # resolve to the typed remote methods of ``T``.
+    handle: ActorHandle[RolloutActor] | type[RolloutActor]
+    weights_serial: int  # which update_weights() call it has loaded (-1: reload)
+    alive: bool = True
+
+
+@dataclass(eq=False)
+class _Generation:
+    """The actors of one start or restart, their work queue and their slot tasks."""
+
+    number: int
+    actors: list[_Actor]
+    queue: asyncio.Queue[RolloutWork]
+    # Releases a slow-fault wait in after_work() (a worker thread) when the generation retires.
+    stop: threading.Event = field(default_factory=threading.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class RolloutActor:
+    """The actor: a :class:`RolloutWorker` in its own process.
+
+    Args:
+        spec: What the worker builds.
+        worker_id: Shown in logs and events.
+        weights: The initial weights (Ray resolves the object reference it is given).
+        version: Their policy version.
+    """
+
+    def __init__(self, spec: WorkerSpec, worker_id: str, weights: bytes, version: int) -> None:
+        # Several actors share the machine with the trainer: one intra-op thread each
+        # (more threads busy-wait against each other and slow every step down).
+        torch.set_num_threads(spec.torch_threads)
+        self.worker = RolloutWorker(spec, worker_id)
+        self.worker.load_weights(weights, version)
+
+    @ray.method
+    def ready(self) -> int:
+        """Answers once the worker is built; returns the actor's process id."""
+        return os.getpid()
+
+    @ray.method
+    def run(self, work: RolloutWork) -> list[RolloutResult]:
+        """Run ``work`` with the weights loaded last."""
+        return self.worker.run(work)
+
+    @ray.method
+    def load_and_run(self, weights: bytes, version: int, work: RolloutWork) -> list[RolloutResult]:
+        """Load ``weights`` as ``version`` (Ray fetches them by reference), then run ``work``."""
+        self.worker.load_weights(weights, version)
+        return self.worker.run(work)
+
+    @ray.method
+    def hang(self) -> None:
+        """Never answer: the ``hang`` fault (the actor is killed at the next restart), and
+        the probe that tells when a killed actor is really gone."""
+        threading.Event().wait()
+
+
+class RayBackend:
+    """Rollout workers as Ray actors.
+
+    Run it on an asyncio event loop (Ray's object references are asyncio awaitables).
+
+    Args:
+        spec: What each worker builds (task, policy shape, temperature).
+        workers: Actors.
+        address: A Ray cluster to join (``"auto"``, ``"10.0.0.5:6379"``, ...); None uses
+            the running Ray instance or starts a local one. Joining a cluster needs trainbus
+            installed on its nodes.
+        faults: Fault injection (tests and ``--inject``); None for none.
+        actor_cpus: CPUs each actor reserves. 0 (the default) lets any number of actors
+            share a small local instance; on a cluster, 1 spreads them over the nodes.
+        start_timeout_s: How long starting the actors may take before it counts as failed
+            (an actor that cannot be placed would otherwise wait forever).
+        kill_timeout_s: How long :meth:`close` waits for Ray to confirm the actors died.
+
+    Attributes:
+        actor_prefix: Prefix of this backend's actor names (unique per backend).
+        errors: Errors handled without stopping: worker errors turned into failed rollouts,
+            actors that could not be killed or confirmed dead (each one is logged).
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        workers: int = 2,
+        *,
+        address: str | None = None,
+        faults: FaultInjector | None = None,
+        actor_cpus: float = 0.0,
+        start_timeout_s: float = 120.0,
+        kill_timeout_s: float = 10.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if actor_cpus < 0:
+            raise ValueError(f"actor_cpus must be >= 0, got {actor_cpus}")
+        self.spec = spec
+        self.workers = workers
+        self.address = address
+        self._faults = faults
+        self._actor_cpus = actor_cpus
+        self._start_timeout_s = start_timeout_s
+        self._kill_timeout_s = kill_timeout_s
+        # Actor names are unique per Ray namespace; the prefix keeps two backends (or two
+        # runs on one cluster) apart and lets an operator find this run's actors.
+        self.actor_prefix = f"trainbus-{uuid.uuid4().hex[:8]}"
+        self._sink: ResultSink | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._owns_ray = False
+        self._weights: tuple[int, int, ObjectRef[bytes] | None] = (-1, -1, None)  # serial, version
+        self._queue: asyncio.Queue[RolloutWork] | None = None  # the current generation's
+        self._generation: _Generation | None = None
+        self._lock = threading.Lock()  # submit() may come from another thread
+        self._submitted = 0
+        self._completed = 0
+        self._restarts = 0
+        self._lost = 0
+        self._syncs = 0
+        self.errors = 0
+        self._generations = 0  # generations started (numbers worker ids)
+        self._closed = False
+
+    # --- RolloutBackend -------------------------------------------------------------------
+
+    async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
+        """Initialise Ray if needed and start ``workers`` actors sampling from ``version``.
+
+        Raises:
+            RuntimeError: Already started or closed, or the actors did not start (Ray is
+                left as it was found).
+        """
+        if self._queue is not None or self._closed:
+            raise RuntimeError("the ray backend is already started (or closed)")
+        self._sink = sink
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        self._init_ray()
+        try:
+            self._put_weights(weights, version)
+            self._generation = await self._spawn(self._queue)
+        except BaseException:
+            await self.close()
+            raise
+
+    def submit(self, work: RolloutWork) -> None:
+        """Queue ``work`` for the current actors (thread-safe, never blocks)."""
+        queue, loop = self._queue, self._loop
+        if queue is None or loop is None or self._closed:
+            raise RuntimeError("the ray backend is not running")
+        with self._lock:
+            self._submitted += 1
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            queue.put_nowait(work)
+        else:  # asyncio queues are not thread-safe: let the loop put it
+            loop.call_soon_threadsafe(queue.put_nowait, work)
+
+    async def update_weights(self, weights: bytes, version: int) -> None:
+        """Put ``version`` in the object store; each actor loads it with its next work."""
+        if self._closed:
+            raise RuntimeError("the ray backend is closed")
+        self._put_weights(weights, version)
+        self._syncs += 1
+
+    async def restart(self, reason: str) -> int:
+        """Kill every actor (hung ones included), drop queued work, start fresh actors.
+
+        Returns:
+            The number of actors started.
+        """
+        if self._queue is None or self._closed:
+            raise RuntimeError("the ray backend is not running")
+        logger.warning("restarting %d ray rollout actors: %s", self.workers, reason)
+        # A new queue first: queued work is dropped, and work submitted while the actors
+        # restart waits for the new ones.
+        self._queue = queue = asyncio.Queue[RolloutWork]()
+        old, self._generation = self._generation, None  # None: an earlier restart failed
+        # The old actors die before new ones start: on a full cluster the new ones need
+        # the resources the old ones hold.
+        if old is not None:
+            await self._retire(old, confirm=False)
+        self._restarts += 1
+        self._generation = await self._spawn(queue)
+        return self.workers
+
+    async def close(self) -> None:
+        """Stop the slot tasks, kill the actors and, if this backend started Ray, shut it
+        down. Idempotent; a hung actor does not hold it up."""
+        if self._closed:
+            return
+        self._closed = True
+        generation, self._generation = self._generation, None
+        if generation is not None:
+            await self._retire(generation, confirm=True)
+        self._weights = (-1, -1, None)  # drop the last object-store reference
+        if self._owns_ray:
+            self._owns_ray = False
+            # Blocks for about a second and a half; nothing else runs on this loop by now.
+            ray.shutdown()
+
+    def statistics(self) -> BackendStatistics:
+        """A snapshot of the counters (``workers``: actors of the current generation not
+        known to be dead)."""
+        generation = self._generation
+        alive = sum(actor.alive for actor in generation.actors) if generation else 0
+        return BackendStatistics(
+            name=self.name,
+            workers=alive,
+            submitted=self._submitted,
+            completed=self._completed,
+            restarts=self._restarts,
+            workers_lost=self._lost,
+            weight_syncs=self._syncs,
+        )
+
+    def actor_names(self) -> list[str]:
+        """Ray names of the current actors (``ray.get_actor(name)`` finds them)."""
+        generation = self._generation
+        return [self._actor_name(a.worker_id) for a in generation.actors] if generation else []
+
+    # --- Ray and actors -------------------------------------------------------------------
+
+    def _init_ray(self) -> None:
+        if ray.is_initialized():
+            return
+        # ray.init installs a SIGTERM handler that exits the process at once; the host's own
+        # (trainbus train stops cleanly at the next step boundary) must stay in charge.
+        in_main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
+        try:
+            self._start_ray()
+        finally:
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
+
+    def _start_ray(self) -> None:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # RAY_ADDRESS is how Ray users point every driver at their cluster.
+        address = self.address or os.environ.get("RAY_ADDRESS") or None
+        # On this loop's thread: ray.init is a one-off of a few seconds before any work
+        # exists, and Ray only installs its signal handling from the main thread.
+        if address is not None:
+            logger.info("joining the Ray cluster at %s", address)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            # Enough logical CPUs that the actors can always be placed.
+            cpus = max(_LOCAL_MIN_CPUS, math.ceil(self.workers * self._actor_cpus))
+            logger.info("starting a local Ray instance (%d CPUs)", cpus)
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                # A local instance serves this process only: keep it off the network.
+                _node_ip_address="127.0.0.1",
+            )
+        self._owns_ray = True
+
+    def _put_weights(self, weights: bytes, version: int) -> None:
+        serial = self._weights[0] + 1
+        # Once per version; every actor fetches this one copy by reference. The old
+        # reference is released when the last call that carries it has finished.
+        self._weights = (serial, version, ray.put(weights))
+
+    def _actor_name(self, worker_id: str) -> str:
+        return f"{self.actor_prefix}-{worker_id}"
+
+    async def _spawn(self, queue: asyncio.Queue[RolloutWork]) -> _Generation:
+        """Start a generation of actors with the latest weights and wait until they answer."""
+        number, self._generations = self._generations, self._generations + 1
+        serial, version, ref = self._weights
+        remote = _remote_actor_class()
+        actors = []
+        for index in range(self.workers):
+            worker_id = f"ray-{number}.{index}"
+            handle = remote.options(
+                name=self._actor_name(worker_id),
+                num_cpus=self._actor_cpus,
+                max_restarts=0,  # a dead actor stays dead: the trainer restarts and reissues
+            ).remote(self.spec, worker_id, ref, version)
+            actors.append(_Actor(worker_id, handle, serial))
+        generation = _Generation(number, actors, queue)
+        try:
+            with anyio.fail_after(self._start_timeout_s):
+                pids = [await actor.handle.ready.remote() for actor in actors]
+        except BaseException as exc:
+            self._kill_all(generation)
+            if isinstance(exc, TimeoutError):
+                raise RuntimeError(
+                    f"{self.workers} ray rollout actors did not start within "
+                    f"{self._start_timeout_s:.0f} s (can the cluster place them? each asks "
+                    f"for {self._actor_cpus} CPUs)"
+                ) from None
+            if isinstance(exc, RayError):
+                raise RuntimeError(f"ray rollout actors failed to start: {exc}") from exc
+            raise
+        logger.info("ray rollout actors of generation %d started (pids %s)", number, pids)
+        generation.tasks = [
+            asyncio.create_task(self._serve(generation, actor), name=f"trainbus {actor.worker_id}")
+            for actor in actors
+        ]
+        return generation
+
+    async def _retire(self, generation: _Generation, *, confirm: bool) -> None:
+        """Cancel and await the generation's slot tasks, then kill its actors.
+
+        Tasks go first, so a call failing because of the kill is never reported as a lost
+        worker. With ``confirm``, wait (bounded) until Ray reports every actor dead.
+        """
+        generation.stop.set()
+        for task in generation.tasks:
+            task.cancel()
+        for task, outcome in zip(
+            generation.tasks,
+            await asyncio.gather(*generation.tasks, return_exceptions=True),
+            strict=True,
+        ):
+            if isinstance(outcome, BaseException) and not isinstance(
+                outcome, asyncio.CancelledError
+            ):
+                self.errors += 1
+                logger.error("slot task %s failed", task.get_name(), exc_info=outcome)
+        probes = self._kill_all(generation)
+        if confirm:
+            await self._confirm_dead(probes)
+
+    def _kill_all(self, generation: _Generation) -> list[tuple[str, ObjectRef[None]]]:
+        """``ray.kill`` every actor; returns a probe call per actor that ends when it dies."""
+        probes = []
+        for actor in generation.actors:
+            try:
+                _kill_actor(actor)
+                # ray.kill only asks; a call sent now may still run before the actor dies,
+                # so the probe is one that never returns while the actor lives.
+                probes.append((actor.worker_id, actor.handle.hang.remote()))
+            except Exception:  # a Ray error here leaves nothing for us to undo
+                self.errors += 1
+                logger.exception("killing ray actor %s failed", actor.worker_id)
+        return probes
+
+    async def _confirm_dead(self, probes: list[tuple[str, ObjectRef[None]]]) -> None:
+        with anyio.move_on_after(self._kill_timeout_s) as scope:
+            for worker_id, probe in probes:
+                try:
+                    await probe
+                except RayActorError:
+                    continue  # dead, as intended
+                except RayError:
+                    self.errors += 1
+                    logger.exception("cannot tell whether ray actor %s died", worker_id)
+                    continue
+                self.errors += 1
+                logger.error("ray actor %s returned from hang() after ray.kill", worker_id)
+        if scope.cancelled_caught:
+            self.errors += 1
+            logger.error(
+                "ray did not confirm within %.0f s that every actor died", self._kill_timeout_s
+            )
+
+    # --- the slot: one actor's work loop --------------------------------------------------
+
+    async def _serve(self, generation: _Generation, actor: _Actor) -> None:
+        """Feed one actor, one piece of work at a time, until it dies or is retired."""
+        sink = self._sink
+        assert sink is not None
+        while True:
+            work = await generation.queue.get()
+            sink.started(tuple(group.group_id for group in work.groups))
+            began = time.perf_counter()
+            try:
+                results = await self._call(actor, work)
+                if self._faults is not None:
+                    results = await anyio.to_thread.run_sync(
+                        functools.partial(
+                            self._faults.after_work,
+                            actor.worker_id,
+                            work,
+                            results,
+                            stop=generation.stop,
+                            elapsed_s=time.perf_counter() - began,
+                        )
+                    )
+            except RayActorError as exc:
+                actor.alive = False
+                self._lost += 1
+                reason = f"{type(exc).__name__}: {_first_line(exc)}"
+                logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)
+                sink.worker_lost(actor.worker_id, reason, len(work.groups))
+                return
+            except Exception as exc:
+                # The worker raised (RayTaskError) or a fault transformation did: fail its
+                # rollouts (retryable: a restart may fix it) so the batch accounts for them,
+                # and make the actor reload its weights in case loading them was what failed.
+                self.errors += 1
+                actor.weights_serial = -1
+                logger.exception("ray rollout actor %s failed on %s", actor.worker_id, work.work_id)
+                results = RolloutWorker.failures(
+                    work,
+                    f"{type(exc).__name__}: {_first_line(exc)}",
+                    retryable=True,
+                    kind="worker_error",
+                )
+            for result in results:
+                sink.deliver(result)
+            self._completed += 1
+
+    async def _call(self, actor: _Actor, work: RolloutWork) -> list[RolloutResult]:
+        """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""
+        faults = self._faults
+        if faults is not None and faults.should_hang(actor.worker_id, work.step):
+            await actor.handle.hang.remote()  # never answers; restart and close kill the actor
+            raise RuntimeError(f"actor {actor.worker_id} returned from hang()")
+        serial, version, weights = self._weights
+        if actor.weights_serial == serial or weights is None:
+            call = actor.handle.run.remote(work)
+        else:
+            call = actor.handle.load_and_run.remote(weights, version, work)
+            actor.weights_serial = serial
+        if faults is not None and faults.should_kill_actor(actor.worker_id, work.step):
+            # A real death: the call then fails with ActorDiedError like any crash would.
+            _kill_actor(actor)
+        return await call
+
+
+@functools.cache
+def _remote_actor_class() -> ActorClass[RolloutActor]:
+    """The actor class, made once (Ray registers it with the cluster on first use)."""
+    return ray.remote(RolloutActor)
+
+
+def _kill_actor(actor: _Actor) -> None:
+    """``ray.kill`` without restart (the actor stays dead)."""
+    actor.alive = False
+    ray.kill(actor.handle, no_restart=True)  # type: ignore[arg-type]  # see _Actor.handle
+
+
+def _first_line(error: BaseException) -> str:
+    """Ray's error messages run over many lines; events and logs want the first."""
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -1,0 +1,203 @@
+"""SelfHealingExtension: sees a stall, votes to restart at a safe point.
+
+An ordinary extension on the public contract (a user could have written it):
+
+* From ``SampleWait`` events it tracks progress of the current wait. A *stall* is no new
+  sample for ``stall_timeout_s`` while rollouts are outstanding. A ``WorkerLost`` event
+  counts as a stall at once.
+* At the next ``SAMPLE_WAIT`` or ``STEP_BOUNDARY`` safe point it votes
+  ``RESTART_REQUIRED``, with a reason that says what it saw. The trainer then restarts the
+  rollout side and reissues every in-flight rollout under a new attempt.
+* At ``TERMINAL_FAILURE`` it votes ``RESTART_REQUIRED`` (the trainer restores the last
+  checkpoint) while its restart budget lasts, after an exponential backoff; then it lets
+  the original error surface.
+* Its counters are saved in checkpoints (``STATE``), so a resumed run keeps its budget.
+
+Time is measured on the buffers' clock (``SampleWaitState.elapsed_s``), not the wall clock,
+so the extension is deterministic under a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import tenacity
+
+from eventbus import (
+    RUNTIME_EXTENSION_API_VERSION,
+    Capability,
+    Decision,
+    Event,
+    ExtensionContext,
+    SafePoint,
+    SafePointReached,
+    SampleWait,
+    SampleWaitState,
+    WorkerLost,
+)
+
+from ..config._schema import SelfHealConfig
+
+__all__ = ["SelfHealingExtension"]
+
+logger = logging.getLogger("trainbus.selfheal")
+
+
+class _Attempt:
+    """The one field of tenacity's retry state its wait strategies read."""
+
+    def __init__(self, attempt_number: int) -> None:
+        self.attempt_number = attempt_number
+
+
+class SelfHealingExtension:
+    """Detects stalls and lost workers; votes restarts; bounds recoveries.
+
+    Args:
+        stall_timeout_s: No progress in available samples for this long, with rollouts
+            outstanding, is a stall.
+        max_restarts: Recoveries from terminal failures over the run.
+        backoff_s: Wait before the first recovery (doubling each time).
+        backoff_max_s: Longest wait before a recovery.
+        max_stall_restarts_per_step: Restarts for stalls within one step; after that the
+            wait's own deadline decides (the run fails with a clear error).
+        name: The extension name.
+    """
+
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (
+        Capability.EVENTS,
+        Capability.SAFE_POINTS,
+        Capability.SAMPLE_WAIT,
+        Capability.STATE,
+    )
+
+    def __init__(
+        self,
+        *,
+        stall_timeout_s: float = 10.0,
+        max_restarts: int = 3,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        max_stall_restarts_per_step: int = 3,
+        name: str = "self-healing",
+    ) -> None:
+        if stall_timeout_s <= 0:
+            raise ValueError(f"stall_timeout_s must be > 0, got {stall_timeout_s}")
+        if max_restarts < 0 or max_stall_restarts_per_step < 0:
+            raise ValueError("restart budgets must be >= 0")
+        self.name = name
+        self.stall_timeout_s = stall_timeout_s
+        self.max_restarts = max_restarts
+        self.max_stall_restarts_per_step = max_stall_restarts_per_step
+        self._backoff = tenacity.wait_exponential(multiplier=backoff_s, max=backoff_max_s)
+        self.restarts_used = 0
+        self.stall_restarts = 0
+        self.history: list[dict[str, Any]] = []
+        self._wait: tuple[int, str] | None = None
+        self._best_available = -1
+        self._progress_at = 0.0
+        self._last: SampleWaitState | None = None
+        self._stall: str | None = None
+        self._stall_restarts_this_step = (-1, 0)
+
+    @classmethod
+    def from_config(cls, config: SelfHealConfig) -> SelfHealingExtension:
+        """Build from the ``[self_heal]`` section."""
+        return cls(
+            stall_timeout_s=config.stall_timeout_s,
+            max_restarts=config.max_restarts,
+            backoff_s=config.backoff_s,
+            backoff_max_s=config.backoff_max_s,
+        )
+
+    # --- observing ------------------------------------------------------------------------
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        """Track wait progress and lost workers."""
+        if isinstance(event, SampleWait):
+            self._observe(event.state)
+        elif isinstance(event, WorkerLost):
+            self._stall = f"worker {event.worker_id} lost ({event.reason})"
+
+    def _observe(self, state: SampleWaitState) -> None:
+        key = (state.step, state.partition)
+        if key != self._wait or state.elapsed_s < (self._last.elapsed_s if self._last else 0.0):
+            self._wait = key  # a new wait: start watching afresh
+            self._best_available = state.available
+            self._progress_at = state.elapsed_s
+        elif state.available > self._best_available:
+            self._best_available = state.available
+            self._progress_at = state.elapsed_s
+        self._last = state
+        outstanding = state.pending_groups + state.running_groups
+        stalled_for = state.elapsed_s - self._progress_at
+        if outstanding and stalled_for >= self.stall_timeout_s and self._stall is None:
+            self._stall = (
+                f"no progress for {stalled_for:.1f} s at step {state.step} "
+                f"({state.available}/{state.required} samples, {state.running_groups} groups "
+                f"running, {state.pending_groups} pending)"
+            )
+
+    # --- voting ---------------------------------------------------------------------------
+
+    async def on_safe_point(
+        self, context: ExtensionContext, safe_point: SafePointReached
+    ) -> tuple[Decision, str]:
+        """Restart on a stall; recover from terminal failures within the budget."""
+        point = safe_point.point
+        if point is SafePoint.TERMINAL_FAILURE:
+            return await self._recover(safe_point)
+        if point in (SafePoint.SAMPLE_WAIT, SafePoint.STEP_BOUNDARY) and self._stall:
+            step = safe_point.step if safe_point.step is not None else -1
+            last_step, count = self._stall_restarts_this_step
+            count = count + 1 if last_step == step else 1
+            reason, self._stall = self._stall, None
+            self._wait = None  # the restarted wait is watched from scratch
+            if count > self.max_stall_restarts_per_step:
+                logger.error("not restarting again at step %d: %s", step, reason)
+                return Decision.CONTINUE, f"stalled again ({reason}); stall restart budget used"
+            self._stall_restarts_this_step = (step, count)
+            self.stall_restarts += 1
+            self.history.append({"kind": "stall", "step": step, "reason": reason})
+            return Decision.RESTART_REQUIRED, reason
+        return Decision.CONTINUE, ""
+
+    async def _recover(self, safe_point: SafePointReached) -> tuple[Decision, str]:
+        details = safe_point.details
+        error = f"{details.get('error_type', 'error')}: {details.get('message', '')}"
+        if self.restarts_used >= self.max_restarts:
+            return (
+                Decision.CONTINUE,
+                f"restart budget exhausted ({self.restarts_used} of {self.max_restarts} used); "
+                f"letting {error} surface",
+            )
+        self.restarts_used += 1
+        delay = float(self._backoff(_Attempt(self.restarts_used)))  # type: ignore[arg-type]
+        if delay > 0:
+            await anyio.sleep(delay)
+        self._stall, self._wait = None, None
+        self.history.append({"kind": "recovery", "step": safe_point.step, "reason": error})
+        return (
+            Decision.RESTART_REQUIRED,
+            f"recovering from {error} (restart {self.restarts_used} of {self.max_restarts}, "
+            f"after {delay:.1f} s backoff)",
+        )
+
+    # --- state ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters and history, saved in checkpoints."""
+        return {
+            "restarts_used": self.restarts_used,
+            "stall_restarts": self.stall_restarts,
+            "history": list(self.history),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        self.restarts_used = int(state["restarts_used"])
+        self.stall_restarts = int(state["stall_restarts"])
+        self.history = list(state["history"])

@@ -35,8 +35,12 @@ from ._events import SafePointReached as SafePointReached
 from ._events import SafePointResolved as SafePointResolved
 from ._events import SampleWait as SampleWait
 from ._events import SampleWaitState as SampleWaitState
+from ._events import StackFrame as StackFrame
+from ._events import StallDiagnosed as StallDiagnosed
 from ._events import StepFinished as StepFinished
 from ._events import StepStarted as StepStarted
+from ._events import StuckRollout as StuckRollout
+from ._events import ThreadStack as ThreadStack
 from ._events import Vote as Vote
 from ._events import WeightsSynced as WeightsSynced
 from ._events import WorkerLost as WorkerLost
@@ -89,11 +93,15 @@ __all__ = (
     "SafePointResolved",
     "SampleWait",
     "SampleWaitState",
+    "StackFrame",
+    "StallDiagnosed",
     "StepFinished",
     "StepStarted",
+    "StuckRollout",
     "SubscriberOverflowError",
     "Subscription",
     "SubscriptionStatistics",
+    "ThreadStack",
     "Vote",
     "WeightsSynced",
     "WorkerLost",

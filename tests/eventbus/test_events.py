@@ -86,6 +86,30 @@ EXAMPLES: dict[type[Event], Event] = {
         extension="x", hook="on_event", error_type="ValueError", message="m", event_type="Lagged"
     ),
     eb.Lagged: eb.Lagged(missed=7),
+    eb.StallDiagnosed: eb.StallDiagnosed(
+        step=3,
+        stage="rollouts",
+        waited_s=6.5,
+        stalled_s=6.2,
+        stuck=(
+            eb.StuckRollout(
+                rollout_id="p1#0", group_id="p1", attempt=1, worker_id="ray-1.0", held_s=6.2
+            ),
+        ),
+        stacks=(
+            eb.ThreadStack(
+                owner="ray-1.0",
+                thread="MainThread",
+                frames=(
+                    eb.StackFrame(file="/w/myrewards.py", line=41, function="score"),
+                    eb.StackFrame(file="/py/threading.py", line=327, function="wait", library=True),
+                ),
+                source="py-spy",
+                pid=123,
+            ),
+        ),
+        notes=("a note",),
+    ),
 }
 
 

@@ -1,0 +1,66 @@
+"""``StallDiagnosed``: its one-line headline names who holds what, for how long, stuck where."""
+
+from __future__ import annotations
+
+from eventbus import StackFrame, StallDiagnosed, StuckRollout, ThreadStack
+
+LIB = StackFrame(file="/usr/lib/python3.11/threading.py", line=327, function="wait", library=True)
+USER = StackFrame(file="/home/me/myrewards.py", line=41, function="score")
+OUTER = StackFrame(file="/home/me/trainer/_worker.py", line=90, function="run")
+
+
+def stuck(worker: str, n: int, held_s: float) -> tuple[StuckRollout, ...]:
+    return tuple(
+        StuckRollout(rollout_id=f"g#{i}", group_id="g", attempt=1, worker_id=worker, held_s=held_s)
+        for i in range(n)
+    )
+
+
+def test_where_is_the_innermost_frame_outside_libraries() -> None:
+    stack = ThreadStack(owner="w", frames=(OUTER, USER, LIB))
+    assert stack.where() == USER
+    assert ThreadStack(owner="w", frames=(LIB,)).where() == LIB
+    assert ThreadStack(owner="w").where() is None
+
+
+def test_headline_names_worker_count_duration_and_place() -> None:
+    event = StallDiagnosed(
+        step=3,
+        stage="rollouts",
+        waited_s=7.0,
+        stalled_s=6.2,
+        stuck=stuck("ray-1", 4, 6.2),
+        stacks=(ThreadStack(owner="ray-1", frames=(OUTER, USER, LIB)),),
+    )
+    assert (
+        event.headline()
+        == "worker ray-1 holds 4 rollouts for 6.2 s, stuck in `myrewards.py:41 score`"
+    )
+
+
+def test_headline_without_a_stack_says_why() -> None:
+    event = StallDiagnosed(
+        step=3,
+        stage="rollouts",
+        waited_s=7.0,
+        stalled_s=6.2,
+        stuck=stuck("ray-1", 1, 2.0) + stuck("ray-2", 2, 3.0),
+        stacks=(ThreadStack(owner="ray-1", note="py-spy is not installed"),),
+    )
+    assert event.headline() == (
+        "worker ray-1 holds 1 rollout for 2.0 s (no stack: py-spy is not installed); "
+        "worker ray-2 holds 2 rollouts for 3.0 s"
+    )
+
+
+def test_headline_of_a_trainer_stage_uses_the_trainer_stack() -> None:
+    event = StallDiagnosed(
+        step=5,
+        stage="weight_sync",
+        waited_s=9.0,
+        stalled_s=9.0,
+        stacks=(ThreadStack(owner="trainer", thread="fit task", frames=(OUTER, LIB)),),
+    )
+    assert event.headline() == (
+        "weight_sync at step 5 stalled for 9.0 s, stuck in `_worker.py:90 run`"
+    )

@@ -8,6 +8,8 @@ current thing, generated when the documentation is built.
 * ``<!-- api: trainer -->`` becomes ``::: trainer`` listing the members of ``trainer.__all__``
   (derived at import time from the package's one list of its public names, which the
   documentation tool cannot evaluate by itself).
+* ``<!-- metrics: table -->`` becomes the table of a run's metric names,
+  ``trainer.runtime._metrics.METRICS`` (the one list the trainer and the exporters use).
 * ``<!-- bench: bus -->`` becomes the tables of ``benchmarks/results/bus.json``, formatted
   as ``benchmarks/_common.py`` prints them; a missing file becomes a note saying how to
   produce it.
@@ -35,17 +37,33 @@ RESULTS = ROOT / "benchmarks" / "results"
 COMMAND = re.compile(r"^<!-- trainbus: (?P<args>[^|>]+?)(?: \| (?P<lang>\w+))? -->$", re.MULTILINE)
 BENCH = re.compile(r"^<!-- bench: (?P<name>[\w-]+) -->$", re.MULTILINE)
 API = re.compile(r"^<!-- api: (?P<module>[\w.]+) -->$", re.MULTILINE)
+METRIC_TABLE = re.compile(r"^<!-- metrics: table -->$", re.MULTILINE)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     markdown = COMMAND.sub(lambda m: _command_block(m["args"].strip(), m["lang"]), markdown)
     markdown = API.sub(lambda m: _api_block(m["module"]), markdown)
+    markdown = METRIC_TABLE.sub(lambda m: _metric_table(), markdown)
     return BENCH.sub(lambda m: _bench_tables(m["name"]), markdown)
 
 
 def _api_block(module: str) -> str:
     names = importlib.import_module(module).__all__
     return f"::: {module}\n    options:\n      members: {json.dumps(sorted(names))}"
+
+
+def _metric_table() -> str:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from trainer.runtime._metrics import METRICS
+    finally:
+        sys.path.remove(str(ROOT))
+    out = ["| name | what it measures | when | before the slash names |", "|---|---|---|---|"]
+    for metric in METRICS:
+        when = "every step" if metric.per_step else "exporters, from events"
+        short = f"`{metric.short}`" if metric.short else ""
+        out.append(f"| `{metric.name}` | {_cell(metric.meaning)} | {when} | {short} |")
+    return "\n".join(out) + "\n"
 
 
 # --- command output ---------------------------------------------------------------------

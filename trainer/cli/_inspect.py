@@ -49,6 +49,7 @@ from eventbus import (
     event_types,
 )
 
+from ..runtime._metrics import named
 from ._errors import UsageError
 
 __all__ = [
@@ -361,18 +362,19 @@ def _step_started(e: StepStarted) -> str:
 
 # (metrics key, how it is shown): the ones a user watches, in the progress line's order.
 _STEP_METRICS = (
-    ("reward_mean", "reward={:.3f}"),
-    ("kl", "kl={:.4f}"),
-    ("approx_kl", "approx_kl={:.4f}"),
-    ("clip_frac", "clip={:.3f}"),
-    ("entropy", "entropy={:.3f}"),
-    ("samples_per_s", "samples/s={:.0f}"),
-    ("wait_time_s", "wait={:.2f}s"),
+    ("reward/mean", "reward={:.3f}"),
+    ("actor/kl", "kl={:.4f}"),
+    ("actor/approx_kl", "approx_kl={:.4f}"),
+    ("actor/clip_frac", "clip={:.3f}"),
+    ("actor/entropy", "entropy={:.3f}"),
+    ("perf/samples_per_s", "samples/s={:.0f}"),
+    ("timing_s/wait", "wait={:.2f}s"),
 )
 
 
 def _step_finished(e: StepFinished) -> str:
-    shown = [form.format(e.metrics[key]) for key, form in _STEP_METRICS if key in e.metrics]
+    metrics = named(e.metrics)  # an older log has the short keys (reward_mean)
+    shown = [form.format(metrics[key]) for key, form in _STEP_METRICS if key in metrics]
     return " ".join([f"step={e.step}", *shown, f"time={e.duration_s:.2f}s"])
 
 

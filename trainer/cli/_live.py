@@ -93,8 +93,8 @@ class LiveProgress:
     def _step(self, event: StepFinished) -> None:
         m = event.metrics
         vitals = (
-            f"reward {m['reward_mean']:.3f}  kl(old) {m['approx_kl']:.4f}  "
-            f"{m['samples_per_s']:.0f} samples/s"
+            f"reward {m['reward/mean']:.3f}  kl(old) {m['actor/approx_kl']:.4f}  "
+            f"{m['perf/samples_per_s']:.0f} samples/s"
         )
         self._progress.update(self._task, completed=event.step, vitals=vitals)
         self._status = Text("")

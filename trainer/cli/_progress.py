@@ -71,11 +71,11 @@ class PlainProgress:
             self._last_wait_print = -1.0
             m = event.metrics
             return (
-                f"step {event.step:>4}/{self.total}  reward {m['reward_mean']:.3f}  "
-                f"kl(old) {m['approx_kl']:.4f}  clip {m['clip_frac']:.3f}  "
-                f"entropy {m['entropy']:.3f}  "
-                f"{m['samples_per_s']:.0f} samples/s  {event.duration_s:.2f} s"
-                + (f"  (waited {m['wait_time_s']:.1f} s)" if m["wait_time_s"] >= 1.0 else "")
+                f"step {event.step:>4}/{self.total}  reward {m['reward/mean']:.3f}  "
+                f"kl(old) {m['actor/approx_kl']:.4f}  clip {m['actor/clip_frac']:.3f}  "
+                f"entropy {m['actor/entropy']:.3f}  "
+                f"{m['perf/samples_per_s']:.0f} samples/s  {event.duration_s:.2f} s"
+                + (f"  (waited {m['timing_s/wait']:.1f} s)" if m["timing_s/wait"] >= 1.0 else "")
             )
         if isinstance(event, SampleWait):
             elapsed = event.state.elapsed_s

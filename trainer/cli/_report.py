@@ -34,6 +34,7 @@ from eventbus import (
     read_events,
 )
 
+from ..runtime._metrics import named
 from ..runtime._run import FitSummary
 from ._errors import UsageError
 
@@ -162,7 +163,9 @@ def _read_metrics(path: Path) -> list[dict[str, float]]:
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int):
-            by_step[row["step"]] = row  # a redone step (after a restore) replaces the old one
+            # A redone step (after a restore) replaces the old one. Older run folders have
+            # the short keys (reward_mean): renamed, so both read the same.
+            by_step[row["step"]] = named(row)
     return [by_step[step] for step in sorted(by_step)]
 
 
@@ -263,7 +266,7 @@ def _summary_decision(record: dict[str, Any]) -> str:
 
 def facts_from_log(events: Sequence[Event], metrics: Sequence[dict[str, float]]) -> RunFacts:
     """The facts of a run without ``summary.json``, from its event log and metrics."""
-    waits = [m.get("wait_time_s", 0.0) for m in metrics]
+    waits = [m.get("timing_s/wait", 0.0) for m in metrics]
     facts = RunFacts(
         status=_log_status(events),
         steps=int(metrics[-1]["step"]) if metrics else 0,
@@ -383,19 +386,19 @@ def _steps(facts: RunFacts) -> str:
 
 
 def _final_reward(metrics: Sequence[dict[str, float]]) -> str:
-    rewarded = [m for m in metrics if "reward_mean" in m]
+    rewarded = [m for m in metrics if "reward/mean" in m]
     if not rewarded:
         return "n/a (no finished step)"
     last = rewarded[-1]
-    return f"{last['reward_mean']:.3f} (step {last['step']:.0f})"
+    return f"{last['reward/mean']:.3f} (step {last['step']:.0f})"
 
 
 def _best_reward(facts: RunFacts, metrics: Sequence[dict[str, float]]) -> str:
-    rewarded = [m for m in metrics if "reward_mean" in m]
+    rewarded = [m for m in metrics if "reward/mean" in m]
     if not rewarded:
         return "n/a (no finished step)"
-    best = max(rewarded, key=lambda m: m["reward_mean"])
-    text = f"{best['reward_mean']:.3f} (step {best['step']:.0f})"
+    best = max(rewarded, key=lambda m: m["reward/mean"])
+    text = f"{best['reward/mean']:.3f} (step {best['step']:.0f})"
     if facts.best_average is not None:
         text += f"; best 10-step average {facts.best_average:.3f}"
     return text
@@ -425,7 +428,7 @@ def _waits(facts: RunFacts, metrics: Sequence[dict[str, float]]) -> str:
     text = f"{facts.wait_total_s:.2f} s total, longest {facts.wait_longest_s:.2f} s"
     # The step of the longest wait, unless that step was redone after a restore.
     steps = [
-        m["step"] for m in metrics if abs(m.get("wait_time_s", -1) - facts.wait_longest_s) < 1e-9
+        m["step"] for m in metrics if abs(m.get("timing_s/wait", -1) - facts.wait_longest_s) < 1e-9
     ]
     return text + (f" (step {steps[0]:.0f})" if steps else "")
 
@@ -506,11 +509,13 @@ def _reward_figure(metrics: Sequence[dict[str, float]], markers: list[Marker]) -
     steps = _steps_of(metrics)
     figure = Figure(figsize=(8, 6), layout="constrained")
     reward_ax, kl_ax = figure.subplots(2, 1, sharex=True)
-    reward_ax.plot(steps, _series(metrics, "reward_mean"), marker=".", label="reward (mean)")
+    reward_ax.plot(steps, _series(metrics, "reward/mean"), marker=".", label="reward (mean)")
     reward_ax.set_ylabel("reward")
     reward_ax.set_title("reward and KL per step")
-    kl_ax.plot(steps, _series(metrics, "approx_kl"), marker=".", label="approx KL (old policy)")
-    kl_ax.plot(steps, _series(metrics, "kl"), marker=".", label="KL (reference)")
+    kl_ax.plot(
+        steps, _series(metrics, "actor/approx_kl"), marker=".", label="approx KL (old policy)"
+    )
+    kl_ax.plot(steps, _series(metrics, "actor/kl"), marker=".", label="KL (reference)")
     kl_ax.set_ylabel("KL")
     kl_ax.set_xlabel("step")
     for ax in (reward_ax, kl_ax):
@@ -523,7 +528,7 @@ def _waits_figure(metrics: Sequence[dict[str, float]], markers: list[Marker]) ->
 
     figure = Figure(figsize=(8, 4), layout="constrained")
     ax = figure.subplots()
-    ax.bar(_steps_of(metrics), _series(metrics, "wait_time_s"), label="sample wait")
+    ax.bar(_steps_of(metrics), _series(metrics, "timing_s/wait"), label="sample wait")
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
     ax.set_title("sample-wait time per step" + (" (restarts marked)" if markers else ""))

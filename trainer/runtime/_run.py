@@ -115,12 +115,12 @@ class RunRecord:
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
         s = self.summary
-        self.rewards[step] = metrics["reward_mean"]
+        self.rewards[step] = metrics["reward/mean"]
         s.steps = step
-        s.sample_wait_total_s += metrics["wait_time_s"]
-        s.sample_wait_longest_s = max(s.sample_wait_longest_s, metrics["wait_time_s"])
+        s.sample_wait_total_s += metrics["timing_s/wait"]
+        s.sample_wait_longest_s = max(s.sample_wait_longest_s, metrics["timing_s/wait"])
         average = self._moving_average(step)
-        s.final_reward = metrics["reward_mean"]
+        s.final_reward = metrics["reward/mean"]
         s.reward_moving_average = average
         if s.best_reward_moving_average is None or average > s.best_reward_moving_average:
             s.best_reward_moving_average = average

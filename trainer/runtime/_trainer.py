@@ -57,6 +57,7 @@ from ..rollout._faults import FaultInjector
 from ..rollout._worker import WorkerSpec
 from ._checkpoint import CheckpointStore, StoredCheckpoint
 from ._extload import load_extension
+from ._metrics import named
 from ._run import FitSummary, RunRecord
 
 __all__ = ["PPOTrainer", "RunAborted", "TrainerView"]
@@ -389,6 +390,7 @@ class PPOTrainer:
             samples_per_s=metrics["num_samples"] / duration if duration > 0 else 0.0,
             policy_version=float(self.policy_version),
         )
+        metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
         self._active_step = None
         self.record.step(step, metrics)
         if bus.wants(StepFinished):

@@ -116,6 +116,14 @@ def _resolved(decision: Decision, reason: str = "", timed_out: bool = False) -> 
         (
             StepFinished(
                 step=3,
+                metrics={"reward/mean": 0.7344, "actor/approx_kl": 0.00123, "timing_s/wait": 0.5},
+                duration_s=1.25,
+            ),
+            "step=3 reward=0.734 approx_kl=0.0012 wait=0.50s time=1.25s",
+        ),
+        (  # a log written before the slash names reads the same
+            StepFinished(
+                step=3,
                 metrics={"reward_mean": 0.7344, "approx_kl": 0.00123, "wait_time_s": 0.5},
                 duration_s=1.25,
             ),

@@ -24,12 +24,12 @@ from trainer.cli._live import LiveProgress
 
 CONTEXT = ExtensionContext(name="progress", bus=EventBus(), capabilities=frozenset())
 METRICS = {
-    "reward_mean": 0.734,
-    "approx_kl": 0.0123,
-    "clip_frac": 0.05,
-    "entropy": 1.2,
-    "samples_per_s": 2400.0,
-    "wait_time_s": 0.04,
+    "reward/mean": 0.734,
+    "actor/approx_kl": 0.0123,
+    "actor/clip_frac": 0.05,
+    "actor/entropy": 1.2,
+    "perf/samples_per_s": 2400.0,
+    "timing_s/wait": 0.04,
 }
 
 

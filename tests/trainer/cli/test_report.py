@@ -37,10 +37,12 @@ from trainer.cli._report import (
     facts_from_log,
     load_run,
     restart_markers,
+    run_facts,
     run_report,
     table_rows,
     write_plots,
 )
+from trainer.runtime._metrics import METRICS
 
 TINY_TOML = "[rollout]\nprompts_per_step = 8\ngroup_size = 4\npoll_interval_s = 0.05\n"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -227,7 +229,7 @@ FAILED_RUN = [
 
 
 def test_facts_from_the_log_of_a_failed_run() -> None:
-    facts = facts_from_log(FAILED_RUN, [{"step": 1, "reward_mean": 0.5, "wait_time_s": 2.0}])
+    facts = facts_from_log(FAILED_RUN, [{"step": 1, "reward/mean": 0.5, "timing_s/wait": 2.0}])
     assert facts.status == "failed"
     assert facts.error == "ValueError: boom"
     assert (facts.run_id, facts.steps, facts.total_steps) == ("abc", 1, 5)
@@ -275,19 +277,38 @@ def test_a_summary_older_than_the_log_says_the_run_goes_on(
 
 def test_metrics_keep_one_line_per_step_and_skip_a_torn_line(tmp_path: Path) -> None:
     rows = [
-        {"step": 1, "reward_mean": 0.1, "wait_time_s": 0.5},
-        {"step": 2, "reward_mean": 0.2, "wait_time_s": 0.5},
-        {"step": 2, "reward_mean": 0.3, "wait_time_s": 0.5},  # redone after a restore
+        {"step": 1, "reward/mean": 0.1, "timing_s/wait": 0.5},
+        {"step": 2, "reward/mean": 0.2, "timing_s/wait": 0.5},
+        {"step": 2, "reward/mean": 0.3, "timing_s/wait": 0.5},  # redone after a restore
     ]
     text = "".join(json.dumps(row) + "\n" for row in rows) + '{"step": 3, "rew'
     (tmp_path / "metrics.jsonl").write_text(text)
     run = load_run(tmp_path)
-    assert [(m["step"], m["reward_mean"]) for m in run.metrics] == [(1, 0.1), (2, 0.3)]
+    assert [(m["step"], m["reward/mean"]) for m in run.metrics] == [(1, 0.1), (2, 0.3)]
+
+
+def test_a_run_folder_from_before_the_slash_names_reads_the_same(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    old = copy_run(run_dir, tmp_path)
+    short = {m.name: m.short for m in METRICS if m.short is not None}
+    rows = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
+    assert "reward/mean" in rows[0]
+    (old / "metrics.jsonl").write_text(
+        "".join(json.dumps({short.get(k, k): v for k, v in row.items()}) + "\n" for row in rows)
+    )
+    assert "reward_mean" in (old / "metrics.jsonl").read_text()
+    new_run, old_run = load_run(run_dir), load_run(old)
+    assert old_run.metrics == new_run.metrics
+    assert table_rows(run_facts(old_run), old_run.metrics) == table_rows(
+        run_facts(new_run), new_run.metrics
+    )
 
 
 def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:
     metrics = "".join(
-        json.dumps({"step": s, "reward_mean": s / 10, "kl": 0.0, "wait_time_s": 0.1 * s}) + "\n"
+        json.dumps({"step": s, "reward/mean": s / 10, "actor/kl": 0.0, "timing_s/wait": 0.1 * s})
+        + "\n"
         for s in range(1, 6)
     )
     (tmp_path / "metrics.jsonl").write_text(metrics)

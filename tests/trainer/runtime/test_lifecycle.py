@@ -84,7 +84,7 @@ async def test_an_extension_sees_the_lifecycle_in_order() -> None:
     step_events = [t for t in seen if t in {"StepStarted", "WeightsSynced", "StepFinished"}]
     assert step_events == ["StepStarted", "WeightsSynced", "StepFinished"] * 2
     finished = [e for e in voter.events if isinstance(e, StepFinished)]
-    for key in ("reward_mean", "kl", "clip_frac", "entropy", "samples_per_s", "wait_time_s"):
+    for key in ("reward/mean", "actor/kl", "actor/clip_frac", "timing_s/wait", "timing_s/step"):
         assert key in finished[0].metrics
 
 

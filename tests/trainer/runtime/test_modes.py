@@ -33,14 +33,14 @@ async def test_a_short_run_improves_reward_clearly(mode: str) -> None:
     voter = ScriptedVoter()
     fit.register_runtime_extension(voter)
     summary = await fit.fit()
-    rewards = [e.metrics["reward_mean"] for e in voter.events if isinstance(e, StepFinished)]
+    rewards = [e.metrics["reward/mean"] for e in voter.events if isinstance(e, StepFinished)]
     assert len(rewards) == 30
     assert statistics.fmean(rewards[:3]) < 0.2
     assert summary.reward_moving_average is not None
     assert summary.reward_moving_average > statistics.fmean(rewards[:3]) + 0.4
     if mode == "async":
         staleness = [
-            e.metrics["staleness_mean"] for e in voter.events if isinstance(e, StepFinished)
+            e.metrics["batch/staleness_mean"] for e in voter.events if isinstance(e, StepFinished)
         ]
         assert max(staleness) <= fit.config.rollout.max_off_policy
         assert max(staleness) > 0  # rollouts really ran ahead of training

@@ -1,0 +1,136 @@
+"""The one table of a run's metric names: ``metrics.jsonl``, ``StepFinished`` and every exporter.
+
+Names are slash-namespaced the way verl users know them (``reward/mean``, ``actor/kl``,
+``timing_s/step``). The trainer computes its metrics under short keys (``ppo_update``'s and its
+own) and renames them here, once, through :func:`named`; readers of older run folders, whose
+``metrics.jsonl`` and ``events.jsonl`` carry the short keys, rename them the same way. The
+documentation renders :data:`METRICS` as its table (``docs/_hooks.py``), so the page and the
+program cannot disagree.
+
+Importing this module costs nothing (no torch): the command line reads it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["METRICS", "Metric", "named"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric of a run.
+
+    Attributes:
+        name: Its name everywhere: ``metrics.jsonl``, ``StepFinished.metrics``, exporters.
+            A name ending in ``/<reason>`` stands for one metric per reason.
+        meaning: What it measures.
+        short: The key the trainer computes it under (and that ``metrics.jsonl`` used before
+            the slash names); None for metrics that exist only under ``name``.
+        per_step: True: a value for every step, in ``metrics.jsonl`` and ``StepFinished``.
+            False: exporters derive it from the run's events (restarts, drops).
+    """
+
+    name: str
+    meaning: str
+    short: str | None = None
+    per_step: bool = True
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("reward/mean", "mean reward of the rollouts trained on", "reward_mean"),
+    Metric("reward/max", "best reward of the rollouts trained on", "reward_max"),
+    Metric("actor/loss", "the PPO loss, averaged over the update's optimiser steps", "loss"),
+    Metric("actor/pg_loss", "the policy-gradient (clipped surrogate) part of the loss", "pg_loss"),
+    Metric(
+        "actor/kl",
+        "KL to the reference policy (verl's actor/kl_loss); 0 when ppo.kl_coef = 0",
+        "kl",
+    ),
+    Metric(
+        "actor/approx_kl",
+        "KL from the behaviour policy to the current one (verl's actor/ppo_kl)",
+        "approx_kl",
+    ),
+    Metric(
+        "actor/clip_frac",
+        "fraction of response tokens whose ratio was clipped (verl's actor/pg_clipfrac)",
+        "clip_frac",
+    ),
+    Metric("actor/entropy", "mean per-token entropy of the policy", "entropy"),
+    Metric("actor/ratio_mean", "mean importance ratio current / behaviour", "ratio_mean"),
+    Metric("actor/ratio_max", "largest importance ratio", "ratio_max"),
+    Metric(
+        "actor/grad_norm",
+        "mean gradient norm before clipping (NaN: every step skipped)",
+        "grad_norm",
+    ),
+    Metric("actor/grad_norm_max", "largest gradient norm before clipping", "grad_norm_max"),
+    Metric("actor/lr", "learning rate", "lr"),
+    Metric("actor/optimizer_steps", "optimiser steps taken in the update", "optimizer_steps"),
+    Metric(
+        "actor/skipped_steps",
+        "optimiser steps skipped for a non-finite gradient",
+        "skipped_steps",
+    ),
+    Metric("advantage/abs_mean", "mean absolute GRPO advantage", "adv_abs_mean"),
+    Metric(
+        "advantage/zero_frac",
+        "fraction of samples with zero advantage (their group all scored the same: no signal)",
+        "zero_adv_frac",
+    ),
+    Metric("response_length/mean", "mean response length, in tokens", "response_len"),
+    Metric("batch/groups", "prompt groups in the batch", "groups"),
+    Metric("batch/samples", "rollouts trained on", "num_samples"),
+    Metric("batch/tokens", "response tokens trained on", "num_tokens"),
+    Metric(
+        "batch/staleness_mean",
+        "policy versions between sampling and training (0 in sync mode)",
+        "staleness_mean",
+    ),
+    Metric("timing_s/step", "wall time of the step", "step_time_s"),
+    Metric(
+        "timing_s/wait",
+        "waiting for the batch's rollouts (generation, in sync mode; verl's timing_s/gen)",
+        "wait_time_s",
+    ),
+    Metric("timing_s/update_actor", "the PPO update", "update_time_s"),
+    Metric(
+        "timing_s/sync_weights", "pushing the new weights to the rollout workers", "sync_time_s"
+    ),
+    Metric("perf/samples_per_s", "rollouts trained on per second of step time", "samples_per_s"),
+    Metric("training/policy_version", "the policy version after the update", "policy_version"),
+    Metric(
+        "rollout/dropped/<reason>",
+        "rollout results not admitted in the step's batch, by reason (stale, duplicate...)",
+        per_step=False,
+    ),
+    Metric("rollout/duplicates", "duplicate results in the step's batch (no-ops)", per_step=False),
+    Metric(
+        "rollout/retry_overwrites",
+        "failed rollouts of the step replaced by a successful retry",
+        per_step=False,
+    ),
+    Metric(
+        "rollout/timed_out", "rollouts of the step that missed the batch deadline", per_step=False
+    ),
+    Metric("rollout/restarts", "rollout-side restarts so far in the run", per_step=False),
+    Metric("rollout/workers_lost", "rollout workers lost so far in the run", per_step=False),
+    Metric(
+        "run/recoveries",
+        "checkpoints restored after a failure so far in the run",
+        per_step=False,
+    ),
+)
+
+_BY_SHORT = {m.short: m.name for m in METRICS if m.short is not None}
+
+
+def named(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` under the table's names: short keys renamed, every other key kept as is.
+
+    The trainer calls this once where it produces a step's metrics; readers of old run
+    folders call it on what they read, so old and new folders read the same.
+    """
+    return {_BY_SHORT.get(key, key): value for key, value in metrics.items()}

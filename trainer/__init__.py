@@ -39,10 +39,10 @@ if TYPE_CHECKING:
     from .rollout._worker import WorkerSpec as WorkerSpec
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
+    from .runtime._decisions import RunAborted as RunAborted
     from .runtime._run import FitSummary as FitSummary
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
     from .runtime._trainer import PPOTrainer as PPOTrainer
-    from .runtime._trainer import RunAborted as RunAborted
     from .runtime._trainer import TrainerView as TrainerView
 
 

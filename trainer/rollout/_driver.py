@@ -2,14 +2,18 @@
 
 The driver sits between the trainer, the replay buffer and the backend. It is the backend's
 :class:`ResultSink`, so every result goes through the buffer's tracker (the admission gate)
-whatever thread it arrives on. In ``sync`` mode it draws the step's prompts and waits for
-exactly that batch; in ``async`` mode it keeps about two batches of groups in flight, tagged
-with the policy version at dispatch, and samples any that are fresh enough.
+whatever thread it arrives on. There is one driver per mode behind one interface
+(:class:`RolloutDriver`; :func:`make_driver` picks by ``run.mode``):
+
+* :class:`SyncDriver` draws the step's prompts and waits for exactly that batch (on-policy);
+* :class:`AsyncDriver` keeps about two batches of groups in flight, tagged with the policy
+  version at dispatch, and samples any that are fresh enough.
 """
 
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from eventbus import EventBus, RolloutRestarted, WorkerLost
@@ -29,15 +33,18 @@ from ..rl._tasks import Prompt, PromptStream
 from ._backend import RolloutBackend
 from ._worker import RolloutWork, chunk, work_seed
 
-__all__ = ["RestartRecord", "RolloutDriver"]
+__all__ = ["AsyncDriver", "RestartRecord", "RolloutDriver", "SyncDriver", "make_driver"]
 
 logger = logging.getLogger("trainbus.rollouts")
 
 RestartRecord = dict[str, object]
 
 
-class RolloutDriver:
+class RolloutDriver(ABC):
     """Dispatches prompt groups to a backend and hands finished batches to the trainer.
+
+    What differs between the modes (which prompts to dispatch when, how to sample, what a
+    resume reissues) is abstract here; the rest is shared.
 
     Args:
         config: The run configuration.
@@ -65,18 +72,17 @@ class RolloutDriver:
         self.attempt_floor = attempt_floor
         self.max_attempt = attempt_floor
         self.workers_lost = 0
-        self._open = 0  # async: groups dispatched and not yet sampled or evicted
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
         self._build_buffer()
-        self._version = 0
-        self._step = 0
+
+    buffer: ReplayBuffer | AsyncReplayBuffer
 
     def _build_buffer(self) -> None:
-        rollout, bus = self.config.rollout, self.bus
+        rollout = self.config.rollout
         # Stragglers fail the wait at wait_timeout_s (a clear deadline error) unless a safe
         # point restarts the rollout side first; the batch deadline is only a backstop.
         self.tracker = RolloutTracker(
-            bus=bus,
+            bus=self.bus,
             grace_s=rollout.grace_s,
             grace_polls=1 if rollout.grace_s > 0 else 0,
             batch_timeout_s=rollout.wait_timeout_s * 2,
@@ -84,24 +90,11 @@ class RolloutDriver:
             failure_policy=rollout.failure_policy,
             max_failed_fraction=rollout.max_failed_fraction,
         )
-        self.buffer: ReplayBuffer | AsyncReplayBuffer
-        if self.config.run.mode == "sync":
-            self.buffer = ReplayBuffer(
-                self.tracker,
-                bus=bus,
-                wait_timeout_s=rollout.wait_timeout_s,
-                safe_point_timeout_s=self.config.safe_point_timeout_s,
-            )
-        else:
-            self.buffer = AsyncReplayBuffer(
-                self.tracker,
-                bus=bus,
-                max_off_policy=rollout.max_off_policy,
-                strategy=rollout.staleness,
-                refill=self._refill,
-                wait_timeout_s=rollout.wait_timeout_s,
-                safe_point_timeout_s=self.config.safe_point_timeout_s,
-            )
+        self.buffer = self._new_buffer(self.tracker)
+
+    @abstractmethod
+    def _new_buffer(self, tracker: RolloutTracker) -> ReplayBuffer | AsyncReplayBuffer:
+        """The mode's replay buffer over ``tracker``."""
 
     def reset(self) -> None:
         """Forget every open group (a checkpoint is being restored): a new tracker and buffer,
@@ -109,7 +102,6 @@ class RolloutDriver:
         restore are dropped as superseded."""
         self.attempt_floor = self.max_attempt + 1
         self.max_attempt = self.attempt_floor
-        self._open = 0
         self.retired_trackers.append(self.tracker.statistics())
         self._build_buffer()
 
@@ -137,48 +129,25 @@ class RolloutDriver:
 
     async def start(self, weights: bytes, version: int) -> None:
         """Start the backend's workers."""
-        self._version = version
         await self.backend.start(self, weights, version)
 
     async def close(self) -> None:
         """Stop the backend's workers."""
         await self.backend.close()
 
-    # --- collecting -----------------------------------------------------------------------
+    # --- collecting (what differs between the modes) ---------------------------------------
 
+    @abstractmethod
     def dispatch_step(self, step: int, version: int) -> None:
-        """Sync mode: register and dispatch the prompt groups of ``step``."""
-        self._step, self._version = step, version
-        if isinstance(self.buffer, ReplayBuffer):
-            groups = self._new_groups(
-                self.stream.next_prompts(self.config.rollout.prompts_per_step), step, version
-            )
-            self.buffer.register(groups)
-            self._dispatch(groups, step, "batch")
-        else:
-            self._top_up(step, version)
+        """Dispatch what ``step`` needs, sampling from policy ``version``."""
 
+    @abstractmethod
     async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
         """Wait for the batch of ``step`` (raises ``SampleWaitInterrupted`` on a decision)."""
-        size = self.config.rollout.prompts_per_step
-        self._step, self._version = step, version
-        if isinstance(self.buffer, ReplayBuffer):
-            return await self.buffer.sample(step, size)
-        self._top_up(step, version)
-        groups = await self.buffer.sample(step, size, policy_version=version)
-        self._open -= len(groups)
-        return groups
 
+    @abstractmethod
     def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
-        """Async mode, on resume: dispatch the prompts that were in flight at the checkpoint."""
-        if not prompts:
-            return
-        groups = self._new_groups(prompts, step, version)
-        if isinstance(self.buffer, ReplayBuffer):
-            raise RuntimeError("sync mode has no prompts in flight between steps")
-        self.buffer.register(groups)
-        self._open += len(groups)
-        self._dispatch(groups, step, "resume")
+        """On resume or recovery: dispatch the prompts that were in flight at the checkpoint."""
 
     def in_flight_prompts(self) -> list[Prompt]:
         """Prompts of every open group (what a checkpoint must reissue on resume)."""
@@ -255,19 +224,112 @@ class RolloutDriver:
                 )
             )
 
+
+class SyncDriver(RolloutDriver):
+    """Sync mode (on-policy): each step dispatches its own prompts and waits for exactly that
+    batch; nothing is in flight between steps."""
+
+    buffer: ReplayBuffer
+
+    def _new_buffer(self, tracker: RolloutTracker) -> ReplayBuffer:
+        return ReplayBuffer(
+            tracker,
+            bus=self.bus,
+            wait_timeout_s=self.config.rollout.wait_timeout_s,
+            safe_point_timeout_s=self.config.safe_point_timeout_s,
+        )
+
+    def dispatch_step(self, step: int, version: int) -> None:
+        """Register and dispatch the prompt groups of ``step``."""
+        prompts = self.stream.next_prompts(self.config.rollout.prompts_per_step)
+        groups = self._new_groups(prompts, step, version)
+        self.buffer.register(groups)
+        self._dispatch(groups, step, "batch")
+
+    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
+        """Wait for the groups of ``step``."""
+        return await self.buffer.sample(step, self.config.rollout.prompts_per_step)
+
+    def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
+        """Nothing to do (a sync checkpoint holds no prompt in flight).
+
+        Raises:
+            RuntimeError: ``prompts`` is not empty.
+        """
+        if prompts:
+            raise RuntimeError("sync mode has no prompts in flight between steps")
+
+
+class AsyncDriver(RolloutDriver):
+    """Async mode (off-policy, bounded staleness): about two batches of groups stay in flight,
+    tagged with the policy version at dispatch; a step samples any that are fresh enough, and
+    evicted groups (stale or failed) are replaced by fresh prompts."""
+
+    buffer: AsyncReplayBuffer
+    _open = 0  # groups dispatched and not yet sampled or evicted
+    _step = 0  # the step and policy version that refills are dispatched for
+    _version = 0
+
+    def _new_buffer(self, tracker: RolloutTracker) -> AsyncReplayBuffer:
+        rollout = self.config.rollout
+        return AsyncReplayBuffer(
+            tracker,
+            bus=self.bus,
+            max_off_policy=rollout.max_off_policy,
+            strategy=rollout.staleness,
+            refill=self._refill,
+            wait_timeout_s=rollout.wait_timeout_s,
+            safe_point_timeout_s=self.config.safe_point_timeout_s,
+        )
+
+    def reset(self) -> None:
+        """Forget every open group (see :meth:`RolloutDriver.reset`)."""
+        super().reset()
+        self._open = 0
+
+    def dispatch_step(self, step: int, version: int) -> None:
+        """Top the groups in flight up to two batches' worth."""
+        self._step, self._version = step, version
+        self._top_up(step, version)
+
+    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
+        """Wait for a batch of groups at most ``max_off_policy`` versions behind ``version``."""
+        self._step, self._version = step, version
+        self._top_up(step, version)
+        size = self.config.rollout.prompts_per_step
+        groups = await self.buffer.sample(step, size, policy_version=version)
+        self._open -= len(groups)
+        return groups
+
+    def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
+        """Dispatch the prompts that were in flight at the checkpoint."""
+        if not prompts:
+            return
+        groups = self._new_groups(prompts, step, version)
+        self.buffer.register(groups)
+        self._open += len(groups)
+        self._dispatch(groups, step, "resume")
+
     def _top_up(self, step: int, version: int) -> None:
-        """Async mode: keep two batches' worth of groups open."""
+        """Keep two batches' worth of groups open."""
         want = 2 * self.config.rollout.prompts_per_step - self._open
         if want <= 0:
             return
         groups = self._new_groups(self.stream.next_prompts(want), step, version)
-        assert isinstance(self.buffer, AsyncReplayBuffer)
         self.buffer.register(groups)
         self._open += len(groups)
         self._dispatch(groups, step, "async")
 
     def _refill(self, evicted: tuple[PromptGroup, ...], reason: EvictionReason) -> None:
-        """Async mode: evicted groups (stale or failed) are replaced by fresh prompts."""
+        """Evicted groups (stale or failed) are replaced by fresh prompts."""
         self._open -= len(evicted)
         logger.info("%d groups evicted (%s); dispatching replacements", len(evicted), reason.value)
         self._top_up(self._step, self._version)
+
+
+def make_driver(
+    config: TrainerConfig, stream: PromptStream, backend: RolloutBackend, bus: EventBus
+) -> RolloutDriver:
+    """The driver of ``config.run.mode``."""
+    driver = SyncDriver if config.run.mode == "sync" else AsyncDriver
+    return driver(config, stream, backend, bus)

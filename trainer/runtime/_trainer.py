@@ -4,34 +4,30 @@ The loop, per step: dispatch the step's prompt groups, wait for the batch (the r
 reports why it waits and may be interrupted by a ``SAMPLE_WAIT`` decision), run the PPO
 update off the event loop, push the new weights to the workers, record metrics, checkpoint,
 and reach the ``STEP_BOUNDARY`` safe point. Every exception inside the loop reaches
-``TERMINAL_FAILURE``; ``AFTER_FIT`` is reached on every exit path.
+``TERMINAL_FAILURE``; ``AFTER_FIT`` is reached on every exit path. What the trainer does with
+each decision is looked up in one table (:mod:`trainer.runtime._decisions`).
 
 Events are built only when someone listens (``bus.wants``) and safe points are traversed
 only when someone takes part or observes (``bus.wants_safe_point``), so a trainer with no
 extension and no subscriber runs the plain loop.
+
+The parts live next door: the policy and its update in ``_learner``, what a checkpoint holds
+in ``_state``, terminal-failure recovery in ``_recovery``, the rollout side in
+:mod:`trainer.rollout`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
-import random
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
-import torch
 
 from eventbus import (
     Capability,
-    CheckpointRestored,
-    CheckpointSaved,
-    Decision,
     EventBus,
     FitFailed,
     FitFinished,
@@ -47,46 +43,24 @@ from eventbus import (
 from replay import GroupResult, SampleWaitInterrupted
 
 from ..config._schema import TrainerConfig
-from ..rl._grpo import Sample, group_samples, ppo_update
-from ..rl._hparams import Completion
-from ..rl._policy import build_policy, frozen_copy, weights_to_bytes
-from ..rl._tasks import Prompt, PromptStream, make_task
+from ..rl._policy import Policy
+from ..rl._tasks import PromptStream, make_task
 from ..rollout._backend import RolloutBackend
-from ..rollout._driver import RolloutDriver
+from ..rollout._driver import make_driver
+from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
-from ..rollout._worker import WorkerSpec
-from ._checkpoint import CheckpointStore, StoredCheckpoint
+from ._checkpoint import CheckpointStore
+from ._decisions import Action, RunAborted, StopRequested, action_for
 from ._extload import load_extension
+from ._learner import Learner
 from ._metrics import named
+from ._recovery import Recovery
 from ._run import FitSummary, RunRecord
+from ._state import RunState
 
-__all__ = ["PPOTrainer", "RunAborted", "TrainerView"]
+__all__ = ["PPOTrainer", "TrainerView"]
 
 logger = logging.getLogger("trainbus.trainer")
-
-_CHECKPOINT_FORMAT = 1
-# A terminal failure restores the last checkpoint only this often per fit(), whatever the
-# extensions vote: the self-healing extension has its own, smaller budget; this one stops a
-# user extension that always says RESTART_REQUIRED from looping forever.
-_MAX_RECOVERIES = 20
-
-
-class RunAborted(RuntimeError):
-    """A safe point decided ``ABORT``; the message names who asked and why.
-
-    Attributes:
-        outcome: The safe point's outcome (every vote).
-    """
-
-    def __init__(self, outcome: SafePointOutcome) -> None:
-        super().__init__(
-            f"run aborted at {outcome.point.value} (step {outcome.step}): {outcome.summary()}"
-        )
-        self.outcome = outcome
-
-
-class _StopRequested(Exception):
-    """Internal: a safe point decided ``STOP``."""
 
 
 class TrainerView:
@@ -139,31 +113,24 @@ class PPOTrainer:
     ) -> None:
         self.config = config = config if config is not None else TrainerConfig()
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        seed = config.run.seed
         self.bus = bus or EventBus(
             safe_point_timeout=config.safe_point_timeout_s,
             capabilities=frozenset(Capability),
             host=TrainerView(self),
         )
         self.task = make_task(config.task.name, **config.task.params)
-        self.stream = PromptStream(self.task, seed)
-        self.policy = build_policy(config.model, seed=seed)
-        self.reference = frozen_copy(self.policy) if config.ppo.kl_coef > 0 else None
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.optimizer.lr)
-        self._update_rng = torch.Generator().manual_seed(seed)
-        self.step = 0
-        self.policy_version = 0
-        self.run_id = uuid.uuid4().hex[:12]
+        self.stream = PromptStream(self.task, config.run.seed)
+        self.learner = Learner(config)
         self.faults = faults
         if faults is not None:
             faults.bus = self.bus
-        self.backend = backend if backend is not None else self._make_backend()
+        self.backend = backend if backend is not None else make_backend(config, faults)
         self.checkpoints = CheckpointStore(
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
             before_rename=faults.before_checkpoint_rename if faults else None,
         )
-        self.driver = RolloutDriver(config, self.stream, self.backend, self.bus)
+        self.driver = make_driver(config, self.stream, self.backend, self.bus)
         # What the configuration asks to register (the same for the CLI and for Python).
         self.registrations: list[Registration] = []
         if config.self_heal.enabled:
@@ -174,12 +141,41 @@ class PPOTrainer:
         for spec in config.extensions:
             self.registrations.append(self.bus.register_extension(load_extension(spec)))
         self.record = RunRecord(self.out_dir)
+        self.state = RunState(
+            config,
+            learner=self.learner,
+            stream=self.stream,
+            driver=self.driver,
+            bus=self.bus,
+            record=self.record,
+            store=self.checkpoints,
+        )
+        self.recovery = Recovery(self.state, self.backend)
         self._fitting = False
-        self._recoveries = 0
         self._stop_requested: str | None = None
         self._active_step: int | None = None  # the step being trained, for FitFailed
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def step(self) -> int:
+        """Steps completed."""
+        return self.learner.step
+
+    @property
+    def policy_version(self) -> int:
+        """The version rollout workers sample from."""
+        return self.learner.policy_version
+
+    @property
+    def policy(self) -> Policy:
+        """The policy being trained."""
+        return self.learner.policy
+
+    @property
+    def run_id(self) -> str:
+        """The run's id, stable across resumes."""
+        return self.state.run_id
 
     # --- public API -----------------------------------------------------------------------
 
@@ -253,10 +249,10 @@ class PPOTrainer:
     async def _fit(self) -> FitSummary:
         bus, config = self.bus, self.config
         began = time.perf_counter()
-        resumed = self._resume()
+        resumed = self.state.resume(self.out_dir)
         start_step = self.step
         self.record.begin(self.run_id, start_step, config.to_dict())
-        await self.driver.start(weights_to_bytes(self.policy), self.policy_version)
+        await self.driver.start(self.learner.weights(), self.policy_version)
         error: BaseException | None = None
         stop_reason = ""
         try:
@@ -277,23 +273,23 @@ class PPOTrainer:
                 self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
             ):
                 # Step 0, so that a recovery from a failure can always restore something.
-                await self._save_checkpoint()
+                await self.state.save()
             try:
                 await self._decide(SafePoint.BEFORE_FIT)
                 while self.step < config.run.steps:
                     if self._stop_requested is not None:
-                        raise _StopRequested(self._stop_requested)
+                        raise StopRequested(self._stop_requested)
                     try:
                         await self._train_step()
-                    except (_StopRequested, RunAborted):
+                    except (StopRequested, RunAborted):
                         raise
                     except Exception as exc:
                         if not await self._recover(exc):
                             raise
-            except _StopRequested as stop:
+            except StopRequested as stop:
                 stop_reason = str(stop)
                 logger.warning("stopping at step %d: %s", self.step, stop_reason)
-                await self._save_checkpoint()
+                await self.state.save()
         except BaseException as exc:
             error = exc
             self._report_failure(exc)
@@ -365,21 +361,21 @@ class PPOTrainer:
             logger.exception("publishing FitFailed failed")
 
     async def _train_step(self) -> None:
-        bus, config = self.bus, self.config
-        step = self._active_step = self.step + 1
+        bus, config, learner = self.bus, self.config, self.learner
+        step = self._active_step = learner.step + 1
         began = time.perf_counter()
         if bus.wants(StepStarted):
             bus.publish(StepStarted(step=step))
-        self.driver.dispatch_step(step, self.policy_version)
+        self.driver.dispatch_step(step, learner.policy_version)
         batch = await self._collect(step)
         waited = time.perf_counter() - began
         if self.faults is not None:
             self.faults.check_step(step)
         update_began = time.perf_counter()
-        metrics = await anyio.to_thread.run_sync(self._update, batch)
+        metrics = await anyio.to_thread.run_sync(learner.update, batch)
         update_s = time.perf_counter() - update_began
-        self.step = step
-        self.policy_version += 1
+        learner.step = step
+        learner.policy_version += 1
         sync_s = await self._sync_weights()
         duration = time.perf_counter() - began
         metrics.update(
@@ -388,7 +384,7 @@ class PPOTrainer:
             update_time_s=update_s,
             sync_time_s=sync_s,
             samples_per_s=metrics["num_samples"] / duration if duration > 0 else 0.0,
-            policy_version=float(self.policy_version),
+            policy_version=float(learner.policy_version),
         )
         metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
         self._active_step = None
@@ -396,97 +392,71 @@ class PPOTrainer:
         if bus.wants(StepFinished):
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
         if step % config.checkpoint.every == 0 or step == config.run.steps:
-            await self._save_checkpoint()
+            await self.state.save()
         await self._decide(SafePoint.STEP_BOUNDARY)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
-        """Wait for the step's batch, acting on ``SAMPLE_WAIT`` decisions."""
+        """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decisions that end it."""
         while True:
             try:
-                return await self.driver.wait_batch(step, self.policy_version)
+                return await self.driver.wait_batch(step, self.learner.policy_version)
             except SampleWaitInterrupted as interrupt:
                 outcome = interrupt.outcome
-                self.record.decision(outcome)
-                if outcome.decision is Decision.RESTART_REQUIRED:
-                    await self._restart_rollouts(step, outcome.summary())
-                    continue
-                if outcome.decision is Decision.STOP:
-                    raise _StopRequested(outcome.summary()) from None
-                raise RunAborted(outcome) from None
-
-    def _update(self, batch: tuple[GroupResult, ...]) -> dict[str, float]:
-        """One PPO update on a batch (runs on a worker thread, off the event loop)."""
-        samples: list[Sample] = []
-        rewards: list[float] = []
-        staleness: list[int] = []
-        for group in batch:
-            prompt = group.group.prompt
-            kept = [r for r in group.results if r.ok and isinstance(r.payload, Completion)]
-            if not isinstance(prompt, Prompt) or not kept:
-                continue
-            completions = [r.payload for r in kept]
-            group_rewards = [r.reward for r in kept]
-            rewards.extend(group_rewards)
-            staleness.extend(self.policy_version - r.policy_version for r in kept)
-            samples.extend(group_samples(prompt, completions, group_rewards))
-        if not samples:
-            raise RuntimeError("the batch holds no successful rollout to train on")
-        metrics = ppo_update(
-            self.policy,
-            self.reference,
-            self.optimizer,
-            samples,
-            self.config.ppo,
-            generator=self._update_rng,
-        )
-        metrics["reward_mean"] = sum(rewards) / len(rewards)
-        metrics["reward_max"] = max(rewards)
-        metrics["groups"] = float(len(batch))
-        metrics["staleness_mean"] = sum(staleness) / len(staleness)
-        return metrics
+            self.record.decision(outcome)
+            # RESTART_ROLLOUTS, then wait again; STOP and ABORT raise.
+            await self._act(SafePoint.SAMPLE_WAIT, outcome, step)
 
     async def _sync_weights(self) -> float:
+        learner = self.learner
         began = time.perf_counter()
-        await self.backend.update_weights(weights_to_bytes(self.policy), self.policy_version)
+        await self.backend.update_weights(learner.weights(), learner.policy_version)
         elapsed = time.perf_counter() - began
         if self.bus.wants(WeightsSynced):
             self.bus.publish(
                 WeightsSynced(
-                    step=self.step, policy_version=self.policy_version, duration_s=elapsed
+                    step=learner.step, policy_version=learner.policy_version, duration_s=elapsed
                 )
             )
         return elapsed
 
-    # --- safe points and decisions ----------------------------------------------------------
+    # --- safe points: each decision looked up in the one table ----------------------------
 
     async def _safe_point(self, point: SafePoint, **details: Any) -> SafePointOutcome | None:
         if not self.bus.wants_safe_point(point):
             return None
-        outcome = await self.bus.safe_point(point, step=self.step, **details)
+        outcome = await self.bus.safe_point(point, step=self.learner.step, **details)
         self.record.decision(outcome)
         return outcome
 
     async def _decide(self, point: SafePoint) -> None:
-        """Reach ``point`` and act on the decision (DESIGN's table, first column)."""
+        """Reach ``point`` (``BEFORE_FIT`` or ``STEP_BOUNDARY``) and act on its decision."""
         outcome = await self._safe_point(point)
-        if outcome is None:
-            return
-        decision = outcome.decision
-        if decision is Decision.CHECKPOINT:
-            await self._save_checkpoint()
-        elif decision is Decision.RESTART_REQUIRED:
-            await self._restart_rollouts(self.step, outcome.summary())
-        elif decision is Decision.STOP:
-            raise _StopRequested(outcome.summary())
-        elif decision is Decision.ABORT:
-            raise RunAborted(outcome)
+        if outcome is not None:
+            await self._act(point, outcome, self.learner.step)
 
-    async def _restart_rollouts(self, step: int, reason: str) -> None:
-        record = await self.driver.restart(step, reason)
-        self.record.restart("rollouts", record)
+    async def _act(self, point: SafePoint, outcome: SafePointOutcome, step: int) -> Action:
+        """Do what the table says for ``outcome`` at ``point``; returns the action.
+
+        ``RESTORE`` and ``RERAISE`` (``TERMINAL_FAILURE`` only) are left to the caller.
+
+        Raises:
+            StopRequested: The action is ``STOP``.
+            RunAborted: The action is ``ABORT``.
+        """
+        action = action_for(point, outcome.decision)
+        if action is Action.SAVE:
+            await self.state.save()
+        elif action is Action.RESTART_ROLLOUTS:
+            record = await self.driver.restart(step, outcome.summary())
+            self.record.restart("rollouts", record)
+        elif action is Action.STOP:
+            raise StopRequested(outcome.summary())
+        elif action is Action.ABORT:
+            raise RunAborted(outcome)
+        return action
 
     async def _recover(self, error: Exception) -> bool:
-        """``TERMINAL_FAILURE``: restore the last checkpoint if a participant decides so.
+        """``TERMINAL_FAILURE``: restore the last checkpoint if the decision says so.
 
         Never raises: a failure here must not replace ``error``.
         """
@@ -497,214 +467,12 @@ class PPOTrainer:
                 error_type=type(error).__name__,
                 message=str(error),
             )
-            if outcome is None or outcome.decision is not Decision.RESTART_REQUIRED:
+            if outcome is None:
                 return False
-            if self._recoveries >= _MAX_RECOVERIES:
-                logger.error("not recovering again: %d recoveries in this fit()", self._recoveries)
+            action = await self._act(SafePoint.TERMINAL_FAILURE, outcome, self.step)
+            if action is not Action.RESTORE:
                 return False
-            self._recoveries += 1
-            return await self._restore_latest(outcome.summary(), error)
+            return await self.recovery.restore_latest(outcome.summary(), error)
         except Exception:
             logger.exception("recovery from %s failed", type(error).__name__)
             return False
-
-    async def _restore_latest(self, reason: str, error: Exception) -> bool:
-        latest = self.checkpoints.load_latest()
-        if latest is None:
-            logger.error("no checkpoint to restore from")
-            return False
-        stored, state = latest
-        failed_step = self.step + 1
-        in_flight = self._apply_state(state, resuming=False)
-        self.driver.reset()
-        workers = await self.backend.restart(
-            f"restoring checkpoint of step {stored.step}: {reason}"
-        )
-        self.driver.resubmit(in_flight, self.step + 1, self.policy_version)
-        await self.backend.update_weights(weights_to_bytes(self.policy), self.policy_version)
-        self.record.restart(
-            "recovery",
-            {
-                "step": failed_step,
-                "restored_step": stored.step,
-                "reason": reason,
-                "error": f"{type(error).__name__}: {error}",
-                "workers": workers,
-            },
-        )
-        logger.warning(
-            "recovered from %s at step %d: restored the checkpoint of step %d",
-            type(error).__name__,
-            failed_step,
-            stored.step,
-        )
-        if self.bus.wants(CheckpointRestored):
-            self.bus.publish(
-                CheckpointRestored(step=stored.step, path=str(stored.path), reason=reason)
-            )
-        return True
-
-    # --- checkpoints ------------------------------------------------------------------------
-
-    async def _save_checkpoint(self) -> StoredCheckpoint:
-        # Extension state must follow every event published before the checkpoint.
-        if any(Capability.STATE in r.capabilities for r in self.bus.registrations()):
-            await self.bus.drain(timeout=self.config.safe_point_timeout_s)
-        began = time.perf_counter()
-        # Serialising and fsyncing take milliseconds: off the event loop. Nothing changes
-        # the state meanwhile, since the loop awaits the save before training on.
-        stored = await anyio.to_thread.run_sync(self.checkpoints.save, self.step, self._state())
-        elapsed = time.perf_counter() - began
-        self.record.checkpoints += 1
-        if self.bus.wants(CheckpointSaved):
-            self.bus.publish(
-                CheckpointSaved(
-                    step=stored.step,
-                    path=str(stored.path),
-                    size_bytes=stored.size_bytes,
-                    duration_s=elapsed,
-                )
-            )
-        return stored
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "format": _CHECKPOINT_FORMAT,
-            "run_id": self.run_id,
-            "step": self.step,
-            "policy_version": self.policy_version,
-            "policy": self.policy.state_dict(),
-            "reference": self.reference.state_dict() if self.reference is not None else None,
-            "optimizer": self.optimizer.state_dict(),
-            "rng": {
-                "update": self._update_rng.get_state(),
-                "torch": torch.get_rng_state(),
-                "python": list(random.getstate()[1]),
-            },
-            "stream_position": self.stream.position,
-            "in_flight": [msgspec.to_builtins(p) for p in self.driver.in_flight_prompts()],
-            "extensions": self._extension_states(),
-            "config": self.config.to_dict(),
-            "record": self.record.state_dict(),
-        }
-
-    def _apply_state(self, state: dict[str, Any], *, resuming: bool) -> list[Prompt]:
-        """Restore a checkpoint; returns the prompts that were in flight (to reissue).
-
-        When resuming in a new process the run's history and the extensions' state come
-        from the checkpoint; when recovering in-process both are kept as they are (they
-        include the failure)."""
-        if state.get("format") != _CHECKPOINT_FORMAT:
-            raise RuntimeError(f"unsupported checkpoint format {state.get('format')!r}")
-        self.run_id = state["run_id"]
-        self.step = state["step"]
-        self.policy_version = state["policy_version"]
-        self.policy.load_state_dict(state["policy"])
-        if self.reference is not None and state["reference"] is not None:
-            self.reference.load_state_dict(state["reference"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self._update_rng.set_state(state["rng"]["update"])
-        torch.set_rng_state(state["rng"]["torch"])
-        version, _, gauss = random.getstate()
-        random.setstate((version, tuple(state["rng"]["python"]), gauss))
-        self.stream.position = state["stream_position"]
-        if resuming:
-            self._load_extension_states(state.get("extensions", {}))
-            self.record.load_state_dict(state.get("record", {}))
-        else:
-            # In-process recovery keeps the extensions' live state: rewinding it would, for
-            # one, hand the self-healing extension its spent restart budget back.
-            self.record.rewind(self.step)
-        return [msgspec.convert(p, Prompt) for p in state.get("in_flight", [])]
-
-    def _resume(self) -> list[Prompt] | None:
-        """Continue from the run folder's last checkpoint, if asked and there is one."""
-        if self.out_dir is None:
-            return None
-        if not self.config.checkpoint.resume:
-            if self.checkpoints.list():
-                # A fresh run here would mix its checkpoints, metrics and events with the
-                # old run's (and a recovery could restore the old run's weights).
-                raise RuntimeError(
-                    f"{self.out_dir} already holds a run and checkpoint.resume is off; "
-                    f"use another run folder"
-                )
-            return None
-        latest = self.checkpoints.load_latest()
-        if latest is None:
-            return None
-        stored, state = latest
-        saved_model = state.get("config", {}).get("model")
-        if saved_model is not None and saved_model != msgspec.to_builtins(self.config.model):
-            raise RuntimeError(
-                f"the checkpoint in {stored.path.parent} is for a different model "
-                f"({saved_model}); use another --out folder"
-            )
-        in_flight = self._apply_state(state, resuming=True)
-        logger.info("resuming run %s from the checkpoint of step %d", self.run_id, stored.step)
-        if self.bus.wants(CheckpointRestored):
-            self.bus.publish(
-                CheckpointRestored(step=stored.step, path=str(stored.path), reason="resume")
-            )
-        return in_flight
-
-    def _extension_states(self) -> dict[str, Any]:
-        states: dict[str, Any] = {}
-        for registration in self.bus.registrations():
-            if Capability.STATE not in registration.capabilities:
-                continue
-            state_dict: Callable[[], Any] = registration.extension.state_dict  # type: ignore[attr-defined]
-            try:
-                state = state_dict()
-                _check_plain(state)
-            except Exception as exc:  # noqa: BLE001  (logged, counted, published)
-                self.bus.report_extension_failure(registration, "state_dict", exc)
-                continue
-            states[registration.name] = state
-        return states
-
-    def _load_extension_states(self, states: dict[str, Any]) -> None:
-        for registration in self.bus.registrations():
-            if Capability.STATE not in registration.capabilities or registration.name not in states:
-                continue
-            load: Callable[[Any], None] = registration.extension.load_state_dict  # type: ignore[attr-defined]
-            try:
-                load(states[registration.name])
-            except Exception as exc:  # noqa: BLE001  (logged, counted, published)
-                self.bus.report_extension_failure(registration, "load_state_dict", exc)
-
-    # --- construction -----------------------------------------------------------------------
-
-    def _make_backend(self) -> RolloutBackend:
-        spec = WorkerSpec(
-            task_name=self.config.task.name,
-            task_params=dict(self.config.task.params),
-            policy=self.config.model,
-            temperature=self.config.ppo.temperature,
-        )
-        rollout = self.config.rollout
-        if rollout.backend == "ray":
-            from ..rollout._ray import RayBackend
-
-            return RayBackend(
-                spec, rollout.workers, address=rollout.ray_address, faults=self.faults
-            )
-        from ..rollout._local import LocalBackend
-
-        return LocalBackend(spec, rollout.workers, faults=self.faults)
-
-
-def _check_plain(state: Any) -> None:
-    """Raise unless ``state`` survives a checkpoint: checkpoints load with
-    ``weights_only=True``, which takes tensors and plain data only. Without this check an
-    extension returning, say, a dataclass would make every later checkpoint unreadable."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    try:
-        torch.load(buffer, weights_only=True)
-    except Exception as exc:  # noqa: BLE001  (re-raised with what to do about it)
-        raise TypeError(
-            "state_dict() must return plain data (dicts, lists, numbers, strings, tensors): "
-            f"{exc}".splitlines()[0]
-        ) from None

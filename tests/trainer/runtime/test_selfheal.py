@@ -53,13 +53,13 @@ class Run:
         self.recorder = ScriptedVoter(name="recorder", sample_wait=True)
         self.trainer.register_runtime_extension(self.recorder)
         self.batches: list[tuple[GroupResult, ...]] = []
-        update = self.trainer._update
+        update = self.trainer.learner.update
 
         def spy(batch: tuple[GroupResult, ...]) -> dict[str, float]:
             self.batches.append(batch)
             return update(batch)
 
-        self.trainer._update = spy  # type: ignore[method-assign]
+        self.trainer.learner.update = spy  # type: ignore[method-assign]
 
     def events(self, kind: type[Event]) -> list[Any]:
         return [e for e in self.recorder.events if isinstance(e, kind)]

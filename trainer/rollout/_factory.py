@@ -1,0 +1,31 @@
+"""Builds the rollout backend a configuration names: ``local`` threads or ``ray`` actors.
+
+Ray is imported only when the ``ray`` backend is chosen.
+"""
+
+from __future__ import annotations
+
+from ..config._schema import TrainerConfig
+from ._backend import RolloutBackend
+from ._faults import FaultInjector
+from ._worker import WorkerSpec
+
+__all__ = ["make_backend"]
+
+
+def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> RolloutBackend:
+    """The backend of ``config.rollout.backend``, with ``config.rollout.workers`` workers."""
+    spec = WorkerSpec(
+        task_name=config.task.name,
+        task_params=dict(config.task.params),
+        policy=config.model,
+        temperature=config.ppo.temperature,
+    )
+    rollout = config.rollout
+    if rollout.backend == "ray":
+        from ._ray import RayBackend
+
+        return RayBackend(spec, rollout.workers, address=rollout.ray_address, faults=faults)
+    from ._local import LocalBackend
+
+    return LocalBackend(spec, rollout.workers, faults=faults)

@@ -1,0 +1,89 @@
+"""Recovery from a terminal failure: restore the last checkpoint and resume, within a budget.
+
+When a step raises and ``TERMINAL_FAILURE`` decides ``RESTART_REQUIRED`` (the table's
+``RESTORE``), the run goes back to its last checkpoint in-process: the learner, the data
+position and the run record are restored, the rollout side forgets every open group and
+restarts, and the prompts that were in flight at the checkpoint are reissued under attempts
+above every earlier one (late results from before the restore are dropped as superseded).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..rollout._backend import RolloutBackend
+from ._state import RunState
+
+__all__ = ["MAX_RECOVERIES", "Recovery"]
+
+logger = logging.getLogger("trainbus.trainer")
+
+# A terminal failure restores the last checkpoint only this often per trainer, whatever the
+# extensions vote: the self-healing extension has its own, smaller budget; this one stops a
+# user extension that always says RESTART_REQUIRED from looping forever.
+MAX_RECOVERIES = 20
+
+
+class Recovery:
+    """Restores the last checkpoint after a terminal failure.
+
+    Args:
+        state: The run's checkpointed state (and the parts it is applied to).
+        backend: The rollout workers (restarted).
+        budget: Recoveries allowed.
+
+    Attributes:
+        used: Recoveries so far.
+    """
+
+    def __init__(
+        self, state: RunState, backend: RolloutBackend, *, budget: int = MAX_RECOVERIES
+    ) -> None:
+        self.state = state
+        self.backend = backend
+        self.budget = budget
+        self.used = 0
+
+    async def restore_latest(self, reason: str, error: Exception) -> bool:
+        """Restore the last checkpoint and restart the rollout side from it.
+
+        Returns:
+            Whether the run can go on (False: the budget is spent or there is nothing to
+            restore, and ``error`` should surface).
+        """
+        if self.used >= self.budget:
+            logger.error("not recovering again: %d recoveries in this fit()", self.used)
+            return False
+        self.used += 1
+        state, learner, driver = self.state, self.state.learner, self.state.driver
+        latest = state.store.load_latest()
+        if latest is None:
+            logger.error("no checkpoint to restore from")
+            return False
+        stored, checkpoint = latest
+        failed_step = learner.step + 1
+        in_flight = state.apply(checkpoint, resuming=False)
+        driver.reset()
+        workers = await self.backend.restart(
+            f"restoring checkpoint of step {stored.step}: {reason}"
+        )
+        driver.resubmit(in_flight, learner.step + 1, learner.policy_version)
+        await self.backend.update_weights(learner.weights(), learner.policy_version)
+        state.record.restart(
+            "recovery",
+            {
+                "step": failed_step,
+                "restored_step": stored.step,
+                "reason": reason,
+                "error": f"{type(error).__name__}: {error}",
+                "workers": workers,
+            },
+        )
+        logger.warning(
+            "recovered from %s at step %d: restored the checkpoint of step %d",
+            type(error).__name__,
+            failed_step,
+            stored.step,
+        )
+        state.announce_restored(stored, reason)
+        return True

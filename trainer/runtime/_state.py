@@ -1,0 +1,213 @@
+"""What a checkpoint of a run holds, and how it is gathered, saved and applied.
+
+A checkpoint is one plain dict (``CHECKPOINT_FORMAT`` 1): the run id, the learner's share
+(policy, reference, optimizer, RNGs, step, policy version), the data position, the prompts in
+flight (reissued on resume), every ``STATE`` extension's ``state_dict()`` under its name, the
+configuration and the run record. Extension state is checked to be plain data before it is
+written, since checkpoints load with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import torch
+
+from eventbus import Capability, CheckpointRestored, CheckpointSaved, EventBus
+
+from ..config._schema import TrainerConfig
+from ..rl._tasks import Prompt, PromptStream
+from ..rollout._driver import RolloutDriver
+from ._checkpoint import CheckpointStore, StoredCheckpoint
+from ._learner import Learner
+from ._run import RunRecord
+
+__all__ = ["CHECKPOINT_FORMAT", "RunState"]
+
+logger = logging.getLogger("trainbus.trainer")
+
+CHECKPOINT_FORMAT = 1
+
+
+class RunState:
+    """The run's checkpointed state: the parts it is gathered from and applied to.
+
+    Args:
+        config: The run configuration (saved, and compared on resume).
+        learner: The policy and what moves with it.
+        stream: The training prompt stream (its position is the data position).
+        driver: The rollout side (the prompts in flight).
+        bus: The bus (``STATE`` extensions, ``CheckpointSaved``/``CheckpointRestored``).
+        record: The run record.
+        store: Where checkpoints are written.
+
+    Attributes:
+        run_id: The run's id, stable across resumes (a checkpoint carries it).
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        learner: Learner,
+        stream: PromptStream,
+        driver: RolloutDriver,
+        bus: EventBus,
+        record: RunRecord,
+        store: CheckpointStore,
+    ) -> None:
+        self.config = config
+        self.learner = learner
+        self.stream = stream
+        self.driver = driver
+        self.bus = bus
+        self.record = record
+        self.store = store
+        self.run_id = uuid.uuid4().hex[:12]
+
+    async def save(self) -> StoredCheckpoint:
+        """Write a checkpoint of the current step; publishes ``CheckpointSaved``."""
+        # Extension state must follow every event published before the checkpoint.
+        if any(Capability.STATE in r.capabilities for r in self.bus.registrations()):
+            await self.bus.drain(timeout=self.config.safe_point_timeout_s)
+        began = time.perf_counter()
+        # Serialising and fsyncing take milliseconds: off the event loop. Nothing changes
+        # the state meanwhile, since the loop awaits the save before training on.
+        stored = await anyio.to_thread.run_sync(self.store.save, self.learner.step, self.gather())
+        elapsed = time.perf_counter() - began
+        self.record.checkpoints += 1
+        if self.bus.wants(CheckpointSaved):
+            self.bus.publish(
+                CheckpointSaved(
+                    step=stored.step,
+                    path=str(stored.path),
+                    size_bytes=stored.size_bytes,
+                    duration_s=elapsed,
+                )
+            )
+        return stored
+
+    def gather(self) -> dict[str, Any]:
+        """The checkpoint of the current step, as one plain dict."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "run_id": self.run_id,
+            **self.learner.state_dict(),
+            "stream_position": self.stream.position,
+            "in_flight": [msgspec.to_builtins(p) for p in self.driver.in_flight_prompts()],
+            "extensions": self._extension_states(),
+            "config": self.config.to_dict(),
+            "record": self.record.state_dict(),
+        }
+
+    def apply(self, state: dict[str, Any], *, resuming: bool) -> list[Prompt]:
+        """Restore a checkpoint; returns the prompts that were in flight (to reissue).
+
+        When resuming in a new process the run's history and the extensions' state come
+        from the checkpoint; when recovering in-process both are kept as they are (they
+        include the failure).
+        """
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise RuntimeError(f"unsupported checkpoint format {state.get('format')!r}")
+        self.run_id = state["run_id"]
+        self.learner.load_state_dict(state)
+        self.stream.position = state["stream_position"]
+        if resuming:
+            self._load_extension_states(state.get("extensions", {}))
+            self.record.load_state_dict(state.get("record", {}))
+        else:
+            # In-process recovery keeps the extensions' live state: rewinding it would, for
+            # one, hand the self-healing extension its spent restart budget back.
+            self.record.rewind(self.learner.step)
+        return [msgspec.convert(p, Prompt) for p in state.get("in_flight", [])]
+
+    def resume(self, out_dir: Path | None) -> list[Prompt] | None:
+        """Continue from the run folder's last checkpoint, if asked and there is one.
+
+        Returns:
+            The prompts in flight at that checkpoint, or None when nothing was resumed.
+
+        Raises:
+            RuntimeError: The folder holds another run (resume off) or one of another model.
+        """
+        if out_dir is None:
+            return None
+        if not self.config.checkpoint.resume:
+            if self.store.list():
+                # A fresh run here would mix its checkpoints, metrics and events with the
+                # old run's (and a recovery could restore the old run's weights).
+                raise RuntimeError(
+                    f"{out_dir} already holds a run and checkpoint.resume is off; "
+                    f"use another run folder"
+                )
+            return None
+        latest = self.store.load_latest()
+        if latest is None:
+            return None
+        stored, state = latest
+        saved_model = state.get("config", {}).get("model")
+        if saved_model is not None and saved_model != msgspec.to_builtins(self.config.model):
+            raise RuntimeError(
+                f"the checkpoint in {stored.path.parent} is for a different model "
+                f"({saved_model}); use another --out folder"
+            )
+        in_flight = self.apply(state, resuming=True)
+        logger.info("resuming run %s from the checkpoint of step %d", self.run_id, stored.step)
+        self.announce_restored(stored, "resume")
+        return in_flight
+
+    def announce_restored(self, stored: StoredCheckpoint, reason: str) -> None:
+        """Publish ``CheckpointRestored`` (if anyone listens)."""
+        if self.bus.wants(CheckpointRestored):
+            self.bus.publish(
+                CheckpointRestored(step=stored.step, path=str(stored.path), reason=reason)
+            )
+
+    def _extension_states(self) -> dict[str, Any]:
+        states: dict[str, Any] = {}
+        for registration in self.bus.registrations():
+            if Capability.STATE not in registration.capabilities:
+                continue
+            state_dict: Callable[[], Any] = registration.extension.state_dict  # type: ignore[attr-defined]
+            try:
+                state = state_dict()
+                _check_plain(state)
+            except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+                self.bus.report_extension_failure(registration, "state_dict", exc)
+                continue
+            states[registration.name] = state
+        return states
+
+    def _load_extension_states(self, states: dict[str, Any]) -> None:
+        for registration in self.bus.registrations():
+            if Capability.STATE not in registration.capabilities or registration.name not in states:
+                continue
+            load: Callable[[Any], None] = registration.extension.load_state_dict  # type: ignore[attr-defined]
+            try:
+                load(states[registration.name])
+            except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+                self.bus.report_extension_failure(registration, "load_state_dict", exc)
+
+
+def _check_plain(state: Any) -> None:
+    """Raise unless ``state`` survives a checkpoint: checkpoints load with
+    ``weights_only=True``, which takes tensors and plain data only. Without this check an
+    extension returning, say, a dataclass would make every later checkpoint unreadable."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as exc:  # noqa: BLE001  (re-raised with what to do about it)
+        raise TypeError(
+            "state_dict() must return plain data (dicts, lists, numbers, strings, tensors): "
+            f"{exc}".splitlines()[0]
+        ) from None

@@ -17,7 +17,7 @@ from replay import RolloutResult
 if TYPE_CHECKING:  # the worker module imports torch; this interface module must not
     from ._worker import RolloutWork
 
-__all__ = ["BackendStatistics", "ResultSink", "RolloutBackend"]
+__all__ = ["BackendCounters", "BackendStatistics", "ResultSink", "RolloutBackend"]
 
 
 class ResultSink(Protocol):
@@ -31,6 +31,9 @@ class ResultSink(Protocol):
 
     def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
         """A worker died or stopped answering; its in-flight work is lost."""
+
+    def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
+        """Worker ``new_id`` took the place of ``old_id`` (a restart, or a replacement)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,32 @@ class BackendStatistics:
     restarts: int
     workers_lost: int
     weight_syncs: int
+
+
+@dataclass(slots=True)
+class BackendCounters:
+    """The counters every backend keeps; :meth:`snapshot` is its ``statistics()``.
+
+    A backend that counts from several threads guards its increments itself.
+    """
+
+    submitted: int = 0
+    completed: int = 0
+    restarts: int = 0
+    workers_lost: int = 0
+    weight_syncs: int = 0
+
+    def snapshot(self, name: str, workers: int) -> BackendStatistics:
+        """The counters now, with the backend's name and the workers alive."""
+        return BackendStatistics(
+            name=name,
+            workers=workers,
+            submitted=self.submitted,
+            completed=self.completed,
+            restarts=self.restarts,
+            workers_lost=self.workers_lost,
+            weight_syncs=self.weight_syncs,
+        )
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from eventbus import EventBus, RolloutRestarted, WorkerLost
+from eventbus import EventBus, RolloutRestarted, WorkerLost, WorkerRestarted
 from replay import (
     AsyncReplayBuffer,
     EvictionReason,
@@ -71,7 +71,6 @@ class RolloutDriver(ABC):
         self.bus = bus
         self.attempt_floor = attempt_floor
         self.max_attempt = attempt_floor
-        self.workers_lost = 0
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
         self._build_buffer()
 
@@ -121,9 +120,15 @@ class RolloutDriver(ABC):
 
     def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
         """A worker died: report it (self-healing watches for this)."""
-        self.workers_lost += 1
         if self.bus.wants(WorkerLost):
             self.bus.publish(WorkerLost(worker_id=worker_id, reason=reason, in_flight=in_flight))
+
+    def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
+        """A worker took another's place: report it."""
+        if self.bus.wants(WorkerRestarted):
+            self.bus.publish(
+                WorkerRestarted(worker_id=new_id, reason=f"replaces {old_id}: {reason}")
+            )
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from ._backend import BackendStatistics, ResultSink
+from ._backend import BackendCounters, BackendStatistics, ResultSink
 from ._faults import FaultInjector, WorkerCrashed
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
@@ -66,11 +66,7 @@ class LocalBackend:
         self._generation: _Generation | None = None
         self._retired: list[_Generation] = []
         self._lock = threading.Lock()
-        self._submitted = 0
-        self._completed = 0
-        self._restarts = 0
-        self._lost = 0
-        self._syncs = 0
+        self._counts = BackendCounters()
         self._closed = False
 
     async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
@@ -87,21 +83,25 @@ class LocalBackend:
         if generation is None or self._closed:
             raise RuntimeError("the local backend is not running")
         with self._lock:
-            self._submitted += 1
+            self._counts.submitted += 1
         generation.work.put(work)
 
     async def update_weights(self, weights: bytes, version: int) -> None:
         """Workers load ``version`` before their next piece of work."""
         self._weights = (version, weights)  # one tuple swap: readers see old or new, whole
-        self._syncs += 1
+        self._counts.weight_syncs += 1
 
     async def restart(self, reason: str) -> int:
         """Retire the current threads (dropping their queue) and start fresh ones."""
         logger.warning("restarting %d local rollout workers: %s", self.workers, reason)
+        old = self._generation
         self._retire_current()
-        self._restarts += 1
+        self._counts.restarts += 1
         self._spawn()
         await self._reap(timeout=0.0)
+        if old is not None and self._sink is not None and self._generation is not None:
+            for retired, fresh in zip(old.threads, self._generation.threads, strict=True):
+                self._sink.worker_replaced(retired.name, fresh.name, reason)
         return self.workers
 
     async def close(self) -> None:
@@ -117,20 +117,12 @@ class LocalBackend:
         """A snapshot of the counters."""
         generation = self._generation
         alive = sum(t.is_alive() for t in generation.threads) if generation else 0
-        return BackendStatistics(
-            name=self.name,
-            workers=alive,
-            submitted=self._submitted,
-            completed=self._completed,
-            restarts=self._restarts,
-            workers_lost=self._lost,
-            weight_syncs=self._syncs,
-        )
+        return self._counts.snapshot(self.name, alive)
 
     # --- threads --------------------------------------------------------------------------
 
     def _spawn(self) -> None:
-        generation = _Generation(self._restarts)  # 0 at start, one more per restart
+        generation = _Generation(self._counts.restarts)  # 0 at start, one more per restart
         for index in range(self.workers):
             worker_id = f"local-{generation.number}.{index}"
             thread = threading.Thread(
@@ -172,7 +164,7 @@ class LocalBackend:
             worker = self._factory(self.spec, worker_id)
         except Exception as exc:
             logger.exception("rollout worker %s failed to start", worker_id)
-            self._lost += 1
+            self._counts.workers_lost += 1
             sink.worker_lost(worker_id, f"failed to start: {exc}", 0)
             return
         faults = self._faults
@@ -200,7 +192,7 @@ class LocalBackend:
                         elapsed_s=time.perf_counter() - began,
                     )
             except WorkerCrashed as exc:
-                self._lost += 1
+                self._counts.workers_lost += 1
                 logger.error("rollout worker %s crashed: %s", worker_id, exc)
                 sink.worker_lost(worker_id, str(exc), len(work.groups))
                 return
@@ -214,4 +206,4 @@ class LocalBackend:
             for result in results:
                 sink.deliver(result)
             with self._lock:
-                self._completed += 1
+                self._counts.completed += 1

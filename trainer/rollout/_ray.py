@@ -44,7 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from replay import RolloutResult
 
-from ._backend import BackendStatistics, ResultSink
+from ._backend import BackendCounters, BackendStatistics, ResultSink
 from ._faults import FaultInjector
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
@@ -181,11 +181,7 @@ class RayBackend:
         self._queue: asyncio.Queue[RolloutWork] | None = None  # the current generation's
         self._generation: _Generation | None = None
         self._lock = threading.Lock()  # submit() may come from another thread
-        self._submitted = 0
-        self._completed = 0
-        self._restarts = 0
-        self._lost = 0
-        self._syncs = 0
+        self._counts = BackendCounters()
         self.errors = 0
         self._generations = 0  # generations started (numbers worker ids)
         self._closed = False
@@ -218,7 +214,7 @@ class RayBackend:
         if queue is None or loop is None or self._closed:
             raise RuntimeError("the ray backend is not running")
         with self._lock:
-            self._submitted += 1
+            self._counts.submitted += 1
         try:
             on_loop = asyncio.get_running_loop() is loop
         except RuntimeError:
@@ -233,7 +229,7 @@ class RayBackend:
         if self._closed:
             raise RuntimeError("the ray backend is closed")
         self._put_weights(weights, version)
-        self._syncs += 1
+        self._counts.weight_syncs += 1
 
     async def restart(self, reason: str) -> int:
         """Kill every actor (hung ones included), drop queued work, start fresh actors.
@@ -252,8 +248,11 @@ class RayBackend:
         # the resources the old ones hold.
         if old is not None:
             await self._retire(old, confirm=False)
-        self._restarts += 1
-        self._generation = await self._spawn(queue)
+        self._counts.restarts += 1
+        self._generation = generation = await self._spawn(queue)
+        if old is not None and self._sink is not None:
+            for retired, fresh in zip(old.actors, generation.actors, strict=True):
+                self._sink.worker_replaced(retired.worker_id, fresh.worker_id, reason)
         return self.workers
 
     async def close(self) -> None:
@@ -276,15 +275,7 @@ class RayBackend:
         known to be dead)."""
         generation = self._generation
         alive = sum(actor.alive for actor in generation.actors) if generation else 0
-        return BackendStatistics(
-            name=self.name,
-            workers=alive,
-            submitted=self._submitted,
-            completed=self._completed,
-            restarts=self._restarts,
-            workers_lost=self._lost,
-            weight_syncs=self._syncs,
-        )
+        return self._counts.snapshot(self.name, alive)
 
     def actor_names(self) -> list[str]:
         """Ray names of the current actors (``ray.get_actor(name)`` finds them)."""
@@ -456,7 +447,7 @@ class RayBackend:
                     )
             except RayActorError as exc:
                 actor.alive = False
-                self._lost += 1
+                self._counts.workers_lost += 1
                 reason = f"{type(exc).__name__}: {_first_line(exc)}"
                 logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)
                 sink.worker_lost(actor.worker_id, reason, len(work.groups))
@@ -476,7 +467,7 @@ class RayBackend:
                 )
             for result in results:
                 sink.deliver(result)
-            self._completed += 1
+            self._counts.completed += 1
 
     async def _call(self, actor: _Actor, work: RolloutWork) -> list[RolloutResult]:
         """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""

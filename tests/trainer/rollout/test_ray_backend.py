@@ -45,6 +45,7 @@ class FakeSink:
         self.results: list[RolloutResult] = []
         self.running: list[str] = []
         self.lost: list[tuple[str, str, int]] = []
+        self.replaced: list[tuple[str, str]] = []
 
     def deliver(self, result: RolloutResult) -> None:
         with self._lock:
@@ -57,6 +58,10 @@ class FakeSink:
     def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
         with self._lock:
             self.lost.append((worker_id, reason, in_flight))
+
+    def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
+        with self._lock:
+            self.replaced.append((old_id, new_id))
 
     def results_of(self, work: RolloutWork) -> list[RolloutResult]:
         groups = {group.group_id for group in work.groups}
@@ -174,7 +179,13 @@ async def test_crash_fault_kills_the_actor_and_a_restart_brings_fresh_ones() -> 
         assert (stats.workers, stats.workers_lost) == (1, 1)
         assert sink.results_of(doomed) == []
 
+        before = backend.actor_names()
         assert await backend.restart("crash test") == 2
+        # Each actor of the new generation says whose place it took.
+        assert [f"{backend.actor_prefix}-{old}" for old, _ in sink.replaced] == before
+        assert [f"{backend.actor_prefix}-{new}" for _, new in sink.replaced] == (
+            backend.actor_names()
+        )
         works = [make_work(f"fresh{i}", step=3) for i in range(2)]
         for work in works:
             backend.submit(work)

@@ -24,6 +24,7 @@ from eventbus import (
     SafePoint,
     SafePointReached,
     StepFinished,
+    WorkerRestarted,
 )
 from eventbus.testing import ScriptedVoter
 from trainer import FaultInjector, InjectedFault, PPOTrainer, RunAborted
@@ -110,6 +111,12 @@ async def test_restart_decision_restarts_the_rollout_side_and_training_goes_on()
     assert summary.steps == 3
     assert summary.restarts[0]["kind"] == "rollouts"
     assert fit.backend.statistics().restarts == 1
+    # Every worker was replaced by one of the next generation, before the restart's report.
+    replaced = [e for e in voter.events if isinstance(e, WorkerRestarted)]
+    workers = fit.config.rollout.workers
+    assert [e.worker_id for e in replaced] == [f"local-1.{i}" for i in range(workers)]
+    assert all(e.reason.startswith(f"replaces local-0.{i}: ") for i, e in enumerate(replaced))
+    assert all(e.seq < restarts[0].seq for e in replaced)
 
 
 async def test_stop_decision_saves_and_finishes_cleanly(tmp_path: Path) -> None:

@@ -82,7 +82,6 @@ class AsyncReplayBuffer(BufferBase):
         self.max_off_policy = max_off_policy
         self.strategy = StalenessStrategy(strategy)
         self._refill = refill
-        self._unrefilled = 0
 
     def register(self, groups: Iterable[PromptGroup]) -> None:
         """Register dispatched groups (any steps and partitions).
@@ -264,7 +263,6 @@ class AsyncReplayBuffer(BufferBase):
             self._evicted(reason, len(specs))
             logger.info("evicted %d %s groups", len(specs), reason.value)
             if self._refill is None:
-                self._unrefilled += len(specs)
                 logger.warning("no refill callback: %d evicted groups are not replaced", len(specs))
                 continue
             self._refills += len(specs)

@@ -20,10 +20,10 @@ so the extension is deterministic under a fake clock.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import tenacity
 
 from eventbus import (
     RUNTIME_EXTENSION_API_VERSION,
@@ -40,16 +40,16 @@ from eventbus import (
 
 from ..config._schema import SelfHealConfig
 
-__all__ = ["SelfHealingExtension"]
+__all__ = ["SelfHealingExtension", "recovery_backoff_s"]
 
 logger = logging.getLogger("trainbus.selfheal")
 
 
-class _Attempt:
-    """The one field of tenacity's retry state its wait strategies read."""
-
-    def __init__(self, attempt_number: int) -> None:
-        self.attempt_number = attempt_number
+def recovery_backoff_s(recovery: int, first_s: float, max_s: float) -> float:
+    """Seconds to wait before the ``recovery``-th recovery (from 1): ``first_s``, doubling
+    each time, at most ``max_s``."""
+    doublings = min(recovery - 1, 64)  # past 64 doublings, only max_s can be the answer
+    return min(max_s, first_s * 2.0**doublings)
 
 
 class SelfHealingExtension:
@@ -64,6 +64,7 @@ class SelfHealingExtension:
         max_stall_restarts_per_step: Restarts for stalls within one step; after that the
             wait's own deadline decides (the run fails with a clear error).
         name: The extension name.
+        sleep: How the backoff waits (tests pass a fake).
     """
 
     api_version = RUNTIME_EXTENSION_API_VERSION
@@ -83,6 +84,7 @@ class SelfHealingExtension:
         backoff_max_s: float = 10.0,
         max_stall_restarts_per_step: int = 3,
         name: str = "self-healing",
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         if stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s must be > 0, got {stall_timeout_s}")
@@ -92,7 +94,9 @@ class SelfHealingExtension:
         self.stall_timeout_s = stall_timeout_s
         self.max_restarts = max_restarts
         self.max_stall_restarts_per_step = max_stall_restarts_per_step
-        self._backoff = tenacity.wait_exponential(multiplier=backoff_s, max=backoff_max_s)
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self._sleep = sleep
         self.restarts_used = 0
         self.stall_restarts = 0
         self.history: list[dict[str, Any]] = []
@@ -175,9 +179,9 @@ class SelfHealingExtension:
                 f"letting {error} surface",
             )
         self.restarts_used += 1
-        delay = float(self._backoff(_Attempt(self.restarts_used)))  # type: ignore[arg-type]
+        delay = recovery_backoff_s(self.restarts_used, self.backoff_s, self.backoff_max_s)
         if delay > 0:
-            await anyio.sleep(delay)
+            await self._sleep(delay)
         self._stall, self._wait = None, None
         self.history.append({"kind": "recovery", "step": safe_point.step, "reason": error})
         return (

@@ -15,6 +15,7 @@ from eventbus import (
     WorkerLost,
 )
 from trainer import SelfHealingExtension
+from trainer.runtime._selfheal import recovery_backoff_s
 
 
 def wait(elapsed: float, available: int, *, step: int = 3, running: int = 2) -> SampleWait:
@@ -112,6 +113,25 @@ async def test_terminal_failures_are_recovered_within_the_budget(
     ]
     assert "recovering from OSError: disk (restart 2 of 2" in second[1]
     assert third[1].startswith("restart budget exhausted (2 of 2 used)")
+
+
+async def test_recoveries_back_off_doubling_up_to_the_longest_wait() -> None:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    healer = SelfHealingExtension(max_restarts=5, backoff_s=0.5, backoff_max_s=3.0, sleep=sleep)
+    failure = at(SafePoint.TERMINAL_FAILURE, error_type="OSError", message="disk")
+    reasons = [(await healer.on_safe_point(CONTEXT, failure))[1] for _ in range(5)]
+    assert slept == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert reasons[2].endswith("after 2.0 s backoff)")
+
+
+def test_the_backoff_formula_is_bounded_for_any_recovery_count() -> None:
+    assert [recovery_backoff_s(n, 1.0, 100.0) for n in (1, 2, 3, 8)] == [1.0, 2.0, 4.0, 100.0]
+    assert recovery_backoff_s(10_000, 0.5, 10.0) == 10.0
+    assert recovery_backoff_s(3, 0.0, 10.0) == 0.0
 
 
 async def test_the_budget_survives_a_checkpoint(healer: SelfHealingExtension) -> None:

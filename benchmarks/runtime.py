@@ -193,18 +193,18 @@ async def bare_loop(trainer: PPOTrainer, steps: int) -> float:
     Returns:
         The mean reward of the last step.
     """
-    driver, backend = trainer.driver, trainer.backend
+    driver, backend, learner = trainer.driver, trainer.backend, trainer.learner
     metrics: dict[str, float] = {}
-    await driver.start(weights_to_bytes(trainer.policy), trainer.policy_version)
+    await driver.start(weights_to_bytes(trainer.policy), learner.policy_version)
     try:
         for step in range(1, steps + 1):
-            driver.dispatch_step(step, trainer.policy_version)
-            batch = await driver.wait_batch(step, trainer.policy_version)
-            metrics = await anyio.to_thread.run_sync(trainer._update, batch)
-            trainer.step = step
-            trainer.policy_version += 1
+            driver.dispatch_step(step, learner.policy_version)
+            batch = await driver.wait_batch(step, learner.policy_version)
+            metrics = await anyio.to_thread.run_sync(learner.update, batch)
+            learner.step = step
+            learner.policy_version += 1
             # What _sync_weights() does when nobody listens.
-            await backend.update_weights(weights_to_bytes(trainer.policy), trainer.policy_version)
+            await backend.update_weights(weights_to_bytes(trainer.policy), learner.policy_version)
     finally:
         await driver.close()
     return metrics["reward_mean"]
@@ -400,7 +400,7 @@ _LANDMARKS: tuple[tuple[str, str], ...] = (
     ("eventbus/_dispatch.py", "_answer"),
     ("eventbus/_sinks.py", "on_event"),
     ("replay/_waiting.py", "report"),
-    ("trainer/runtime/_trainer.py", "_save_checkpoint"),
+    ("trainer/runtime/_state.py", "save"),
     ("trainer/rl/_policy.py", "weights_to_bytes"),
 )
 
@@ -521,7 +521,7 @@ def checkpoint_cost(steps: int, *, train_steps: int = 2, repeat: int = 9) -> flo
     times = []
     for _ in range(repeat):
         began = time.thread_time()
-        trainer.checkpoints.save(trainer.step, trainer._state())
+        trainer.checkpoints.save(trainer.step, trainer.state.gather())
         times.append(time.thread_time() - began)
     return statistics.median(times)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import math
 import os
@@ -43,7 +44,9 @@ __all__ = [
     "measure_group",
     "op_loop",
     "print_table",
+    "print_targets_met",
     "use_clock",
+    "versions",
     "write_results",
 ]
 
@@ -348,6 +351,17 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def versions(*packages: str) -> dict[str, str | None]:
+    """The installed version of each of ``packages`` (None: not installed)."""
+    found: dict[str, str | None] = {}
+    for package in packages:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
 def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     """The flags every benchmark shares: ``--no-write``, ``--results-dir``, ``--check``."""
     parser.add_argument("--no-write", action="store_true", help=f"do not write {name}.json")
@@ -442,3 +456,14 @@ def print_table(rows: Sequence[Result], *, file: TextIO | None = None) -> None:
         shown = ("" if cells[0] == previous else cells[0], *cells[1:])
         print(line(shown), file=out)
         previous = cells[0]
+
+
+def print_targets_met(
+    rows: Sequence[Result], detail: str, *, file: TextIO | None = None
+) -> list[Result]:
+    """Print the closing line, ``N/M targets met (detail)``; returns the rows that missed."""
+    checked = [r for r in rows if r.met is not None]
+    missed = [r for r in checked if not r.met]
+    out = file if file is not None else sys.stdout
+    print(f"\n{len(checked) - len(missed)}/{len(checked)} targets met ({detail})", file=out)
+    return missed

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib.metadata
 import os
 import sys
 import time
@@ -55,7 +54,9 @@ from benchmarks._common import (
     measure_group,
     op_loop,
     print_table,
+    print_targets_met,
     use_clock,
+    versions,
     write_results,
 )
 from eventbus import (
@@ -478,16 +479,6 @@ def run(settings: Settings, selected: Sequence[str]) -> list[Result]:
     return sorted(rows, key=lambda r: (order[r.group], selected.index(r.variant)))
 
 
-def _versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for package in ("msgspec", "anyio", "uvloop", "blinker", "pyee"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return versions
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="few, short runs (smoke test)")
@@ -515,13 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = time.perf_counter() - started
 
     print_table(rows)
-    checked = [r for r in rows if r.met is not None]
-    missed = [r for r in checked if not r.met]
-    print(
-        f"\n{len(checked) - len(missed)}/{len(checked)} targets met"
-        f" ({'quick' if args.quick else 'full'} run, {'cpu' if args.cpu_time else 'wall'}"
-        f" clock, {seconds:.1f} s)"
-    )
+    clock = "cpu" if args.cpu_time else "wall"
+    kind = "quick" if args.quick else "full"
+    missed = print_targets_met(rows, f"{kind} run, {clock} clock, {seconds:.1f} s")
     if not args.no_write:
         path = write_results(
             NAME,
@@ -530,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "quick": args.quick,
                 "loadavg_before": load_before,
                 "settings": dataclasses.asdict(settings),
-                "versions": _versions(),
+                "versions": versions("msgspec", "anyio", "uvloop", "blinker", "pyee"),
                 "seconds": round(seconds, 2),
                 "targets": {
                     "publish_vs_empty_call_max": PUBLISH_VS_EMPTY_MAX,
@@ -538,7 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "delivery_16_vs_queue_min": DELIVERY_VS_QUEUE_MIN,
                     "safe_point_16_vs_raw_max": SAFE_POINT_VS_RAW_MAX,
                 },
-                "met": {f"{r.group} / {r.case} / {r.variant}": r.met for r in checked},
+                "met": {
+                    f"{r.group} / {r.case} / {r.variant}": r.met for r in rows if r.met is not None
+                },
             },
             directory=args.results_dir,
         )

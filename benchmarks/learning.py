@@ -24,8 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.rl._grpo import PPOConfig, Sample, group_samples, ppo_update
-from trainer.rl._policy import PolicyConfig, build_policy, generate
+from trainer.rl._grpo import Sample, group_samples, ppo_update
+from trainer.rl._hparams import PolicyConfig, PPOConfig
+from trainer.rl._policy import build_policy, generate
 from trainer.rl._tasks import PromptStream, Task, make_task
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib.metadata
 import json
 import logging
 import math
@@ -59,7 +58,14 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before anything imports
 
 import torch
 
-from benchmarks._common import Result, add_output_arguments, print_table, write_results
+from benchmarks._common import (
+    Result,
+    add_output_arguments,
+    print_table,
+    print_targets_met,
+    versions,
+    write_results,
+)
 from eventbus import (
     BatchReconciled,
     Decision,
@@ -373,16 +379,6 @@ def _load_previous(directory: Path, keep: set[str]) -> tuple[list[Result], dict[
     return previous, backends
 
 
-def _versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for package in ("torch", "ray", "anyio"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return versions
-
-
 def print_summary(table: Sequence[Result]) -> None:
     """One line per stall timeout and backend: the overshoot against the target."""
     for row in table:
@@ -478,12 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(table)
     print()
     print_summary(table)
-    checked = [r for r in table if r.met is not None]
-    missed = [r for r in checked if not r.met]
-    print(
-        f"\n{len(checked) - len(missed)}/{len(checked)} targets met"
-        f" ({'quick' if args.quick else 'full'} run, {', '.join(selected)}, {seconds:.1f} s)"
-    )
+    kind = "quick" if args.quick else "full"
+    missed = print_targets_met(table, f"{kind} run, {', '.join(selected)}, {seconds:.1f} s")
     for error in errors:
         print(f"FAILED: {error}")
     if not args.no_write and table:
@@ -494,7 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             merged,
             {
                 "quick": args.quick,
-                "versions": _versions(),
+                "versions": versions("torch", "ray", "anyio"),
                 "torch_threads": torch.get_num_threads(),
                 "targets": {
                     f"resumed_within_stall_timeout_plus_s_{b}": SLACK_S[b] for b in BACKENDS

@@ -283,17 +283,29 @@ class Result:
             return scale * 1e9 / ns if rate else ns / scale
 
         runs = tuple(convert(v) for v in stats.runs)
+        return cls.from_runs(
+            group, case, runs, unit=unit, variant=variant, n=stats.n, params=dict(params or {})
+        )
+
+    @classmethod
+    def from_runs(
+        cls, group: str, case: str, runs: Sequence[float], *, unit: str, **fields: Any
+    ) -> Result:
+        """A row from every run's figure (in ``unit``): the median, and the min-max spread.
+
+        Args:
+            fields: Any other field (``variant``, ``n``, ``params``, ...).
+        """
+        values = tuple(runs)
         return cls(
             group=group,
             case=case,
-            variant=variant,
-            value=statistics.median(runs),
-            low=min(runs),
-            high=max(runs),
+            value=statistics.median(values),
+            low=min(values),
+            high=max(values),
             unit=unit,
-            n=stats.n,
-            runs=runs,
-            params=dict(params or {}),
+            runs=values,
+            **fields,
         )
 
     @property

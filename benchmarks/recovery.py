@@ -299,17 +299,8 @@ def measure(backend: str, settings: Settings) -> tuple[dict[float, list[Timeline
 
 
 def _row(group: str, case: str, backend: str, values: Sequence[float], **params: Any) -> Result:
-    return Result(
-        group=group,
-        case=case,
-        variant=backend,
-        value=statistics.median(values),
-        low=min(values),
-        high=max(values),
-        unit="s",
-        n=len(values),
-        runs=tuple(values),
-        params=dict(params),
+    return Result.from_runs(
+        group, case, values, unit="s", variant=backend, n=len(values), params=dict(params)
     )
 
 

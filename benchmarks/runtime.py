@@ -330,19 +330,15 @@ def rows(runs: dict[str, list[Run]], steps: int) -> list[Result]:
     out: list[Result] = []
     for variant, threshold in VS_WORK.items():
         beyond = tuple((r.wall_s - r.work_s) / steps * 1e3 for r in runs[variant])
-        row = Result(
-            group="wall time per step beyond its training work",
-            case=variant,
-            value=statistics.median(beyond),
-            low=min(beyond),
-            high=max(beyond),
+        work_ms = statistics.median(r.work_s / steps * 1e3 for r in runs[variant])
+        row = Result.from_runs(
+            "wall time per step beyond its training work",
+            variant,
+            beyond,
             unit="ms",
             n=steps,
-            runs=beyond,
             variant="wall",
-            params={
-                "work_ms_per_step": statistics.median(r.work_s / steps * 1e3 for r in runs[variant])
-            },
+            params={"work_ms_per_step": work_ms},
             baseline=WORK,
             # Within each run: the run's wall time over the run's own training work.
             ratio=statistics.median(r.wall_s / r.work_s for r in runs[variant]),
@@ -357,16 +353,8 @@ def rows(runs: dict[str, list[Run]], steps: int) -> list[Result]:
         made = {}
         for variant in VARIANTS:
             values = tuple(get(r) / steps * 1e3 for r in runs[variant])
-            made[variant] = Result(
-                group=group,
-                case=variant,
-                value=statistics.median(values),
-                low=min(values),
-                high=max(values),
-                unit="ms",
-                n=steps,
-                runs=values,
-                variant=clock,
+            made[variant] = Result.from_runs(
+                group, variant, values, unit="ms", n=steps, variant=clock
             )
         plain, extended = made[FIT], made[FIT_EXT]
         if clock == "loop cpu":
@@ -377,15 +365,12 @@ def rows(runs: dict[str, list[Run]], steps: int) -> list[Result]:
         # event-loop thread; wall and process CPU differences are noise-sized (ms).
         scale, unit = (1e3, "us") if clock == "loop cpu" else (1.0, "ms")
         diffs = tuple((a - b) * scale for a, b in zip(extended.runs, plain.runs, strict=True))
-        overhead = Result(
-            group=f"what the extensions add per step (vs {FIT})",
-            case=FIT_EXT,
-            value=statistics.median(diffs),
-            low=min(diffs),
-            high=max(diffs),
+        overhead = Result.from_runs(
+            f"what the extensions add per step (vs {FIT})",
+            FIT_EXT,
+            diffs,
             unit=unit,
             n=steps,
-            runs=diffs,
             variant=clock,
             params={"value_us": statistics.median(diffs) * 1e3 / scale},
         )

@@ -348,11 +348,19 @@ class RolloutRestarted(Event, frozen=True):
 
 
 class WorkerLost(Event, frozen=True):
-    """A rollout worker died or stopped answering."""
+    """A rollout worker died or stopped answering.
+
+    Attributes:
+        worker_id: The worker.
+        reason: What was seen (Ray's error type and message, the crash).
+        in_flight: Pieces of work it held, lost with it.
+        node: The node it ran on, when known (a Ray node id, or the host name).
+    """
 
     worker_id: str
     reason: str = ""
     in_flight: int = 0
+    node: str = ""
 
 
 class WorkerRestarted(Event, frozen=True):

@@ -187,6 +187,8 @@ class RolloutResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             batch report counts failures by it.
         retryable: Whether a retry may still replace this failure. A non-retryable failure
             (prompt longer than the context, attempts exhausted) settles at once.
+        worker_id: The rollout worker that produced it (empty when not known).
+        node: The node it ran on (a Ray node id; the host name for in-process workers).
     """
 
     rollout_id: str
@@ -200,6 +202,8 @@ class RolloutResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     error: str | None = None
     error_kind: str = ""
     retryable: bool = True
+    worker_id: str = ""
+    node: str = ""
 
     @property
     def ok(self) -> bool:

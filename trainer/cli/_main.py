@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--backend", choices=("local", "ray"), help="rollout workers")
     train.add_argument("--workers", type=int, help="rollout workers")
     train.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="join this Ray cluster (with --backend ray), e.g. auto or HEAD_IP:6379",
+    )
+    train.add_argument(
         "--out", metavar="DIR", help="run folder; an unfinished run there is resumed"
     )
     train.add_argument(
@@ -172,6 +177,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "run.out": args.out,
         "rollout.backend": args.backend,
         "rollout.workers": args.workers,
+        "rollout.ray_address": args.ray_address,
         "rollout.wait_timeout_s": args.wait_timeout,
         "self_heal.stall_timeout_s": args.stall_timeout,
     }

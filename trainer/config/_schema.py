@@ -107,9 +107,10 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         grace_s: How long a failed rollout waits for its retry.
         failure_policy: What a finished batch does with failed rollouts.
         max_failed_fraction: More failed rollouts than this in a batch fail the run.
-        ray_address: ``ray`` backend: a cluster to join (default: start a local instance).
+        ray_address: ``ray`` backend: a cluster to join (``"auto"``, ``"HEAD_IP:6379"``);
+            default: the ``RAY_ADDRESS`` environment variable, else a local instance.
         ray_actor_cpus: ``ray`` backend: CPUs each rollout actor reserves (0 lets any number
-            share the machine; on a cluster, 1 spreads them over nodes).
+            share a node; actors are spread over the cluster's nodes either way).
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -195,6 +196,12 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
             raise ValueError(
                 f"model.max_seq_len is {self.model.max_seq_len}, but task {task.name!r} needs "
                 f"{needed} (prompt + response)"
+            )
+        rollout = self.rollout
+        if rollout.ray_address is not None and rollout.backend != "ray":
+            raise ValueError(
+                f"rollout.ray_address is {rollout.ray_address!r} but rollout.backend is "
+                f"{rollout.backend!r}; the address needs the ray backend (--backend ray)"
             )
         heal = self.self_heal
         if heal.enabled and heal.backoff_max_s >= self.safe_point_timeout_s:

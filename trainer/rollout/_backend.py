@@ -29,8 +29,8 @@ class ResultSink(Protocol):
     def started(self, group_ids: tuple[str, ...]) -> None:
         """A worker picked these groups up (``pending -> running``)."""
 
-    def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
-        """A worker died or stopped answering; its in-flight work is lost."""
+    def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None:
+        """A worker died or stopped answering on ``node``; its in-flight work is lost."""
 
     def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
         """Worker ``new_id`` took the place of ``old_id`` (a restart, or a replacement)."""

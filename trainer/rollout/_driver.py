@@ -118,10 +118,12 @@ class RolloutDriver(ABC):
         """Groups went from pending to running."""
         self.buffer.mark_running(group_ids)
 
-    def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
+    def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None:
         """A worker died: report it (self-healing watches for this)."""
         if self.bus.wants(WorkerLost):
-            self.bus.publish(WorkerLost(worker_id=worker_id, reason=reason, in_flight=in_flight))
+            self.bus.publish(
+                WorkerLost(worker_id=worker_id, reason=reason, in_flight=in_flight, node=node)
+            )
 
     def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
         """A worker took another's place: report it."""

@@ -183,7 +183,12 @@ class FaultInjector:
         out = list(results)
         if self._take("fail-retry", step, f"worker {worker_id}: rollouts fail once, then retry"):
             failed = RolloutWorker.failures(
-                work, "injected transient failure", retryable=True, kind="transient"
+                work,
+                "injected transient failure",
+                retryable=True,
+                kind="transient",
+                worker_id=worker_id,
+                node=results[0].node if results else "",
             )
             out = failed + out  # the placeholders land first; the retries replace them
             self._count("fail-retry", len(failed))

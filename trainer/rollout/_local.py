@@ -194,14 +194,19 @@ class LocalBackend:
             except WorkerCrashed as exc:
                 self._counts.workers_lost += 1
                 logger.error("rollout worker %s crashed: %s", worker_id, exc)
-                sink.worker_lost(worker_id, str(exc), len(work.groups))
+                sink.worker_lost(worker_id, str(exc), len(work.groups), worker.node)
                 return
             except Exception as exc:
                 # A worker bug must not vanish: fail its rollouts (retryable: a restart may
                 # fix it) so the batch accounts for them, then keep serving.
                 logger.exception("rollout worker %s failed on %s", worker_id, work.work_id)
                 results = RolloutWorker.failures(
-                    work, f"{type(exc).__name__}: {exc}", retryable=True, kind="worker_error"
+                    work,
+                    f"{type(exc).__name__}: {exc}",
+                    retryable=True,
+                    kind="worker_error",
+                    worker_id=worker_id,
+                    node=worker.node,
                 )
             for result in results:
                 sink.deliver(result)

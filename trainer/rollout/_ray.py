@@ -13,6 +13,11 @@ once per version, and the next call to each actor carries the reference (Ray res
 the actor), so an actor only fetches weights it has not loaded yet and no weight sync ever
 waits for a busy or hung actor.
 
+Actors are spread over the cluster's live nodes (:mod:`._placement`): each new actor goes to
+the node holding fewest of this run's actors, so losing a node loses only its share, and
+replacements go to the nodes that are left. Every actor reports the node it really runs on,
+and its results carry it.
+
 Ray itself: the backend joins ``address`` when one is given, uses the running instance when
 Ray is already initialised (a test fixture, a user's script), and otherwise starts a small
 local instance confined to loopback, which :meth:`RayBackend.close` shuts down again.
@@ -46,6 +51,7 @@ from replay import RolloutResult
 
 from ._backend import BackendCounters, BackendStatistics, ResultSink
 from ._faults import FaultInjector
+from ._placement import affinity, choose_nodes, live_nodes
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
 __all__ = ["RayBackend", "RolloutActor"]
@@ -69,6 +75,8 @@ class _Actor:
     handle: ActorHandle[RolloutActor] | type[RolloutActor]
     weights_serial: int  # which update_weights() call it has loaded (-1: reload)
     alive: bool = True
+    node: str = ""  # the Ray node id it runs on (known once it answered)
+    pid: int = 0
 
 
 @dataclass(eq=False)
@@ -97,13 +105,14 @@ class RolloutActor:
         # Several actors share the machine with the trainer: one intra-op thread each
         # (more threads busy-wait against each other and slow every step down).
         torch.set_num_threads(spec.torch_threads)
-        self.worker = RolloutWorker(spec, worker_id)
+        self.node = ray.get_runtime_context().get_node_id()
+        self.worker = RolloutWorker(spec, worker_id, node=self.node)
         self.worker.load_weights(weights, version)
 
     @ray.method
-    def ready(self) -> int:
-        """Answers once the worker is built; returns the actor's process id."""
-        return os.getpid()
+    def ready(self) -> tuple[int, str]:
+        """Answers once the worker is built: the actor's process id and node id."""
+        return os.getpid(), self.node
 
     @ray.method
     def run(self, work: RolloutWork) -> list[RolloutResult]:
@@ -136,7 +145,7 @@ class RayBackend:
             installed on its nodes.
         faults: Fault injection (tests and ``--inject``); None for none.
         actor_cpus: CPUs each actor reserves. 0 (the default) lets any number of actors
-            share a small local instance; on a cluster, 1 spreads them over the nodes.
+            share a node; actors are spread over the nodes either way.
         start_timeout_s: How long starting the actors may take before it counts as failed
             (an actor that cannot be placed would otherwise wait forever).
         kill_timeout_s: How long :meth:`close` waits for Ray to confirm the actors died.
@@ -282,6 +291,11 @@ class RayBackend:
         generation = self._generation
         return [self._actor_name(a.worker_id) for a in generation.actors] if generation else []
 
+    def actor_nodes(self) -> dict[str, str]:
+        """The Ray node id each current actor runs on, by worker id."""
+        generation = self._generation
+        return {a.worker_id: a.node for a in generation.actors} if generation else {}
+
     # --- Ray and actors -------------------------------------------------------------------
 
     def _init_ray(self) -> None:
@@ -335,19 +349,23 @@ class RayBackend:
         number, self._generations = self._generations, self._generations + 1
         serial, version, ref = self._weights
         remote = _remote_actor_class()
+        # Read the nodes now: after a node's loss the replacements go to the survivors.
+        nodes = choose_nodes(live_nodes(), {}, self.workers, actor_cpus=self._actor_cpus)
         actors = []
-        for index in range(self.workers):
+        for index, node in enumerate(nodes):
             worker_id = f"ray-{number}.{index}"
             handle = remote.options(
                 name=self._actor_name(worker_id),
                 num_cpus=self._actor_cpus,
                 max_restarts=0,  # a dead actor stays dead: the trainer restarts and reissues
+                scheduling_strategy=affinity(node, self._actor_cpus),
             ).remote(self.spec, worker_id, ref, version)
             actors.append(_Actor(worker_id, handle, serial))
         generation = _Generation(number, actors, queue)
         try:
             with anyio.fail_after(self._start_timeout_s):
-                pids = [await actor.handle.ready.remote() for actor in actors]
+                for actor in actors:
+                    actor.pid, actor.node = await actor.handle.ready.remote()
         except BaseException as exc:
             self._kill_all(generation)
             if isinstance(exc, TimeoutError):
@@ -359,7 +377,11 @@ class RayBackend:
             if isinstance(exc, RayError):
                 raise RuntimeError(f"ray rollout actors failed to start: {exc}") from exc
             raise
-        logger.info("ray rollout actors of generation %d started (pids %s)", number, pids)
+        logger.info(
+            "ray rollout actors of generation %d started: %s",
+            number,
+            ", ".join(f"{a.worker_id} (pid {a.pid}, node {a.node[:8]})" for a in actors),
+        )
         generation.tasks = [
             asyncio.create_task(self._serve(generation, actor), name=f"trainbus {actor.worker_id}")
             for actor in actors
@@ -450,7 +472,7 @@ class RayBackend:
                 self._counts.workers_lost += 1
                 reason = f"{type(exc).__name__}: {_first_line(exc)}"
                 logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)
-                sink.worker_lost(actor.worker_id, reason, len(work.groups))
+                sink.worker_lost(actor.worker_id, reason, len(work.groups), actor.node)
                 return
             except Exception as exc:
                 # The worker raised (RayTaskError) or a fault transformation did: fail its
@@ -464,6 +486,8 @@ class RayBackend:
                     f"{type(exc).__name__}: {_first_line(exc)}",
                     retryable=True,
                     kind="worker_error",
+                    worker_id=actor.worker_id,
+                    node=actor.node,
                 )
             for result in results:
                 sink.deliver(result)

@@ -9,6 +9,7 @@ same completions whichever worker runs it, and scores them with the task's verif
 from __future__ import annotations
 
 import logging
+import socket
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -72,11 +73,14 @@ class RolloutWorker:
 
     Args:
         spec: Task, policy shape, temperature.
-        worker_id: Shown in logs and events.
+        worker_id: Shown in logs and events, and stamped on every result.
+        node: Where it runs, stamped on every result (default: this host's name; Ray
+            actors pass their node id).
     """
 
-    def __init__(self, spec: WorkerSpec, worker_id: str) -> None:
+    def __init__(self, spec: WorkerSpec, worker_id: str, node: str | None = None) -> None:
         self.worker_id = worker_id
+        self.node = socket.gethostname() if node is None else node
         self.spec = spec
         self.task: Task = make_task(spec.task_name, **spec.task_params)
         self.policy = build_policy(spec.policy, seed=0).eval()
@@ -119,17 +123,30 @@ class RolloutWorker:
                         status=RolloutStatus.SUCCEEDED,
                         reward=self.task.reward(prompt, completion.tokens),
                         payload=completion,
+                        worker_id=self.worker_id,
+                        node=self.node,
                     )
                 )
         return results
 
     @staticmethod
     def failures(
-        work: RolloutWork, error: str, *, retryable: bool, kind: str
+        work: RolloutWork,
+        error: str,
+        *,
+        retryable: bool,
+        kind: str,
+        worker_id: str = "",
+        node: str = "",
     ) -> list[RolloutResult]:
-        """Failed placeholders for every rollout of ``work``."""
+        """Failed placeholders for every rollout of ``work`` (stamped with the worker and
+        node that failed it, when known)."""
         return [
-            group.failure(i, error, kind=kind, retryable=retryable)
+            msgspec.structs.replace(
+                group.failure(i, error, kind=kind, retryable=retryable),
+                worker_id=worker_id,
+                node=node,
+            )
             for group in work.groups
             for i in range(len(group.rollout_ids))
         ]

@@ -68,6 +68,10 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
             {"self_heal.enabled": True, "self_heal.backoff_max_s": 60.0},
             "self_heal.backoff_max_s (60.0) must be below safe_point_timeout_s (30.0)",
         ),
+        (
+            {"rollout.ray_address": "auto"},
+            "rollout.ray_address is 'auto' but rollout.backend is 'local'",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_the_problem(

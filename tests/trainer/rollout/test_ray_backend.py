@@ -28,6 +28,8 @@ from trainer import (
 from trainer.rl._policy import build_policy, weights_to_bytes
 from trainer.rl._tasks import PromptStream
 
+from ...conftest import RayCluster
+
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 
 ray = pytest.importorskip("ray")
@@ -55,7 +57,7 @@ class FakeSink:
         with self._lock:
             self.running.extend(group_ids)
 
-    def worker_lost(self, worker_id: str, reason: str, in_flight: int) -> None:
+    def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None:
         with self._lock:
             self.lost.append((worker_id, reason, in_flight))
 
@@ -126,9 +128,12 @@ async def started() -> AsyncIterator[tuple[RayBackend, FakeSink]]:
 
 
 async def test_runs_work_delivers_every_result_and_syncs_weights(
-    started: tuple[RayBackend, FakeSink],
+    started: tuple[RayBackend, FakeSink], ray_cluster: RayCluster
 ) -> None:
     backend, sink = started
+    # One actor on each node of the two-node cluster; every result names its node.
+    nodes = backend.actor_nodes()
+    assert sorted(nodes.values()) == sorted([ray_cluster.head.node_id, ray_cluster.second.node_id])
     works = [make_work(f"w{i}") for i in range(3)]
     for work in works:
         backend.submit(work)
@@ -137,6 +142,8 @@ async def test_runs_work_delivers_every_result_and_syncs_weights(
 
     assert {r.rollout_id for r in sink.results} == expected
     assert all(r.ok and r.policy_version == 0 for r in sink.results)
+    assert all(r.node == nodes[r.worker_id] for r in sink.results)
+    assert {r.node for r in sink.results} == set(nodes.values())  # both nodes worked
     assert set(sink.running) == {group.group_id for work in works for group in work.groups}
     assert sink.lost == []
     stats = backend.statistics()

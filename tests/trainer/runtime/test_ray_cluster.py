@@ -1,0 +1,158 @@
+"""Training on a real multi-node Ray cluster: joining it by address, and losing a node.
+
+The session's cluster has a head and a second node (``tests/conftest.py``); the node-loss
+test adds a third node of its own and kills that node's raylet in the middle of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from eventbus import (
+    RUNTIME_EXTENSION_API_VERSION,
+    Capability,
+    Decision,
+    Event,
+    ExtensionContext,
+    FitStarted,
+    RolloutRestarted,
+    SafePointReached,
+    StepFinished,
+    WorkerLost,
+    read_events,
+)
+
+from ...conftest import RayCluster
+from .test_selfheal import Run
+
+torch.set_num_threads(1)
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+ray = pytest.importorskip("ray")
+
+WAIT_S = 60.0  # deadlines for things that take a second or two, never measurements
+
+
+def node_alive(node_id: str) -> bool:
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+
+
+class NodeKiller:
+    """Kills a node's raylet after ``after_step`` and holds the step boundary until Ray has
+    declared the node dead, so the next step is dispatched to actors already lost."""
+
+    name = "node-killer"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS, Capability.SAFE_POINTS)
+
+    def __init__(self, cluster: RayCluster, node: Any, after_step: int, backend: Any) -> None:
+        self.cluster, self.node, self.after_step = cluster, node, after_step
+        self.backend = backend
+        self.doomed: dict[str, str] = {}  # worker id -> node id, as placed before the kill
+        self.placed_before: dict[str, str] = {}
+        self.placed_after: list[dict[str, str]] = []
+
+    async def on_event(self, context: ExtensionContext, event: Event) -> None:
+        backend = self.backend
+        if isinstance(event, StepFinished) and event.step == self.after_step:
+            self.placed_before = backend.actor_nodes()
+            self.doomed = {w: n for w, n in self.placed_before.items() if n == self.node.node_id}
+            self.cluster.kill_raylet(self.node)
+            with anyio.fail_after(WAIT_S):
+                while node_alive(self.node.node_id):
+                    await anyio.sleep(0.05)
+        elif isinstance(event, RolloutRestarted):
+            self.placed_after.append(backend.actor_nodes())
+
+    def on_safe_point(self, context: ExtensionContext, safe_point: SafePointReached) -> Decision:
+        return Decision.CONTINUE
+
+
+async def test_losing_a_node_mid_run_replaces_its_actors_on_the_survivors(
+    ray_cluster: RayCluster,
+) -> None:
+    doomed = ray_cluster.add_node()
+    survivors = {ray_cluster.head.node_id, ray_cluster.second.node_id}
+    try:
+        run = Run(
+            [],
+            stall_timeout_s=3.0,
+            rollout__backend="ray",
+            rollout__workers=3,
+            rollout__wait_timeout_s=120.0,
+            safe_point_timeout_s=WAIT_S,
+        )
+        killer = NodeKiller(ray_cluster, doomed, after_step=1, backend=run.trainer.backend)
+        run.trainer.register_runtime_extension(killer)
+        summary = await run.trainer.fit()
+    finally:
+        ray_cluster.remove(doomed)
+
+    assert (summary.status, summary.steps) == ("finished", 4)
+    # Spread: one actor per node, so the lost node took exactly one with it.
+    assert sorted(killer.placed_before.values()) == sorted([*survivors, doomed.node_id])
+    (lost,) = run.events(WorkerLost)
+    assert {lost.worker_id: lost.node} == killer.doomed
+    assert lost.in_flight > 0  # step 2's work went to the dead actor, and was lost with it
+    # Replaced on the surviving nodes, with the lost work reissued under a new attempt.
+    restart = run.events(RolloutRestarted)[0]
+    assert restart.step == 2 and restart.reissued and restart.attempt == 2
+    assert set(killer.placed_after[0].values()) == survivors
+    assert len(killer.placed_after[0]) == 3
+    # Step 1 ran on all three nodes; every later batch only on the survivors.
+    first, *later = run.batches
+    assert {r.node for g in first for r in g.results} == {*survivors, doomed.node_id}
+    assert {r.node for batch in later for g in batch for r in g.results} <= survivors
+    reissued = set(restart.reissued)
+    step2 = [r for g in later[0] for r in g.results if r.rollout_id in reissued]
+    assert step2 and {r.attempt for r in step2} == {2}
+    run.check_batches()  # nothing admitted twice, nothing from a superseded attempt
+    run.check_accounting()
+
+
+def test_trainbus_train_joins_a_running_cluster_by_address(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """The real command line, in its own process: a driver of the session's cluster."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ""}
+    command = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "train",
+        "--backend",
+        "ray",
+        "--ray-address",
+        ray_cluster.address,
+        "--steps",
+        "2",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    config = tmp_path / "small.toml"
+    config.write_text("[rollout]\nprompts_per_step = 8\ngroup_size = 4\n")
+    done = subprocess.run(
+        [*command, "--config", str(config)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["status"], summary["steps"]) == ("finished", 2)
+    (started,) = [e for e in read_events(out / "events.jsonl") if isinstance(e, FitStarted)]
+    assert started.backend == "ray"
+    # A driver that leaves: its actors are gone, the cluster it joined is not.
+    assert not [n for n in ray.util.list_named_actors(all_namespaces=True) if "trainbus-" in str(n)]
+    assert node_alive(ray_cluster.head.node_id) and node_alive(ray_cluster.second.node_id)

@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE:ATTR",
         help="register an extension class or factory (repeatable)",
     )
+    train.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="send the run to tensorboard, mlflow, wandb or prometheus[:PORT] (repeatable)",
+    )
     train.add_argument("--self-heal", action="store_true", help="register SelfHealingExtension")
     train.add_argument(
         "--stall-timeout", type=float, metavar="S", help="self-healing stall timeout"
@@ -189,6 +196,21 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+def _with_exports(config: dict[str, Any], flags: list[str]) -> dict[str, Any]:
+    """``config`` with ``--export NAME`` flags added to ``export.to`` (``prometheus:PORT``
+    also sets the port)."""
+    export = config["export"]
+    for flag in flags:
+        name, colon, port = flag.partition(":")
+        if colon:
+            if name != "prometheus" or not port.isdigit():
+                raise UsageError(f"--export {flag}: only prometheus takes a port (prometheus:PORT)")
+            export["prometheus"]["port"] = int(port)
+        if name not in export["to"]:
+            export["to"].append(name)
+    return config
+
+
 def _stop_on_signals(trainer: Any) -> dict[int, Any]:
     """First Ctrl-C or SIGTERM: finish the current step, save, stop cleanly. Second: stop
     now (the run is cancelled; its clean-up still runs). Returns the handlers replaced."""
@@ -248,6 +270,8 @@ def _train(args: argparse.Namespace) -> int:
             config = convert(
                 {**config.to_dict(), "extensions": [*config.extensions, *args.extension]}
             )
+        if args.export:
+            config = convert(_with_exports(config.to_dict(), args.export))
         faults = FaultInjector.parse(args.inject) if args.inject else None
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
@@ -272,6 +296,10 @@ def _train(args: argparse.Namespace) -> int:
     # Everything is validated: only now does the run folder appear.
     if not config.run.out:
         _link_latest(out)
+    exporters = {f"export-{name}" for name in config.export.to}
+    for registration in trainer.registrations:
+        if registration.name in exporters:
+            print(f"export: {registration.extension.describe()}", flush=True)  # type: ignore[attr-defined]
     # The progress view reports restarts, faults and drops as events; logs add only errors
     # (and everything with --verbose).
     level = logging.INFO if args.verbose else logging.ERROR

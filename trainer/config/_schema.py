@@ -18,6 +18,7 @@ from msgspec import Meta
 
 from ..rl._hparams import PolicyConfig, PPOConfig
 from ..rl._tasks import make_task
+from ._export import ExportConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -173,6 +174,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         rollout: ``[rollout]``.
         checkpoint: ``[checkpoint]``.
         self_heal: ``[self_heal]``.
+        export: ``[export]``: TensorBoard, MLflow, W&B, Prometheus.
         extensions: ``MODULE:ATTR`` of extension classes or factories to register.
         safe_point_timeout_s: How long a safe point waits for extension votes.
     """
@@ -185,6 +187,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     self_heal: SelfHealConfig = msgspec.field(default_factory=SelfHealConfig)
+    export: ExportConfig = msgspec.field(default_factory=ExportConfig)
     extensions: list[str] = msgspec.field(default_factory=list)
     safe_point_timeout_s: Seconds = 30.0
 

@@ -49,32 +49,41 @@ def _render(config: TrainerConfig, *, comments: bool) -> str:
         lines.append(f"{field.name} = {_value(value)}")
     for field in msgspec.structs.fields(config):
         section = getattr(config, field.name)
-        if not isinstance(section, msgspec.Struct):
-            continue
-        lines.append("")
-        if comments:
-            lines += _comment(_summary(type(section)))
-        lines.append(f"[{field.name}]")
-        docs = _attribute_docs(type(section))
-        nested: list[tuple[str, dict[str, Any]]] = []
-        for sub in msgspec.structs.fields(section):
-            value = getattr(section, sub.name)
-            if isinstance(value, dict):
-                nested.append((sub.name, value))
-                continue
+        if isinstance(section, msgspec.Struct):
+            _section(lines, field.name, section, comments=comments)
+    return "\n".join(lines) + "\n"
+
+
+def _section(lines: list[str], name: str, section: msgspec.Struct, *, comments: bool) -> None:
+    """``[name]`` with its scalars, then its tables (``[task.params]``, ``[export.mlflow]``)."""
+    lines.append("")
+    if comments:
+        lines += _comment(_summary(type(section)))
+    lines.append(f"[{name}]")
+    docs = _attribute_docs(type(section))
+    tables: list[tuple[str, dict[str, Any]]] = []
+    subsections: list[tuple[str, msgspec.Struct]] = []
+    for sub in msgspec.structs.fields(section):
+        value = getattr(section, sub.name)
+        if isinstance(value, dict):
+            tables.append((sub.name, value))
+        elif isinstance(value, msgspec.Struct):
+            subsections.append((sub.name, value))
+        else:
             if comments:
                 lines += _comment(docs.get(sub.name, ""))
             if value is None:
                 lines.append(f"# {sub.name} = (unset)")
             else:
                 lines.append(f"{sub.name} = {_value(value)}")
-        for name, table in nested:
-            lines.append("")
-            if comments:
-                lines += _comment(docs.get(name, ""))
-            lines.append(f"[{field.name}.{name}]")
-            lines += [f"{key} = {_value(item)}" for key, item in table.items()]
-    return "\n".join(lines) + "\n"
+    for key, table in tables:
+        lines.append("")
+        if comments:
+            lines += _comment(docs.get(key, ""))
+        lines.append(f"[{name}.{key}]")
+        lines += [f"{k} = {_value(item)}" for k, item in table.items()]
+    for key, subsection in subsections:
+        _section(lines, f"{name}.{key}", subsection, comments=comments)
 
 
 def _value(value: Any) -> str:

@@ -117,6 +117,8 @@ class PPOTrainer:
             safe_point_timeout=config.safe_point_timeout_s,
             capabilities=frozenset(Capability),
             host=TrainerView(self),
+            # Exporters may take a while to write what they hold when the run ends.
+            drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,
         )
         self.task = make_task(config.task.name, **config.task.params)
         self.stream = PromptStream(self.task, config.run.seed)
@@ -140,6 +142,11 @@ class PPOTrainer:
             self.registrations.append(self.bus.register_extension(healer))
         for spec in config.extensions:
             self.registrations.append(self.bus.register_extension(load_extension(spec)))
+        if config.export.to:
+            from .exporters._build import build_exporters
+
+            for exporter in build_exporters(config.export, self.out_dir):
+                self.registrations.append(self.bus.register_extension(exporter))
         self.record = RunRecord(self.out_dir)
         self.state = RunState(
             config,

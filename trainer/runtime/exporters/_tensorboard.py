@@ -1,0 +1,103 @@
+"""``TensorBoardExporter``: event files under the run folder (``tb/``), written through
+``torch.utils.tensorboard``: scalars per step, notes as text, the config as hyper-parameters.
+
+A resumed run writes into the same folder with ``purge_step`` set to its first step, so
+TensorBoard hides what the interrupted attempt wrote after the checkpoint: one curve, no
+doubled steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ...config._export import TensorBoardExportConfig
+from ._base import Exporter, RunEnd, RunStart
+from ._deps import require
+
+__all__ = ["TensorBoardExporter"]
+
+
+class TensorBoardExporter(Exporter):
+    """Writes a run as TensorBoard event files.
+
+    Args:
+        log_dir: The event files' folder.
+        flush_timeout_s: How long the end of a run waits for the files to be written.
+    """
+
+    def __init__(self, log_dir: str | Path, *, flush_timeout_s: float = 30.0) -> None:
+        require("tensorboard")
+        super().__init__(name="export-tensorboard", flush_timeout_s=flush_timeout_s)
+        self.log_dir = Path(log_dir)
+        self._writer: Any = None
+
+    @classmethod
+    def from_config(
+        cls, config: TensorBoardExportConfig, out_dir: Path, *, flush_timeout_s: float
+    ) -> TensorBoardExporter:
+        """Build from ``[export.tensorboard]`` for the run folder ``out_dir``."""
+        return cls(out_dir / config.log_dir, flush_timeout_s=flush_timeout_s)
+
+    def describe(self) -> str:
+        """Where the event files go and how to look at them."""
+        return f"tensorboard: {self.log_dir} (tensorboard --logdir {self.log_dir})"
+
+    def open(self, run: RunStart) -> None:
+        """Open the event files (hiding steps an interrupted attempt wrote after the
+        checkpoint) and, for a new run, write the config."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        purge = run.start_step + 1 if run.resumed else None
+        self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
+        if not run.resumed and run.config:
+            self._write_config(run)
+
+    def _write_config(self, run: RunStart) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        params = {key: _hparam(value) for key, value in flatten(run.config).items()}
+        # Written into this run's own files (SummaryWriter.add_hparams would start another
+        # run folder), with reward/mean as the metric the HParams view shows.
+        for summary in hparams(
+            params,  # type: ignore[no-untyped-call]
+            {"reward/mean": float("nan")},
+        ):
+            self._writer.file_writer.add_summary(summary)
+        lines = [f"| `{key}` | `{value}` |" for key, value in flatten(run.config).items()]
+        self._writer.add_text("config", "| key | value |\n|---|---|\n" + "\n".join(lines), 0)
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        """One scalar per metric at ``step``."""
+        for name, value in scalars.items():
+            self._writer.add_scalar(name, value, step)
+
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        """Decisions, restarts and recoveries, in TensorBoard's text view."""
+        self._writer.add_text(tag, text, step)
+
+    def close(self, end: RunEnd) -> None:
+        """Note how the run ended; flush and close the files."""
+        note = f"{end.status} at step {end.step}" + (f": {end.error}" if end.error else "")
+        self._writer.add_text("status", note, end.step)
+        self._writer.close()
+        self._writer = None
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"run": {"steps": 4}}`` as ``{"run.steps": 4}`` (lists kept as values)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _hparam(value: Any) -> bool | int | float | str:
+    # TensorBoard's hyper-parameters are numbers, booleans or strings.
+    if isinstance(value, bool | int | float | str):
+        return value
+    return "" if value is None else str(value)

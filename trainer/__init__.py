@@ -44,6 +44,15 @@ if TYPE_CHECKING:
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
     from .runtime._trainer import PPOTrainer as PPOTrainer
     from .runtime._trainer import TrainerView as TrainerView
+    from .runtime.exporters._base import Exporter as Exporter
+    from .runtime.exporters._base import ExportError as ExportError
+    from .runtime.exporters._base import ExporterStatistics as ExporterStatistics
+    from .runtime.exporters._base import RunEnd as RunEnd
+    from .runtime.exporters._base import RunStart as RunStart
+    from .runtime.exporters._mlflow import MlflowExporter as MlflowExporter
+    from .runtime.exporters._prometheus import PrometheusExporter as PrometheusExporter
+    from .runtime.exporters._tensorboard import TensorBoardExporter as TensorBoardExporter
+    from .runtime.exporters._wandb import WandbExporter as WandbExporter
 
 
 def _exports() -> dict[str, str]:

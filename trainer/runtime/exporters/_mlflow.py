@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ...config._export import MlflowExportConfig
 from ._base import Exporter, RunEnd, RunStart
 from ._deps import require
@@ -72,14 +74,8 @@ class MlflowExporter(Exporter):
         cls, config: MlflowExportConfig, out_dir: Path, *, flush_timeout_s: float
     ) -> MlflowExporter:
         """Build from ``[export.mlflow]`` for the run folder ``out_dir``."""
-        return cls(
-            out_dir,
-            tracking_uri=config.tracking_uri,
-            experiment=config.experiment,
-            run_name=config.run_name,
-            log_model=config.log_model,
-            flush_timeout_s=flush_timeout_s,
-        )
+        # The section's keys are the constructor's keyword arguments.
+        return cls(out_dir, **msgspec.structs.asdict(config), flush_timeout_s=flush_timeout_s)
 
     def describe(self) -> str:
         """Where the runs go and how to look at them."""

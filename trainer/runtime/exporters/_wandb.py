@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ...config._export import WandbExportConfig
 from ._base import Exporter, RunEnd, RunStart
 from ._deps import require
@@ -58,14 +60,8 @@ class WandbExporter(Exporter):
         cls, config: WandbExportConfig, out_dir: Path, *, flush_timeout_s: float
     ) -> WandbExporter:
         """Build from ``[export.wandb]`` for the run folder ``out_dir``."""
-        return cls(
-            out_dir,
-            project=config.project,
-            entity=config.entity,
-            run_name=config.run_name,
-            mode=config.mode,
-            flush_timeout_s=flush_timeout_s,
-        )
+        # The section's keys are the constructor's keyword arguments.
+        return cls(out_dir, **msgspec.structs.asdict(config), flush_timeout_s=flush_timeout_s)
 
     def describe(self) -> str:
         """Where the run goes."""

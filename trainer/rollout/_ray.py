@@ -1,6 +1,6 @@
 """The Ray backend: rollout workers as Ray actors, behind the same interface as ``local``.
 
-Each actor is a thin wrapper around :class:`~trainer.rollout._worker.RolloutWorker`. The driver side
+Each actor (:mod:`._ray_actor`) is a thin wrapper around a rollout worker. The driver side
 runs on the trainer's asyncio loop (Ray object refs are awaitable): one *slot* task per actor
 takes work from the current generation's queue, so every actor has at most one call in flight
 and idle actors pull work as they free up. A restart starts a new generation: the old slot
@@ -18,9 +18,10 @@ the node holding fewest of this run's actors, so losing a node loses only its sh
 replacements go to the nodes that are left. Every actor reports the node it really runs on,
 and its results carry it.
 
-Ray itself: the backend joins ``address`` when one is given, uses the running instance when
-Ray is already initialised (a test fixture, a user's script), and otherwise starts a small
-local instance confined to loopback, which :meth:`RayBackend.close` shuts down again.
+Ray itself (:mod:`._ray_session`): the backend joins ``address`` when one is given, uses the
+running instance when Ray is already initialised (a test fixture, a user's script), and
+otherwise starts a small local instance confined to loopback, which :meth:`RayBackend.close`
+shuts down again.
 """
 
 from __future__ import annotations
@@ -28,21 +29,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
-import os
-import signal
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
 import anyio
-import torch
 
 try:
     import ray
     from ray import ObjectRef
-    from ray.actor import ActorClass, ActorHandle
+    from ray.actor import ActorHandle
     from ray.exceptions import RayActorError, RayError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
@@ -52,17 +49,13 @@ from replay import RolloutResult
 from ._backend import BackendCounters, BackendStatistics, ResultSink
 from ._faults import FaultInjector
 from ._placement import affinity, choose_nodes, live_nodes
+from ._ray_actor import RolloutActor, remote_actor_class
+from ._ray_session import init_ray
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
-__all__ = ["RayBackend", "RolloutActor"]
+__all__ = ["RayBackend"]
 
 logger = logging.getLogger("trainbus.ray")
-
-# The local instance only hosts this run's actors (by default they ask for no CPUs), so a
-# couple of logical CPUs and a small object store (weights are kilobytes to megabytes per
-# version) are enough; Ray's defaults would size both to the whole machine.
-_LOCAL_MIN_CPUS = 2
-_LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
 
 
 @dataclass(eq=False)
@@ -89,47 +82,6 @@ class _Generation:
     # Releases a slow-fault wait in after_work() (a worker thread) when the generation retires.
     stop: threading.Event = field(default_factory=threading.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-
-class RolloutActor:
-    """The actor: a :class:`RolloutWorker` in its own process.
-
-    Args:
-        spec: What the worker builds.
-        worker_id: Shown in logs and events.
-        weights: The initial weights (Ray resolves the object reference it is given).
-        version: Their policy version.
-    """
-
-    def __init__(self, spec: WorkerSpec, worker_id: str, weights: bytes, version: int) -> None:
-        # Several actors share the machine with the trainer: one intra-op thread each
-        # (more threads busy-wait against each other and slow every step down).
-        torch.set_num_threads(spec.torch_threads)
-        self.node = ray.get_runtime_context().get_node_id()
-        self.worker = RolloutWorker(spec, worker_id, node=self.node)
-        self.worker.load_weights(weights, version)
-
-    @ray.method
-    def ready(self) -> tuple[int, str]:
-        """Answers once the worker is built: the actor's process id and node id."""
-        return os.getpid(), self.node
-
-    @ray.method
-    def run(self, work: RolloutWork) -> list[RolloutResult]:
-        """Run ``work`` with the weights loaded last."""
-        return self.worker.run(work)
-
-    @ray.method
-    def load_and_run(self, weights: bytes, version: int, work: RolloutWork) -> list[RolloutResult]:
-        """Load ``weights`` as ``version`` (Ray fetches them by reference), then run ``work``."""
-        self.worker.load_weights(weights, version)
-        return self.worker.run(work)
-
-    @ray.method
-    def hang(self) -> None:
-        """Never answer: the ``hang`` fault (the actor is killed at the next restart), and
-        the probe that tells when a killed actor is really gone."""
-        threading.Event().wait()
 
 
 class RayBackend:
@@ -209,7 +161,7 @@ class RayBackend:
         self._sink = sink
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
-        self._init_ray()
+        self._owns_ray = init_ray(self.address, self.workers * self._actor_cpus)
         try:
             self._put_weights(weights, version)
             self._generation = await self._spawn(self._queue)
@@ -298,43 +250,6 @@ class RayBackend:
 
     # --- Ray and actors -------------------------------------------------------------------
 
-    def _init_ray(self) -> None:
-        if ray.is_initialized():
-            return
-        # ray.init installs a SIGTERM handler that exits the process at once; the host's own
-        # (trainbus train stops cleanly at the next step boundary) must stay in charge.
-        in_main = threading.current_thread() is threading.main_thread()
-        sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
-        try:
-            self._start_ray()
-        finally:
-            if sigterm is not None:
-                signal.signal(signal.SIGTERM, sigterm)
-
-    def _start_ray(self) -> None:
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # RAY_ADDRESS is how Ray users point every driver at their cluster.
-        address = self.address or os.environ.get("RAY_ADDRESS") or None
-        # On this loop's thread: ray.init is a one-off of a few seconds before any work
-        # exists, and Ray only installs its signal handling from the main thread.
-        if address is not None:
-            logger.info("joining the Ray cluster at %s", address)
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        else:
-            # Enough logical CPUs that the actors can always be placed.
-            cpus = max(_LOCAL_MIN_CPUS, math.ceil(self.workers * self._actor_cpus))
-            logger.info("starting a local Ray instance (%d CPUs)", cpus)
-            ray.init(
-                num_cpus=cpus,
-                include_dashboard=False,
-                object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-                # A local instance serves this process only: keep it off the network.
-                _node_ip_address="127.0.0.1",
-            )
-        self._owns_ray = True
-
     def _put_weights(self, weights: bytes, version: int) -> None:
         serial = self._weights[0] + 1
         # Once per version; every actor fetches this one copy by reference. The old
@@ -348,7 +263,7 @@ class RayBackend:
         """Start a generation of actors with the latest weights and wait until they answer."""
         number, self._generations = self._generations, self._generations + 1
         serial, version, ref = self._weights
-        remote = _remote_actor_class()
+        remote = remote_actor_class()
         # Read the nodes now: after a node's loss the replacements go to the survivors.
         nodes = choose_nodes(live_nodes(), {}, self.workers, actor_cpus=self._actor_cpus)
         actors = []
@@ -509,12 +424,6 @@ class RayBackend:
             # A real death: the call then fails with ActorDiedError like any crash would.
             _kill_actor(actor)
         return await call
-
-
-@functools.cache
-def _remote_actor_class() -> ActorClass[RolloutActor]:
-    """The actor class, made once (Ray registers it with the cluster on first use)."""
-    return ray.remote(RolloutActor)
 
 
 def _kill_actor(actor: _Actor) -> None:

@@ -1,0 +1,70 @@
+"""The Ray actor: a rollout worker in its own process, as the Ray backend's actors run it.
+
+Ray imports this module in every actor process; the backend (:mod:`._ray`) only holds
+handles. The actor's methods are what the backend calls: ``ready`` once it is built,
+``run`` or ``load_and_run`` for each piece of work, ``hang`` for the fault and as the probe
+that tells when a killed actor is really gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+import ray
+import torch
+from ray.actor import ActorClass
+
+from replay import RolloutResult
+
+from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+
+__all__ = ["RolloutActor", "remote_actor_class"]
+
+
+class RolloutActor:
+    """The actor: a :class:`RolloutWorker` in its own process.
+
+    Args:
+        spec: What the worker builds.
+        worker_id: Shown in logs and events.
+        weights: The initial weights (Ray resolves the object reference it is given).
+        version: Their policy version.
+    """
+
+    def __init__(self, spec: WorkerSpec, worker_id: str, weights: bytes, version: int) -> None:
+        # Several actors share the machine with the trainer: one intra-op thread each
+        # (more threads busy-wait against each other and slow every step down).
+        torch.set_num_threads(spec.torch_threads)
+        self.node = ray.get_runtime_context().get_node_id()
+        self.worker = RolloutWorker(spec, worker_id, node=self.node)
+        self.worker.load_weights(weights, version)
+
+    @ray.method
+    def ready(self) -> tuple[int, str]:
+        """Answers once the worker is built: the actor's process id and node id."""
+        return os.getpid(), self.node
+
+    @ray.method
+    def run(self, work: RolloutWork) -> list[RolloutResult]:
+        """Run ``work`` with the weights loaded last."""
+        return self.worker.run(work)
+
+    @ray.method
+    def load_and_run(self, weights: bytes, version: int, work: RolloutWork) -> list[RolloutResult]:
+        """Load ``weights`` as ``version`` (Ray fetches them by reference), then run ``work``."""
+        self.worker.load_weights(weights, version)
+        return self.worker.run(work)
+
+    @ray.method
+    def hang(self) -> None:
+        """Never answer: the ``hang`` fault (the actor is killed at the next restart), and
+        the probe that tells when a killed actor is really gone."""
+        threading.Event().wait()
+
+
+@functools.cache
+def remote_actor_class() -> ActorClass[RolloutActor]:
+    """The actor class, made once (Ray registers it with the cluster on first use)."""
+    return ray.remote(RolloutActor)

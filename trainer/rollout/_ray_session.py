@@ -1,0 +1,75 @@
+"""Ray itself, for the Ray backend: join a cluster, use the running instance, or start one.
+
+:func:`init_ray` joins ``address`` (or ``RAY_ADDRESS``) when one is given, leaves a Ray that
+is already initialised (a test fixture, a user's script) as it is, and otherwise starts a
+small local instance confined to loopback. Whoever it returns True to shuts Ray down again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+
+import ray
+
+__all__ = ["init_ray"]
+
+logger = logging.getLogger("trainbus.ray")
+
+# The local instance only hosts this run's actors (by default they ask for no CPUs), so a
+# couple of logical CPUs and a small object store (weights are kilobytes to megabytes per
+# version) are enough; Ray's defaults would size both to the whole machine.
+_LOCAL_MIN_CPUS = 2
+_LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+def init_ray(address: str | None, cpus_needed: float) -> bool:
+    """Make sure this process is connected to Ray.
+
+    Args:
+        address: A cluster to join; None: ``RAY_ADDRESS``, else a local instance.
+        cpus_needed: Logical CPUs the actors reserve together (a local instance gets at
+            least that many, so they can always be placed).
+
+    Returns:
+        Whether this call connected (the caller then owns the connection and shuts it
+        down); False when Ray was already initialised.
+    """
+    if ray.is_initialized():
+        return False
+    # ray.init installs a SIGTERM handler that exits the process at once; the host's own
+    # (trainbus train stops cleanly at the next step boundary) must stay in charge.
+    in_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
+    try:
+        _start(address, cpus_needed)
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+    return True
+
+
+def _start(address: str | None, cpus_needed: float) -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # RAY_ADDRESS is how Ray users point every driver at their cluster.
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    # On this loop's thread: ray.init is a one-off of a few seconds before any work
+    # exists, and Ray only installs its signal handling from the main thread.
+    if address is not None:
+        logger.info("joining the Ray cluster at %s", address)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        return
+    cpus = max(_LOCAL_MIN_CPUS, math.ceil(cpus_needed))
+    logger.info("starting a local Ray instance (%d CPUs)", cpus)
+    ray.init(
+        num_cpus=cpus,
+        include_dashboard=False,
+        object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        # A local instance serves this process only: keep it off the network.
+        _node_ip_address="127.0.0.1",
+    )

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .rl._hparams import PPOConfig as PPOConfig
     from .rl._tasks import TASKS as TASKS
     from .rl._tasks import make_task as make_task
+    from .rl._text_tasks import task_reward as task_reward
     from .rollout._backend import BackendStatistics as BackendStatistics
     from .rollout._backend import ResultSink as ResultSink
     from .rollout._backend import RolloutBackend as RolloutBackend
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from .rollout._ray import RayBackend as RayBackend
     from .rollout._worker import RolloutWork as RolloutWork
     from .rollout._worker import RolloutWorker as RolloutWorker
-    from .rollout._worker import WorkerSpec as WorkerSpec
+    from .rollout._workload import WorkerSpec as WorkerSpec
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
     from .runtime._decisions import RunAborted as RunAborted

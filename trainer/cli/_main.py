@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ._errors import EXIT_USAGE, UsageError
+from ._workload import add_workload_commands, run_workload_command
 
 __all__ = ["main"]
 
@@ -70,6 +71,17 @@ def _parser() -> argparse.ArgumentParser:
         "--inject", action="append", default=[], metavar="FAULT@STEP", help="inject a fault"
     )
     train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
+    train.add_argument("--model", metavar="DIR", help="a Hugging Face causal LM folder")
+    train.add_argument("--dataset", metavar="FILE", help="prompts (JSONL, JSON, Parquet, CSV)")
+    train.add_argument("--val-dataset", metavar="FILE", help="validation prompts")
+    train.add_argument(
+        "--reward",
+        action="append",
+        default=[],
+        metavar="MODULE:FUNC",
+        help="a reward function with TRL's signature (repeatable)",
+    )
+    train.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where the learner runs")
     train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
     train.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
 
@@ -98,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
     config_commands.add_parser("example", help="print a commented example configuration")
 
+    add_workload_commands(commands)
+
     bench = commands.add_parser("bench", help="run the benchmark suite and print its tables")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     bench.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
@@ -122,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _config_command(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command in ("model", "dataset"):
+            return run_workload_command(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -187,6 +203,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "rollout.ray_address": args.ray_address,
         "rollout.wait_timeout_s": args.wait_timeout,
         "self_heal.stall_timeout_s": args.stall_timeout,
+        "model.path": args.model,
+        "task.dataset": args.dataset,
+        "task.val_dataset": args.val_dataset,
+        "task.rewards": args.reward or None,
+        "run.device": args.device,
     }
     overrides = {key: value for key, value in flags.items() if value is not None}
     if args.self_heal:
@@ -262,6 +283,7 @@ def _train(args: argparse.Namespace) -> int:
     from eventbus import ExtensionError
 
     from ..config._schema import ConfigError, convert, load_config
+    from ..rl._hparams import WorkloadError
     from ..rollout._faults import FaultInjector
 
     try:
@@ -289,10 +311,13 @@ def _train(args: argparse.Namespace) -> int:
     from ._progress import PlainProgress
 
     try:
-        # Registers config.extensions and, with self_heal.enabled, SelfHealingExtension.
+        # Registers config.extensions and, with self_heal.enabled, SelfHealingExtension;
+        # loads the model, the datasets and the reward functions.
         trainer = PPOTrainer(config, out_dir=out, faults=faults)
-    except ExtensionError as exc:
+    except (ExtensionError, WorkloadError) as exc:
         raise UsageError(str(exc)) from None
+    for notice in trainer.workload.notices:
+        print(f"notice: {notice}", file=sys.stderr)
     # Everything is validated: only now does the run folder appear.
     if not config.run.out:
         _link_latest(out)

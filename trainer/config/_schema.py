@@ -9,6 +9,7 @@ written.
 from __future__ import annotations
 
 import random
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from ..rl._hf import ModelLoadError, check_model_folder
 from ..rl._hparams import PolicyConfig, PPOConfig
 from ..rl._tasks import make_task
 from ._export import ExportConfig
@@ -58,27 +60,68 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         out: The run folder (``events.jsonl``, ``metrics.jsonl``, ``checkpoints/``,
             ``summary.json``). Default: a new ``runs/YYYYmmdd-HHMMSS`` folder per run; an
             existing folder with checkpoints is resumed.
+        device: Where the learner runs a Hugging Face model: ``auto`` (CUDA when there is
+            one, else the CPU), ``cpu`` or ``cuda``. The built-in network runs on the CPU.
     """
 
     steps: PositiveInt = 60
     seed: int = 0
     mode: Literal["sync", "async"] = "sync"
     out: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 class TaskConfig(_Section, frozen=True, kw_only=True):
-    """``[task]``: the built-in task, with a verifiable reward.
+    """``[task]``: what is learned: a built-in task, or your prompts and reward functions.
 
     Attributes:
-        name: reverse, sort, copy or add (digit strings; add does not learn well yet).
-        params: The task's parameters, e.g. length = 5 (digits per prompt).
+        name: The built-in task: reverse, sort, copy or add (digit strings; add does not
+            learn well yet). With a Hugging Face model and no dataset, it is rendered as text.
+        params: The built-in task's parameters, e.g. length = 5 (digits per prompt).
+        dataset: Prompts for a Hugging Face model: JSONL, JSON, Parquet, CSV, or a folder
+            saved by datasets; column prompt_column holds a string or chat messages, every
+            other column goes to the reward functions.
+        val_dataset: Validation prompts, evaluated every eval_every steps (val/reward_mean).
+        prompt_column: The dataset column holding the prompts.
+        rewards: Reward functions as MODULE:FUNC (or path/to/file.py:FUNC) with TRL's
+            signature, reward(prompts, completions, **columns) -> list[float | None].
+            Default with a built-in task: its own reward (trainer:task_reward).
+        reward_weights: One weight per reward function (default: 1 each); a rollout's reward
+            is the weighted sum of the functions that scored it.
+        reward_timeout_s: Longest a reward function call may take; a call that raises,
+            hangs past it or returns a bad value fails those rollouts, not the run.
+        max_new_tokens: Longest completion, in tokens (default: the built-in task's answer
+            length; 64 with a dataset).
+        eval_every: Evaluate the validation prompts every N steps (greedy decoding).
     """
 
     name: str = "reverse"
     params: dict[str, Any] = msgspec.field(default_factory=lambda: {"length": 5})
+    dataset: str | None = None
+    val_dataset: str | None = None
+    prompt_column: str = "prompt"
+    rewards: list[str] = msgspec.field(default_factory=list)
+    reward_weights: list[float] | None = None
+    reward_timeout_s: Seconds = 30.0
+    max_new_tokens: PositiveInt | None = None
+    eval_every: PositiveInt = 10
 
     def __post_init__(self) -> None:
         make_task(self.name, **self.params)  # raises ValueError naming the problem
+        for key in ("dataset", "val_dataset"):
+            path = getattr(self, key)
+            if path is not None and not Path(path).exists():
+                raise ValueError(f"{key}: {path} does not exist")
+        for spec in self.rewards:
+            module, colon, attr = spec.rpartition(":")
+            if not (module and colon and attr):
+                raise ValueError(f"rewards: {spec!r} is not of the form MODULE:FUNC")
+        weights, functions = self.reward_weights, len(self.rewards) or 1  # 1: the task's own
+        if weights is not None and len(weights) != functions:
+            raise ValueError(
+                f"reward_weights: {len(weights)} weights for {functions} reward function"
+                + ("s" if functions > 1 else "")
+            )
 
 
 class OptimizerConfig(_Section, frozen=True, kw_only=True):
@@ -112,6 +155,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
             default: the ``RAY_ADDRESS`` environment variable, else a local instance.
         ray_actor_cpus: ``ray`` backend: CPUs each rollout actor reserves (0 lets any number
             share a node; actors are spread over the cluster's nodes either way).
+        device: Where rollout workers run a Hugging Face model (default: run.device).
+        top_p: Nucleus sampling for a Hugging Face model (1 samples from every token).
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -127,6 +172,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     max_failed_fraction: Fraction = 0.5
     ray_address: str | None = None
     ray_actor_cpus: Annotated[float, Meta(ge=0)] = 0.0
+    device: Literal["auto", "cpu", "cuda"] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
 
 
 class CheckpointConfig(_Section, frozen=True, kw_only=True):
@@ -192,14 +239,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     safe_point_timeout_s: Seconds = 30.0
 
     def __post_init__(self) -> None:
-        task = make_task(self.task.name, **self.task.params)
-        needed = len(task.sample_prompt(random.Random(0), "p").tokens)
-        needed += task.max_response_len
-        if self.model.kind == "transformer" and needed > self.model.max_seq_len:
-            raise ValueError(
-                f"model.max_seq_len is {self.model.max_seq_len}, but task {task.name!r} needs "
-                f"{needed} (prompt + response)"
-            )
+        self._check_workload()
         rollout = self.rollout
         if rollout.ray_address is not None and rollout.backend != "ray":
             raise ValueError(
@@ -218,6 +258,39 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
             module, colon, attr = spec.partition(":")
             if not (module and colon and attr):
                 raise ValueError(f"extensions: {spec!r} is not of the form MODULE:ATTR")
+
+    def _check_workload(self) -> None:
+        """The model, the prompts and the rewards must fit together."""
+        task = self.task
+        if self.model.path is not None:
+            try:
+                check_model_folder(self.model.path)
+            except ModelLoadError as exc:
+                raise ValueError(f"model.path: {exc}") from None
+            if task.dataset is not None and not task.rewards:
+                raise ValueError(
+                    "task.rewards: a dataset needs at least one reward function (MODULE:FUNC)"
+                )
+            return
+        for key in ("dataset", "val_dataset"):
+            if getattr(task, key) is not None:
+                raise ValueError(f"task.{key} needs a Hugging Face model (model.path, --model)")
+        if task.rewards:
+            raise ValueError("task.rewards need a Hugging Face model (model.path, --model)")
+        for key in ("run", "rollout"):
+            if getattr(self, key).device == "cuda":
+                raise ValueError(
+                    f"{key}.device: the built-in network runs on the CPU; cuda needs a "
+                    "Hugging Face model (model.path)"
+                )
+        builtin = make_task(task.name, **task.params)
+        needed = len(builtin.sample_prompt(random.Random(0), "p").tokens)
+        needed += builtin.max_response_len
+        if self.model.kind == "transformer" and needed > self.model.max_seq_len:
+            raise ValueError(
+                f"model.max_seq_len is {self.model.max_seq_len}, but task {builtin.name!r} "
+                f"needs {needed} (prompt + response)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for ``config show``, checkpoints and ``summary.json``)."""
@@ -288,4 +361,6 @@ def _readable(message: str) -> str:
         return f"{key}.{name}: unknown key" if key else f"{name}: unknown key"
     if not key:
         return text
+    if re.match(r"^[a-z_]+: ", text):  # a section's check naming its own key
+        return f"{key}.{text}"
     return f"{key}: {text[0].lower()}{text[1:]}" if text else key

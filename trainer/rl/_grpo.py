@@ -12,14 +12,27 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 import torch
 from torch import Tensor
 
 from trainer.rl._hparams import Completion, PPOConfig
-from trainer.rl._policy import Policy, response_logprobs
 from trainer.rl._tasks import Prompt
+
+
+class TrainablePolicy(Protocol):
+    """What the update needs of a policy: the built-in ones and ``HFPolicy`` both are."""
+
+    def response_logprobs(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(logprobs, entropy, mask)`` of the responses, with gradients."""
+        ...
 
 
 class Sample(msgspec.Struct, frozen=True):
@@ -79,27 +92,26 @@ def _k3_kl(log_ratio: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def _padded_logprobs(rows: Sequence[Sequence[float]]) -> Tensor:
+def _padded_logprobs(rows: Sequence[Sequence[float]], device: torch.device) -> Tensor:
     width = max(1, *(len(r) for r in rows))
-    return torch.tensor([[*r, *[0.0] * (width - len(r))] for r in rows])
+    return torch.tensor([[*r, *[0.0] * (width - len(r))] for r in rows], device=device)
 
 
 def _minibatch_loss(
-    policy: Policy,
+    policy: TrainablePolicy,
     samples: Sequence[Sample],
     old_logprobs: Tensor,
     ref_logprobs: Tensor | None,
     config: PPOConfig,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of one minibatch and its per-token statistics (see :func:`ppo_update`)."""
-    logprobs, entropy, mask = response_logprobs(
-        policy,
+    logprobs, entropy, mask = policy.response_logprobs(
         [s.prompt_tokens for s in samples],
         [s.response_tokens for s in samples],
         config.temperature,
     )
     width = mask.shape[1]
-    adv = torch.tensor([s.advantage for s in samples]).unsqueeze(1)
+    adv = torch.tensor([s.advantage for s in samples], device=mask.device).unsqueeze(1)
     # Padding is masked before exp so it can never produce inf * 0 = NaN gradients.
     log_ratio = torch.where(mask, logprobs - old_logprobs[:, :width], 0.0)
     ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
@@ -132,8 +144,8 @@ def _minibatch_loss(
 
 
 def ppo_update(
-    policy: Policy,
-    ref_policy: Policy | None,
+    policy: TrainablePolicy,
+    ref_policy: TrainablePolicy | None,
     optimizer: torch.optim.Optimizer,
     samples: Sequence[Sample],
     config: PPOConfig,
@@ -171,18 +183,18 @@ def ppo_update(
         raise ValueError("ppo_update needs at least one sample")
     if any(len(s.logprobs) != len(s.response_tokens) for s in samples):
         raise ValueError("a sample has a different number of logprobs and response tokens")
-    old_logprobs = _padded_logprobs([s.logprobs for s in samples])
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    device = params[0].device
+    old_logprobs = _padded_logprobs([s.logprobs for s in samples], device)
     ref_logprobs = None
     if config.kl_coef > 0 and ref_policy is not None:
         with torch.no_grad():  # once per batch: the reference never changes
-            ref_logprobs, _, _ = response_logprobs(
-                ref_policy,
+            ref_logprobs, _, _ = ref_policy.response_logprobs(
                 [s.prompt_tokens for s in samples],
                 [s.response_tokens for s in samples],
                 config.temperature,
             )
 
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
     size = config.minibatch_size or len(samples)
     sums: dict[str, float] = {}

@@ -12,13 +12,21 @@ import msgspec
 
 from ._tasks import VOCAB_SIZE
 
-__all__ = ["Completion", "PPOConfig", "PolicyConfig"]
+__all__ = ["Completion", "PPOConfig", "PolicyConfig", "WorkloadError"]
+
+
+class WorkloadError(ValueError):
+    """The model, the prompts or the reward functions cannot be used; the message is one
+    line naming the folder, file, column or function and the problem."""
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The policy network's shape (workers rebuild the model from it).
+    """The policy: a Hugging Face model folder, or the built-in network's shape.
 
     Attributes:
+        path: A Hugging Face causal LM saved with ``save_pretrained`` (config, weights,
+            tokenizer), loaded from disk only; ``trainbus model init DIR`` writes a small one.
+            Unset: the built-in network below (the other keys apply only to it).
         kind: ``"transformer"`` (causal, pre-LayerNorm) or ``"gru"``.
         vocab_size: number of token ids.
         d_model: embedding and hidden width.
@@ -28,6 +36,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         max_seq_len: longest prompt plus response (transformer position table size).
     """
 
+    path: str | None = None
     kind: Literal["transformer", "gru"] = "transformer"
     vocab_size: int = VOCAB_SIZE
     d_model: int = 64
@@ -41,6 +50,17 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"unknown policy kind {self.kind!r}; use 'transformer' or 'gru'")
         if self.d_model % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model})")
+        if self.path is not None:
+            shaped = [
+                f.name
+                for f in msgspec.structs.fields(self)
+                if f.name != "path" and getattr(self, f.name) != f.default
+            ]
+            if shaped:
+                raise ValueError(
+                    f"{shaped[0]} shapes the built-in network; it does not apply to the "
+                    f"Hugging Face model at path {self.path!r}"
+                )
 
 
 class Completion(msgspec.Struct, frozen=True):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,8 @@ from torch import Tensor, nn
 
 from trainer.rl._hparams import Completion, PolicyConfig
 from trainer.rl._tasks import EOS, PAD, Prompt
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 class Policy(nn.Module):
@@ -38,6 +41,15 @@ class Policy(nn.Module):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
         self.config = config
+
+    def response_logprobs(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """See :func:`response_logprobs` (the update calls every policy through this)."""
+        return response_logprobs(self, prompts, responses, temperature)
 
 
 class _Block(nn.Module):
@@ -117,7 +129,7 @@ def build_policy(config: PolicyConfig, seed: int | None = None) -> Policy:
         return cls(config)
 
 
-def frozen_copy(policy: Policy) -> Policy:
+def frozen_copy(policy: ModuleT) -> ModuleT:
     """A deep copy with gradients off, in eval mode: a fixed reference policy for the KL term."""
     ref = copy.deepcopy(policy).eval()
     ref.requires_grad_(False)
@@ -127,14 +139,15 @@ def frozen_copy(policy: Policy) -> Policy:
 def weights_to_bytes(policy: nn.Module) -> bytes:
     """Serialise the policy's ``state_dict`` (for weight sync to rollout workers)."""
     buffer = io.BytesIO()
-    torch.save(policy.state_dict(), buffer)
+    # On the CPU: a worker may sit on another device (or have none but the CPU).
+    torch.save({key: value.cpu() for key, value in policy.state_dict().items()}, buffer)
     return buffer.getvalue()
 
 
 def load_weights(policy: nn.Module, data: bytes) -> None:
     """Load weights produced by :func:`weights_to_bytes` into ``policy`` (shapes must match)."""
-    state = torch.load(io.BytesIO(data), weights_only=True)
-    policy.load_state_dict(state)
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    policy.load_state_dict(state)  # copies into the parameters, on whatever device they are
 
 
 def _tokens_of(prompt: Prompt | Sequence[int]) -> tuple[int, ...]:
@@ -233,8 +246,66 @@ def _sample(
     return completions
 
 
-def _padded(tokens: Sequence[int], width: int) -> list[int]:
-    return [*tokens, *([PAD] * (width - len(tokens)))]
+def _padded(tokens: Sequence[int], width: int, pad: int = PAD) -> list[int]:
+    return [*tokens, *([pad] * (width - len(tokens)))]
+
+
+Forward = Callable[[Tensor, Tensor], Tensor]
+"""``forward(tokens [B, T], attention_mask [B, T]) -> logits [B, T, V]``."""
+
+
+def score_responses(
+    forward: Forward,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    *,
+    pad: int = PAD,
+    device: torch.device | str = "cpu",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token log-probs and entropies of ``responses`` given ``prompts``, with gradients.
+
+    The one implementation behind every policy's ``response_logprobs``. Sequences are
+    right-padded with ``pad``: in a causal model padding after a token never affects it, so
+    prompts and responses of any lengths share a batch (the attention mask marks the real
+    tokens for models that use it).
+
+    Args:
+        forward: The model: token ids and attention mask to next-token logits.
+        prompts: Prompt token ids, one sequence per row (non-empty).
+        responses: Response token ids, one sequence per row.
+        temperature: Logits are divided by it (as in sampling); must be > 0.
+        pad: The token id that fills the padding.
+        device: Where the batch is built (the model's device).
+
+    Returns:
+        ``(logprobs, entropy, mask)``, each ``[B, R]`` with ``R`` the longest response;
+        ``mask`` is True on real response tokens and the other two are 0 elsewhere.
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    prompt_lens = torch.tensor([len(p) for p in prompts], device=device)
+    response_lens = torch.tensor([len(r) for r in responses], device=device)
+    width = max(int((prompt_lens + response_lens).max()), 2)
+    r_max = max(int(response_lens.max()), 1)
+    seqs = torch.tensor(
+        [_padded([*p, *r], width, pad) for p, r in zip(prompts, responses, strict=True)],
+        device=device,
+    )
+    targets = torch.tensor([_padded(r, r_max, pad) for r in responses], device=device)
+    positions = torch.arange(width - 1, device=device)
+    attention = positions.unsqueeze(0) < (prompt_lens + response_lens).unsqueeze(1)
+    logits = forward(seqs[:, :-1], attention).float() / temperature
+    # Response token j of a row sits at position P + j and is predicted at position P + j - 1.
+    offsets = torch.arange(r_max, device=device)
+    mask = offsets.unsqueeze(0) < response_lens.unsqueeze(1)
+    index = (prompt_lens.unsqueeze(1) - 1 + offsets).clamp(max=width - 2)
+    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    logp_all = F.log_softmax(picked, dim=-1)
+    logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    zero = torch.zeros((), device=device)
+    return torch.where(mask, logprobs, zero), torch.where(mask, entropy, zero), mask
 
 
 def response_logprobs(
@@ -243,37 +314,6 @@ def response_logprobs(
     responses: Sequence[Sequence[int]],
     temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token log-probs and entropies of ``responses`` given ``prompts``, with gradients.
-
-    Sequences are right-padded: in a causal model padding after a token never affects it,
-    so prompts and responses of any lengths can share a batch.
-
-    Args:
-        policy: the policy to evaluate.
-        prompts: prompt token ids, one sequence per row (non-empty).
-        responses: response token ids, one sequence per row.
-        temperature: logits are divided by it (as in :func:`generate`); must be > 0.
-
-    Returns:
-        ``(logprobs, entropy, mask)``, each ``[B, R]`` with ``R`` the longest response;
-        ``mask`` is True on real response tokens and the other two are 0 elsewhere.
-    """
-    if len(prompts) != len(responses):
-        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-    prompt_lens = torch.tensor([len(p) for p in prompts])
-    response_lens = torch.tensor([len(r) for r in responses])
-    width = max(int((prompt_lens + response_lens).max()), 2)
-    r_max = max(int(response_lens.max()), 1)
-    seqs = torch.tensor([_padded([*p, *r], width) for p, r in zip(prompts, responses, strict=True)])
-    targets = torch.tensor([_padded(r, r_max) for r in responses])
-    logits = policy(seqs[:, :-1]).float() / temperature
-    # Response token j of a row sits at position P + j and is predicted at position P + j - 1.
-    offsets = torch.arange(r_max)
-    mask = offsets.unsqueeze(0) < response_lens.unsqueeze(1)
-    index = (prompt_lens.unsqueeze(1) - 1 + offsets).clamp(max=width - 2)
-    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    logp_all = F.log_softmax(picked, dim=-1)
-    logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    zero = torch.zeros(())
-    return torch.where(mask, logprobs, zero), torch.where(mask, entropy, zero), mask
+    """Per-token log-probs and entropies of ``responses`` under a built-in policy (see
+    :func:`score_responses`)."""
+    return score_responses(lambda seqs, _mask: policy(seqs), prompts, responses, temperature)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
@@ -204,6 +204,20 @@ def make_task(name: str, **params: Any) -> Task:
         return msgspec.convert(params, factory, strict=True)
     except msgspec.ValidationError as exc:
         raise ValueError(f"bad parameter for task {name!r}: {exc}") from exc
+
+
+class PromptSource(Protocol):
+    """A deterministic, resumable stream of prompts (what the rollout driver draws from).
+
+    Attributes:
+        position: Index of the next prompt (saved in checkpoints).
+    """
+
+    position: int
+
+    def next_prompts(self, n: int) -> Sequence[Prompt]:
+        """The next ``n`` prompts; advances ``position`` by ``n``."""
+        ...
 
 
 class PromptStream:

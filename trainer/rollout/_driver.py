@@ -29,7 +29,7 @@ from replay import (
 )
 
 from ..config._schema import TrainerConfig
-from ..rl._tasks import Prompt, PromptStream
+from ..rl._tasks import Prompt, PromptSource
 from ._backend import RolloutBackend
 from ._worker import RolloutWork, chunk, work_seed
 
@@ -59,7 +59,7 @@ class RolloutDriver(ABC):
     def __init__(
         self,
         config: TrainerConfig,
-        stream: PromptStream,
+        stream: PromptSource,
         backend: RolloutBackend,
         bus: EventBus,
         *,
@@ -335,7 +335,7 @@ class AsyncDriver(RolloutDriver):
 
 
 def make_driver(
-    config: TrainerConfig, stream: PromptStream, backend: RolloutBackend, bus: EventBus
+    config: TrainerConfig, stream: PromptSource, backend: RolloutBackend, bus: EventBus
 ) -> RolloutDriver:
     """The driver of ``config.run.mode``."""
     driver = SyncDriver if config.run.mode == "sync" else AsyncDriver

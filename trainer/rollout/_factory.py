@@ -8,19 +8,14 @@ from __future__ import annotations
 from ..config._schema import TrainerConfig
 from ._backend import RolloutBackend
 from ._faults import FaultInjector
-from ._worker import WorkerSpec
+from ._workload import worker_spec
 
 __all__ = ["make_backend"]
 
 
 def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> RolloutBackend:
     """The backend of ``config.rollout.backend``, with ``config.rollout.workers`` workers."""
-    spec = WorkerSpec(
-        task_name=config.task.name,
-        task_params=dict(config.task.params),
-        policy=config.model,
-        temperature=config.ppo.temperature,
-    )
+    spec = worker_spec(config)
     rollout = config.rollout
     if rollout.backend == "ray":
         from ._ray import RayBackend

@@ -3,7 +3,10 @@
 One class serves every backend: the local backend runs it on threads, the Ray backend inside
 actors. It owns a private copy of the policy (the trainer's copy keeps training), samples
 each group with a generator seeded from the work's seed, so a piece of work produces the
-same completions whichever worker runs it, and scores them with the task's verifier.
+same completions whichever worker runs it, and scores them: the built-in task's verifier,
+or the run's reward functions (see ``_workload``). A rollout without a reward (its reward
+function raised, hung or returned nonsense; its prompt does not fit the context) comes back
+as a non-retryable failure naming why, for the tracker's failure policy to handle.
 """
 
 from __future__ import annotations
@@ -12,38 +15,21 @@ import logging
 import socket
 import zlib
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 import torch
 
 from replay import PromptGroup, RolloutResult, RolloutStatus
 
-from ..rl._hparams import PolicyConfig
-from ..rl._policy import build_policy, generate, load_weights
-from ..rl._tasks import Prompt, Task, make_task
+from ..rl._datasets import decode_prompt
+from ..rl._policy import load_weights
+from ..rl._rewards import RewardFailure
+from ..rl._tasks import Prompt
+from ._workload import WorkerSpec, build_workload
 
 __all__ = ["RolloutWork", "RolloutWorker", "WorkerSpec", "work_seed"]
 
 logger = logging.getLogger("trainbus.worker")
-
-
-class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What a worker needs to build itself (plain data: it travels to Ray actors).
-
-    Attributes:
-        task_name: Built-in task name.
-        task_params: Its parameters.
-        policy: The policy network's shape.
-        temperature: Sampling temperature.
-        torch_threads: Intra-op threads per worker (1: small models, busy event loop).
-    """
-
-    task_name: str
-    task_params: dict[str, Any]
-    policy: PolicyConfig
-    temperature: float = 1.0
-    torch_threads: int = 1
 
 
 class RolloutWork(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,9 +68,8 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.node = socket.gethostname() if node is None else node
         self.spec = spec
-        self.task: Task = make_task(spec.task_name, **spec.task_params)
-        self.policy = build_policy(spec.policy, seed=0).eval()
-        self.policy.requires_grad_(False)
+        self.workload = build_workload(spec)
+        self.policy = self.workload.policy
         self.version = -1
 
     def load_weights(self, weights: bytes, version: int) -> None:
@@ -98,30 +83,35 @@ class RolloutWorker:
         Each group yields one result per listed rollout id (a reissued group lists only the
         rollouts to run again). Rollout ``i`` of a group gets the ``i``-th completion.
         """
-        generator = torch.Generator().manual_seed(work.seed)
+        device = next(self.policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(work.seed)
         prompts: list[Prompt] = [_prompt_of(group) for group in work.groups]
         # Groups of one call share the batch: sample max(n) per prompt, keep what is needed.
         n = max(len(group.rollout_ids) for group in work.groups)
-        completions = generate(
-            self.policy,
-            prompts,
-            n,
-            self.task.max_response_len,
-            generator,
-            temperature=self.spec.temperature,
-        )
+        outcomes = self.workload.rollouts(prompts, n, generator)
         results: list[RolloutResult] = []
-        for group, prompt, samples in zip(work.groups, prompts, completions, strict=True):
-            for rollout_id, completion in zip(group.rollout_ids, samples, strict=False):
+        for group, samples in zip(work.groups, outcomes, strict=True):
+            for index, (completion, reward) in zip(
+                range(len(group.rollout_ids)), samples, strict=False
+            ):
+                if isinstance(reward, RewardFailure):
+                    # Nothing retries a reward call or shortens a prompt: settle at once.
+                    failure = group.failure(
+                        index, reward.message, kind=reward.kind, retryable=False
+                    )
+                    results.append(
+                        msgspec.structs.replace(failure, worker_id=self.worker_id, node=self.node)
+                    )
+                    continue
                 results.append(
                     RolloutResult(
-                        rollout_id=rollout_id,
+                        rollout_id=group.rollout_ids[index],
                         group_id=group.group_id,
                         step=group.step,
                         attempt=group.attempt,
                         policy_version=self.version,
                         status=RolloutStatus.SUCCEEDED,
-                        reward=self.task.reward(prompt, completion.tokens),
+                        reward=reward,
                         payload=completion,
                         worker_id=self.worker_id,
                         node=self.node,
@@ -157,7 +147,7 @@ def _prompt_of(group: PromptGroup) -> Prompt:
     if isinstance(prompt, Prompt):
         return prompt
     if isinstance(prompt, dict):  # decoded from a checkpoint
-        return msgspec.convert(prompt, Prompt)
+        return decode_prompt(prompt)
     raise TypeError(f"group {group.group_id!r} carries no Prompt (got {type(prompt).__name__})")
 
 

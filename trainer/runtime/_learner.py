@@ -10,7 +10,7 @@ on. :meth:`Learner.state_dict` is the learner's share of a checkpoint.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,8 +19,11 @@ from replay import GroupResult
 from ..config._schema import TrainerConfig
 from ..rl._grpo import Sample, group_samples, ppo_update
 from ..rl._hparams import Completion
-from ..rl._policy import build_policy, frozen_copy, weights_to_bytes
+from ..rl._policy import Policy, frozen_copy, weights_to_bytes
 from ..rl._tasks import Prompt
+
+if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
+    from ..rl._hf_policy import HFPolicy
 
 __all__ = ["Learner"]
 
@@ -29,7 +32,8 @@ class Learner:
     """The policy being trained, its optimizer and the PPO update.
 
     Args:
-        config: The run configuration (model, PPO hyper-parameters, optimizer, seed).
+        config: The run configuration (PPO hyper-parameters, optimizer, seed).
+        policy: The policy to train (the built-in network, or a Hugging Face model).
 
     Attributes:
         policy: The policy being trained.
@@ -40,9 +44,9 @@ class Learner:
             per update).
     """
 
-    def __init__(self, config: TrainerConfig) -> None:
+    def __init__(self, config: TrainerConfig, policy: Policy | HFPolicy) -> None:
         seed = config.run.seed
-        self.policy = build_policy(config.model, seed=seed)
+        self.policy = policy
         self.reference = frozen_copy(self.policy) if config.ppo.kl_coef > 0 else None
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.optimizer.lr)
         self._hparams = config.ppo

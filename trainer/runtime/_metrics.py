@@ -99,6 +99,19 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "timing_s/sync_weights", "pushing the new weights to the rollout workers", "sync_time_s"
     ),
+    Metric(
+        "timing_s/eval", "the validation (when it ran this step)", "eval_time_s", per_step=False
+    ),
+    Metric(
+        "val/reward_mean",
+        "mean reward of greedy completions of the validation prompts (every task.eval_every steps)",
+        per_step=False,
+    ),
+    Metric(
+        "val/failed",
+        "validation rollouts without a reward (a reward function failed, a prompt too long)",
+        per_step=False,
+    ),
     Metric("perf/samples_per_s", "rollouts trained on per second of step time", "samples_per_s"),
     Metric("training/policy_version", "the policy version after the update", "policy_version"),
     Metric(

@@ -24,7 +24,8 @@ import torch
 from eventbus import Capability, CheckpointRestored, CheckpointSaved, EventBus
 
 from ..config._schema import TrainerConfig
-from ..rl._tasks import Prompt, PromptStream
+from ..rl._datasets import decode_prompt
+from ..rl._tasks import Prompt, PromptSource
 from ..rollout._driver import RolloutDriver
 from ._checkpoint import CheckpointStore, StoredCheckpoint
 from ._learner import Learner
@@ -48,6 +49,8 @@ class RunState:
         bus: The bus (``STATE`` extensions, ``CheckpointSaved``/``CheckpointRestored``).
         record: The run record.
         store: Where checkpoints are written.
+        export: Called after each checkpoint is written, on the same thread (writes the
+            run folder's ``model/`` for a Hugging Face model).
 
     Attributes:
         run_id: The run's id, stable across resumes (a checkpoint carries it).
@@ -58,11 +61,12 @@ class RunState:
         config: TrainerConfig,
         *,
         learner: Learner,
-        stream: PromptStream,
+        stream: PromptSource,
         driver: RolloutDriver,
         bus: EventBus,
         record: RunRecord,
         store: CheckpointStore,
+        export: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.learner = learner
@@ -71,6 +75,7 @@ class RunState:
         self.bus = bus
         self.record = record
         self.store = store
+        self.export = export
         self.run_id = uuid.uuid4().hex[:12]
 
     async def save(self) -> StoredCheckpoint:
@@ -81,7 +86,7 @@ class RunState:
         began = time.perf_counter()
         # Serialising and fsyncing take milliseconds: off the event loop. Nothing changes
         # the state meanwhile, since the loop awaits the save before training on.
-        stored = await anyio.to_thread.run_sync(self.store.save, self.learner.step, self.gather())
+        stored = await anyio.to_thread.run_sync(self._write, self.gather())
         elapsed = time.perf_counter() - began
         self.record.checkpoints += 1
         if self.bus.wants(CheckpointSaved):
@@ -93,6 +98,12 @@ class RunState:
                     duration_s=elapsed,
                 )
             )
+        return stored
+
+    def _write(self, state: dict[str, Any]) -> StoredCheckpoint:
+        stored = self.store.save(self.learner.step, state)
+        if self.export is not None:
+            self.export()
         return stored
 
     def gather(self) -> dict[str, Any]:
@@ -127,7 +138,7 @@ class RunState:
             # In-process recovery keeps the extensions' live state: rewinding it would, for
             # one, hand the self-healing extension its spent restart budget back.
             self.record.rewind(self.learner.step)
-        return [msgspec.convert(p, Prompt) for p in state.get("in_flight", [])]
+        return [decode_prompt(p) for p in state.get("in_flight", [])]
 
     def resume(self, out_dir: Path | None) -> list[Prompt] | None:
         """Continue from the run folder's last checkpoint, if asked and there is one.

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -44,7 +44,7 @@ from replay import GroupResult, SampleWaitInterrupted
 
 from ..config._schema import TrainerConfig
 from ..rl._policy import Policy
-from ..rl._tasks import PromptStream, make_task
+from ..rl._tasks import make_task
 from ..rollout._backend import RolloutBackend
 from ..rollout._driver import make_driver
 from ..rollout._factory import make_backend
@@ -57,6 +57,10 @@ from ._metrics import named
 from ._recovery import Recovery
 from ._run import FitSummary, RunRecord
 from ._state import RunState
+from ._workload import RunWorkload
+
+if TYPE_CHECKING:
+    from ..rl._hf_policy import HFPolicy
 
 __all__ = ["PPOTrainer", "TrainerView"]
 
@@ -121,8 +125,10 @@ class PPOTrainer:
             drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,
         )
         self.task = make_task(config.task.name, **config.task.params)
-        self.stream = PromptStream(self.task, config.run.seed)
-        self.learner = Learner(config)
+        # Loads the model, the datasets and the reward functions (WorkloadError if it can't).
+        self.workload = RunWorkload(config)
+        self.stream = self.workload.stream
+        self.learner = Learner(config, self.workload.policy)
         self.faults = faults
         if faults is not None:
             faults.bus = self.bus
@@ -156,6 +162,7 @@ class PPOTrainer:
             bus=self.bus,
             record=self.record,
             store=self.checkpoints,
+            export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
         self.recovery = Recovery(self.state, self.backend)
         self._fitting = False
@@ -175,9 +182,13 @@ class PPOTrainer:
         return self.learner.policy_version
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> Policy | HFPolicy:
         """The policy being trained."""
         return self.learner.policy
+
+    def _export_model(self) -> None:
+        assert self.out_dir is not None
+        self.workload.export(self.out_dir)
 
     @property
     def run_id(self) -> str:
@@ -384,6 +395,10 @@ class PPOTrainer:
         learner.step = step
         learner.policy_version += 1
         sync_s = await self._sync_weights()
+        if self.workload.evaluates_at(step):
+            eval_began = time.perf_counter()
+            metrics.update(await anyio.to_thread.run_sync(self.workload.evaluate))
+            metrics["eval_time_s"] = time.perf_counter() - eval_began
         duration = time.perf_counter() - began
         metrics.update(
             step_time_s=duration,

@@ -1,0 +1,111 @@
+"""``trainbus model init`` and ``trainbus dataset export``: a model and prompts to start from.
+
+``model init`` writes a small random-init Hugging Face causal LM whose character-level
+tokenizer covers a dataset's characters; ``dataset export`` writes a built-in task as a
+JSONL of prompts and targets, for :func:`trainer.task_reward`. Together they let a user
+train a real Hugging Face model here without downloading anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ._errors import UsageError
+
+__all__ = ["add_workload_commands", "run_workload_command"]
+
+
+def add_workload_commands(commands: Any) -> None:
+    """Add the ``model`` and ``dataset`` subcommands to the ``trainbus`` parser."""
+    model = commands.add_parser("model", help="make a Hugging Face model to train")
+    model_commands = model.add_subparsers(dest="model_command", required=True)
+    init = model_commands.add_parser("init", help="write a small random-init causal LM")
+    init.add_argument("dir", metavar="DIR", help="the model folder to write")
+    init.add_argument("--dataset", metavar="FILE", help="cover the characters of this dataset")
+    init.add_argument("--prompt-column", default="prompt", help="its prompt column")
+    init.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2", help="architecture")
+    init.add_argument("--layers", type=int, default=1, help="transformer blocks (1)")
+    init.add_argument("--width", type=int, default=64, help="hidden size (64)")
+    init.add_argument("--heads", type=int, default=4, help="attention heads (4)")
+    init.add_argument("--context", type=int, default=128, help="longest sequence, tokens (128)")
+    init.add_argument("--seed", type=int, default=0, help="initialisation seed (0)")
+
+    dataset = commands.add_parser("dataset", help="prompt datasets")
+    dataset_commands = dataset.add_subparsers(dest="dataset_command", required=True)
+    export = dataset_commands.add_parser("export", help="write a built-in task as JSONL")
+    export.add_argument("task", metavar="TASK", help="reverse, sort, copy or add")
+    export.add_argument("file", metavar="FILE.jsonl", help="where to write")
+    export.add_argument("--length", type=int, help="digits per prompt (reverse, sort, copy)")
+    export.add_argument("--digits", type=int, help="digits per number (add)")
+    export.add_argument(
+        "--param", action="append", default=[], metavar="KEY=JSON", help="another task parameter"
+    )
+    export.add_argument("--count", type=int, default=1000, help="rows (1000)")
+    export.add_argument("--seed", type=int, default=0, help="seed of the prompts (0)")
+
+
+def run_workload_command(args: argparse.Namespace) -> int:
+    """Run ``model init`` or ``dataset export``."""
+    from ..rl._hparams import WorkloadError
+
+    try:
+        if args.command == "model":
+            return _model_init(args)
+        return _dataset_export(args)
+    except (WorkloadError, ValueError) as exc:
+        raise UsageError(f"{args.command}: {exc}") from None
+
+
+def _model_init(args: argparse.Namespace) -> int:
+    texts: list[str] = []
+    if args.dataset:
+        from ..rl._datasets import load_prompt_table
+
+        texts = load_prompt_table(args.dataset, args.prompt_column).texts()
+    from ..rl._hf_init import init_model
+
+    folder = init_model(
+        args.dir,
+        texts=texts,
+        architecture=args.arch,
+        layers=args.layers,
+        width=args.width,
+        heads=args.heads,
+        context=args.context,
+        seed=args.seed,
+    )
+    print(f"wrote a random-init {args.arch} model to {folder}")
+    return 0
+
+
+def _dataset_export(args: argparse.Namespace) -> int:
+    from ..rl._tasks import make_task
+    from ..rl._text_tasks import task_rows
+
+    params: dict[str, Any] = {}
+    if args.length is not None:
+        params["length"] = args.length
+    if args.digits is not None:
+        params["digits"] = args.digits
+    for item in args.param:
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise ValueError(f"--param {item!r} is not KEY=JSON")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    if args.count < 1:
+        raise ValueError(f"--count must be >= 1, got {args.count}")
+    path = Path(args.file)
+    if path.suffix != ".jsonl":
+        raise ValueError(f"{path}: dataset export writes JSONL; name the file *.jsonl")
+    task = make_task(args.task, **params)
+    rows = task_rows(task, args.count, args.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    print(f"wrote {len(rows)} {task.name} prompts to {path} (reward: trainer:task_reward)")
+    return 0

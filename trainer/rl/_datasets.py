@@ -1,0 +1,245 @@
+"""Prompt datasets: loading them through ``datasets``, and a deterministic, resumable stream.
+
+A dataset is JSONL, JSON, Parquet, CSV, or a folder written by ``save_to_disk``. Its
+``prompt_column`` holds a string or a list of chat messages; every other column travels
+with the prompt to the reward functions. :class:`TextPromptStream` turns rows into
+:class:`TextPrompt` s: epoch after epoch, each shuffled with the run's seed, so prompt ``i``
+depends only on ``(seed, i)`` and a run resumed from a saved ``position`` sees exactly the
+prompts the original run would have. A built-in task rendered as text streams the same way
+(without end).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ._hf import datasets
+from ._hparams import WorkloadError
+from ._tasks import Prompt, PromptStream, Task
+from ._text_tasks import task_text
+
+__all__ = [
+    "DatasetError",
+    "PromptTable",
+    "TextPrompt",
+    "TextPromptStream",
+    "decode_prompt",
+    "load_prompt_table",
+]
+
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+Content = str | list[dict[str, Any]]
+Encode = Callable[[Content], tuple[int, ...]]
+
+
+class DatasetError(WorkloadError):
+    """A dataset cannot be used; the message names the file and the problem."""
+
+
+class TextPrompt(Prompt, frozen=True, kw_only=True):
+    """A prompt of a text workload: its token ids plus what the reward functions get.
+
+    Attributes:
+        content: The prompt as the dataset holds it (a string or chat messages).
+        columns: The row's other columns (passed to reward functions by name).
+    """
+
+    content: Content
+    columns: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def decode_prompt(data: Any) -> Prompt:
+    """A prompt back from plain data (checkpoints hold prompts as builtins)."""
+    if isinstance(data, Prompt):
+        return data
+    if isinstance(data, dict) and "content" in data:
+        return msgspec.convert(data, TextPrompt)
+    return msgspec.convert(data, Prompt)
+
+
+class PromptTable:
+    """The rows of a loaded dataset.
+
+    Attributes:
+        source: The file or folder it came from.
+        prompt_column: The column holding the prompts.
+        rows: ``(prompt, other columns)`` per row.
+    """
+
+    def __init__(
+        self, source: str, prompt_column: str, rows: list[tuple[Content, dict[str, Any]]]
+    ) -> None:
+        self.source = source
+        self.prompt_column = prompt_column
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def texts(self) -> list[str]:
+        """Every string in the table (what a tokenizer's vocabulary must cover)."""
+        out: list[str] = []
+
+        def collect(value: Any) -> None:
+            if isinstance(value, str):
+                out.append(value)
+            elif isinstance(value, dict):
+                for item in value.values():
+                    collect(item)
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    collect(item)
+
+        for content, columns in self.rows:
+            collect(content)
+            collect(columns)
+        return out
+
+
+def _read(path: Path) -> Any:
+    lib = datasets()
+    if path.is_dir():
+        try:
+            loaded = lib.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError) as exc:
+            raise DatasetError(f"{path}: not a folder saved by datasets ({exc})") from None
+        if isinstance(loaded, lib.DatasetDict):
+            if "train" not in loaded:
+                raise DatasetError(f"{path}: holds splits {sorted(loaded)}, none named 'train'")
+            loaded = loaded["train"]
+        return loaded
+    kind = _FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise DatasetError(
+            f"{path}: unknown format {path.suffix!r}; use .jsonl, .json, .parquet, .csv "
+            "or a folder saved by datasets"
+        )
+    # A throw-away cache: the rows are read into memory, and nothing lingers in ~/.cache.
+    with tempfile.TemporaryDirectory(prefix="trainbus-dataset-") as cache:
+        try:
+            return lib.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache)
+        except Exception as exc:  # noqa: BLE001  (the datasets library's many errors: exit 2)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise DatasetError(
+                f"{path}: cannot read it as {kind}: {type(exc).__name__}: {first}"
+            ) from None
+
+
+def _check_prompt(path: Path, column: str, index: int, value: Any) -> Content:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in value
+    ):
+        return value
+    raise DatasetError(
+        f"{path}: row {index}: column {column!r} holds {type(value).__name__} {value!r:.60}; "
+        "expected a string or a list of chat messages ({'role': ..., 'content': ...})"
+    )
+
+
+def load_prompt_table(path: str | Path, prompt_column: str = "prompt") -> PromptTable:
+    """Read a dataset's rows.
+
+    Raises:
+        DatasetError: The file is missing or unreadable, the prompt column is missing, a
+            prompt is neither a string nor chat messages, or there are no rows.
+    """
+    source = Path(path)
+    if not source.exists():
+        raise DatasetError(f"{source} does not exist")
+    table = _read(source)
+    names = list(table.column_names)
+    if prompt_column not in names:
+        raise DatasetError(
+            f"{source}: no column {prompt_column!r} (columns: {', '.join(names) or 'none'}); "
+            "set task.prompt_column"
+        )
+    rows = []
+    for index, row in enumerate(table.to_list()):
+        content = _check_prompt(source, prompt_column, index, row.pop(prompt_column))
+        rows.append((content, row))
+    if not rows:
+        raise DatasetError(f"{source}: no rows")
+    return PromptTable(str(source), prompt_column, rows)
+
+
+class TextPromptStream:
+    """A deterministic, resumable stream of :class:`TextPrompt` (see the module docstring).
+
+    Args:
+        source: A :class:`PromptTable` (epochs over its rows) or a built-in :class:`Task`
+            (rendered as text, without end).
+        encode: Prompt to token ids (the model's tokenizer and chat template).
+        seed: Shuffles each epoch (and draws the built-in task's prompts).
+        position: Index of the next prompt; save it and pass it back to resume.
+        prefix: Prompt ids are ``f"{prefix}{index}"``.
+        shuffle: Shuffle each epoch (validation streams keep the file's order).
+    """
+
+    def __init__(
+        self,
+        source: PromptTable | Task,
+        encode: Encode,
+        seed: int,
+        position: int = 0,
+        prefix: str = "p",
+        *,
+        shuffle: bool = True,
+    ) -> None:
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        self.source = source
+        self.encode = encode
+        self.seed = seed
+        self.position = position
+        self.prefix = prefix
+        self.shuffle = shuffle
+        self._order: tuple[int, list[int]] = (-1, [])
+        self._tokens: dict[int, tuple[int, ...]] = {}  # a table row's tokens, encoded once
+        self._task_stream = PromptStream(source, seed) if isinstance(source, Task) else None
+
+    def __len__(self) -> int:
+        """Rows per epoch (0: a built-in task, without end)."""
+        return len(self.source) if isinstance(self.source, PromptTable) else 0
+
+    def _row(self, index: int) -> int:
+        assert isinstance(self.source, PromptTable)
+        epoch, offset = divmod(index, len(self.source))
+        if not self.shuffle:
+            return offset
+        if self._order[0] != epoch:
+            order = list(range(len(self.source)))
+            random.Random(f"{self.seed}/epoch/{epoch}").shuffle(order)
+            self._order = (epoch, order)
+        return self._order[1][offset]
+
+    def prompt_at(self, index: int) -> TextPrompt:
+        """The prompt at ``index``, without moving the stream."""
+        prompt_id = f"{self.prefix}{index}"
+        if self._task_stream is not None:
+            assert isinstance(self.source, Task)
+            text, target = task_text(self.source, self._task_stream.prompt_at(index))
+            return TextPrompt(
+                prompt_id, self.encode(text), content=text, columns={"target": target}
+            )
+        assert isinstance(self.source, PromptTable)
+        row = self._row(index)
+        content, columns = self.source.rows[row]
+        tokens = self._tokens.get(row)
+        if tokens is None:
+            tokens = self._tokens[row] = self.encode(content)
+        return TextPrompt(prompt_id, tokens, content=content, columns=columns)
+
+    def next_prompts(self, n: int) -> Sequence[TextPrompt]:
+        """The next ``n`` prompts; advances ``position`` by ``n``."""
+        start = self.position
+        self.position += n
+        return [self.prompt_at(i) for i in range(start, start + n)]

@@ -1,0 +1,142 @@
+"""``trainbus model init``: a small random-init Hugging Face causal LM and its tokenizer.
+
+Nothing is downloaded: the model is built from a config (GPT-2 or Llama style) and the
+tokenizer is character-level, its vocabulary the characters of a dataset (digits by
+default) plus the specials and the characters of a minimal chat template. Both are saved
+with ``save_pretrained``, so ``AutoModelForCausalLM.from_pretrained(DIR)`` and
+``AutoTokenizer.from_pretrained(DIR)`` load them like any other model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from ._hf import transformers
+
+__all__ = ["CHAT_TEMPLATE", "SPECIALS", "init_model"]
+
+Architecture = Literal["gpt2", "llama"]
+
+SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>")
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+# A minimal chat template, so a dataset of chat messages works with an initialised model.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+_TEMPLATE_TEXT = "system: user: assistant: \n"
+
+
+def _characters(texts: Iterable[str]) -> list[str]:
+    found = set("0123456789") | set(_TEMPLATE_TEXT)
+    for text in texts:
+        found.update(text)
+    return sorted(found)
+
+
+def _tokenizer(characters: list[str]) -> Any:
+    hf = transformers()
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *characters])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()  # characters join back without spaces
+    core.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", BOS_ID)]
+    )
+    tokenizer = hf.PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _config(
+    architecture: Architecture, vocab_size: int, layers: int, width: int, heads: int, context: int
+) -> Any:
+    ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
+    if architecture == "gpt2":
+        # No dropout: sampling and the update must evaluate the same function.
+        return transformers().GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=context,
+            n_embd=width,
+            n_layer=layers,
+            n_head=heads,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **ids,
+        )
+    if architecture == "llama":
+        return transformers().LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=width,
+            intermediate_size=4 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=context,
+            tie_word_embeddings=True,
+            attention_dropout=0.0,
+            **ids,
+        )
+    raise ValueError(f"unknown architecture {architecture!r}; use 'gpt2' or 'llama'")
+
+
+def init_model(
+    folder: str | Path,
+    *,
+    texts: Iterable[str] = (),
+    architecture: Architecture = "gpt2",
+    layers: int = 1,
+    width: int = 64,
+    heads: int = 4,
+    context: int = 128,
+    seed: int = 0,
+) -> Path:
+    """Write a random-init causal LM and a character-level tokenizer to ``folder``.
+
+    Args:
+        folder: Where to save (created; existing files of the same names are replaced).
+        texts: Text whose characters the vocabulary must cover (a dataset's strings);
+            the digits and the chat template's characters are always in it.
+        architecture: ``gpt2`` (learned positions) or ``llama`` (rotary, RMSNorm).
+        layers: Transformer blocks.
+        width: Hidden size; ``heads`` must divide it.
+        heads: Attention heads.
+        context: Longest prompt plus completion, in tokens (characters).
+        seed: Seeds the initialisation (the global torch RNG is left as it was).
+
+    Returns:
+        The folder.
+
+    Raises:
+        ValueError: A shape that cannot be built (naming it).
+    """
+    import torch
+
+    for name, value in (("layers", layers), ("width", width), ("heads", heads)):
+        if value < 1:
+            raise ValueError(f"model init: {name} must be >= 1, got {value}")
+    if width % heads:
+        raise ValueError(f"model init: heads ({heads}) must divide width ({width})")
+    if context < 2:
+        raise ValueError(f"model init: context must be >= 2, got {context}")
+    tokenizer = _tokenizer(_characters(texts))
+    config = _config(architecture, len(tokenizer), layers, width, heads, context)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers().AutoModelForCausalLM.from_config(config)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,141 @@
+"""Calling reward functions where the rollouts are, each call with a deadline.
+
+A call runs on a helper thread while the caller waits at most ``timeout_s``: a function
+that hangs is abandoned (its thread finishes in the background whenever the function
+returns; threads cannot be killed) and the rollouts it was scoring fail as
+``reward_timeout``. An async function runs on its own event loop in that thread and is
+cancelled at the deadline. Nothing a reward function does (raise, hang, return the wrong
+length or a non-number) escapes as an exception: every rollout gets a reward or a
+:class:`~trainer.rl._rewards.RewardFailure` saying why, and every failure is logged (the
+first of each kind per function at ERROR) and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..rl._rewards import RewardFailure, RewardFunction, combine, judge
+
+__all__ = ["RewardScorer", "call_with_deadline"]
+
+logger = logging.getLogger("trainbus.rewards")
+
+
+class _Timeout(Exception):
+    pass
+
+
+def call_with_deadline(
+    fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], timeout_s: float
+) -> Any:
+    """``fn(*args, **kwargs)`` (awaited if it returns an awaitable), within ``timeout_s``.
+
+    Raises:
+        TimeoutError: The call did not finish in time (a sync one is left running).
+        Exception: Whatever the function raised.
+    """
+    box: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_bounded(value, timeout_s))
+            box["value"] = value
+        except BaseException as exc:  # noqa: BLE001  (handed to the caller, who reports it)
+            box["error"] = exc
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=run, name="trainbus-reward", daemon=True)
+    thread.start()
+    if not finished.wait(timeout_s):
+        raise TimeoutError(f"did not return within {timeout_s:g} s")
+    if "error" in box:
+        error = box["error"]
+        if isinstance(error, _Timeout):
+            raise TimeoutError(f"did not return within {timeout_s:g} s")
+        raise error
+    return box["value"]
+
+
+async def _bounded(awaitable: Any, timeout_s: float) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError:
+        raise _Timeout from None
+
+
+class RewardScorer:
+    """Scores text completions with reward functions (TRL's calling convention).
+
+    Args:
+        functions: The reward functions and weights.
+        timeout_s: Deadline of each call.
+
+    Attributes:
+        failures: Rollouts failed, by kind (``reward_error``, ``reward_timeout``, ...).
+    """
+
+    def __init__(self, functions: Sequence[RewardFunction], timeout_s: float) -> None:
+        self.functions = tuple(functions)
+        self.timeout_s = timeout_s
+        self.failures: dict[str, int] = {}
+        self._reported: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def score(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: dict[str, list[Any]],
+    ) -> list[float | RewardFailure]:
+        """One reward (or failure) per completion.
+
+        Args:
+            prompts: The prompts as the dataset holds them, one per completion.
+            completions: The completions (strings, or TRL's conversational form).
+            columns: The other dataset columns, one value per completion each (plus
+                ``completion_ids``, as TRL passes them).
+        """
+        n = len(completions)
+        judged: list[list[float | RewardFailure | None]] = []
+        for function in self.functions:
+            try:
+                values = call_with_deadline(
+                    function.fn, (list(prompts), list(completions)), columns, self.timeout_s
+                )
+            except TimeoutError as exc:
+                judged.append([RewardFailure("reward_timeout", f"{function.name} {exc}")] * n)
+                continue
+            except Exception as exc:  # noqa: BLE001  (the rollouts fail with it, logged below)
+                message = f"{function.name} raised {type(exc).__name__}: {exc}"
+                judged.append([RewardFailure("reward_error", message)] * n)
+                continue
+            judged.append(judge(function, values, n))
+        out = combine(self.functions, judged)
+        self._report(out)
+        return out
+
+    def _report(self, scores: Sequence[float | RewardFailure]) -> None:
+        """Count every failed rollout; log each distinct failure once per call (at ERROR the
+        first time a function fails that way, then at INFO)."""
+        seen: dict[tuple[str, str], int] = {}
+        for score in scores:
+            if isinstance(score, RewardFailure):
+                key = (score.kind, score.message)
+                seen[key] = seen.get(key, 0) + 1
+        for (kind, message), count in seen.items():
+            origin = (kind, message.split(" ", 1)[0])  # the function's name
+            with self._lock:
+                self.failures[kind] = self.failures.get(kind, 0) + count
+                first = origin not in self._reported
+                self._reported.add(origin)
+            level = logging.ERROR if first else logging.INFO
+            logger.log(level, "%d rollouts failed (%s): %s", count, kind, message)

@@ -1,0 +1,216 @@
+"""What a rollout is made of: sampling completions of prompts and scoring them.
+
+Two workloads behind one method, :meth:`Workload.rollouts`: the built-in network on a
+built-in task (token ids in, the task's verifier as reward), and a Hugging Face model with
+reward functions (text in and out, TRL's calling convention). Workers run them, and so does
+the trainer's validation, on its own copy of the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import torch
+from torch import nn
+
+from ..config._schema import TrainerConfig
+from ..rl._hparams import Completion, PolicyConfig
+from ..rl._policy import build_policy, generate
+from ..rl._rewards import RewardFailure, load_rewards
+from ..rl._tasks import Prompt, Task, make_task
+from ._scoring import RewardScorer
+
+__all__ = ["Outcome", "WorkerSpec", "Workload", "build_workload", "worker_spec"]
+
+# Completion budget with a dataset when task.max_new_tokens is unset.
+_DATASET_MAX_NEW_TOKENS = 64
+
+Outcome = tuple[Completion | None, float | RewardFailure]
+"""One rollout: its completion (None if it never ran) and its reward or why it has none."""
+
+
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker needs to build its workload (plain data: it travels to Ray actors).
+
+    Attributes:
+        task_name: Built-in task name.
+        task_params: Its parameters.
+        policy: The policy: a Hugging Face model folder (``path``) or the built-in shape.
+        temperature: Sampling temperature.
+        top_p: Nucleus sampling (Hugging Face models).
+        max_new_tokens: Completion budget (Hugging Face models; the built-in network uses
+            the task's answer length).
+        rewards: Reward functions (``MODULE:FUNC``); empty: the built-in task's, as text.
+        reward_weights: Their weights (None: 1 each).
+        reward_timeout_s: Deadline of each reward call.
+        device: Where a Hugging Face model samples (``auto``, ``cpu``, ``cuda``).
+        torch_threads: Intra-op threads per worker (1: small models, busy event loop).
+    """
+
+    task_name: str
+    task_params: dict[str, Any]
+    policy: PolicyConfig
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    rewards: tuple[str, ...] = ()
+    reward_weights: tuple[float, ...] | None = None
+    reward_timeout_s: float = 30.0
+    device: str = "cpu"
+    torch_threads: int = 1
+
+
+class Workload:
+    """Samples and scores groups of rollouts (see the module docstring).
+
+    Args:
+        policy: The sampling policy.
+        spec: Task, budgets, rewards.
+    """
+
+    def __init__(self, policy: nn.Module, spec: WorkerSpec) -> None:
+        self.policy = policy
+        self.spec = spec
+
+    def rollouts(
+        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, *, greedy: bool = False
+    ) -> list[list[Outcome]]:
+        """``n`` scored rollouts per prompt (greedy: at temperature 0)."""
+        raise NotImplementedError
+
+
+class _Builtin(Workload):
+    """The built-in network on a built-in task."""
+
+    def __init__(self, policy: nn.Module, spec: WorkerSpec) -> None:
+        super().__init__(policy, spec)
+        self.task: Task = make_task(spec.task_name, **spec.task_params)
+
+    def rollouts(
+        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, *, greedy: bool = False
+    ) -> list[list[Outcome]]:
+        groups = generate(
+            self.policy,  # type: ignore[arg-type]  # a built-in Policy (build_workload)
+            prompts,
+            n,
+            self.task.max_response_len,
+            generator,
+            temperature=0.0 if greedy else self.spec.temperature,
+        )
+        return [
+            [(c, self.task.reward(prompt, c.tokens)) for c in group]
+            for prompt, group in zip(prompts, groups, strict=True)
+        ]
+
+
+class _HuggingFace(Workload):
+    """A Hugging Face model with reward functions."""
+
+    def __init__(self, policy: nn.Module, spec: WorkerSpec) -> None:
+        from ..rl._hf_policy import HFPolicy
+
+        super().__init__(policy, spec)
+        assert isinstance(policy, HFPolicy)
+        self.hf = policy
+        self.scorer = RewardScorer(
+            load_rewards(spec.rewards, spec.reward_weights), spec.reward_timeout_s
+        )
+
+    def rollouts(
+        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, *, greedy: bool = False
+    ) -> list[list[Outcome]]:
+        from ..rl._datasets import TextPrompt
+
+        context = self.hf.context_length
+        out: list[list[Outcome]] = [[] for _ in prompts]
+        fits = []
+        for i, prompt in enumerate(prompts):
+            if context is not None and len(prompt.tokens) >= context:
+                failure = RewardFailure(
+                    "context_length",
+                    f"prompt {prompt.prompt_id} has {len(prompt.tokens)} tokens; the model's "
+                    f"context is {context}",
+                )
+                out[i] = [(None, failure)] * n
+            else:
+                fits.append(i)
+        if not fits:
+            return out
+        sampled = self.hf.generate(
+            [prompts[i].tokens for i in fits],
+            n,
+            self.spec.max_new_tokens,
+            generator,
+            0.0 if greedy else self.spec.temperature,
+            top_p=self.spec.top_p,
+        )
+        texts: list[Any] = []
+        contents: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        ids: list[list[int]] = []
+        for i, group in zip(fits, sampled, strict=True):
+            prompt = prompts[i]
+            content = prompt.content if isinstance(prompt, TextPrompt) else ""
+            columns = prompt.columns if isinstance(prompt, TextPrompt) else {}
+            for completion in group:
+                text = self.hf.decode(completion.tokens)
+                # TRL's conversational form for chat prompts, plain strings otherwise.
+                chat = isinstance(content, list)
+                texts.append([{"role": "assistant", "content": text}] if chat else text)
+                contents.append(content)
+                rows.append(columns)
+                ids.append(list(completion.tokens))
+        names = sorted({name for row in rows for name in row})
+        columns_arg: dict[str, list[Any]] = {
+            name: [row.get(name) for row in rows] for name in names
+        }
+        columns_arg["completion_ids"] = ids
+        scores = iter(self.scorer.score(contents, texts, columns_arg))
+        for i, group in zip(fits, sampled, strict=True):
+            out[i] = [(completion, next(scores)) for completion in group]
+        return out
+
+
+def worker_spec(config: TrainerConfig) -> WorkerSpec:
+    """What the workers of a run build (and the trainer's validation samples with)."""
+    task = config.task
+    builtin = make_task(task.name, **task.params)
+    max_new_tokens = builtin.max_response_len
+    device = "cpu"
+    if config.model.path is not None:
+        default = builtin.max_response_len if task.dataset is None else _DATASET_MAX_NEW_TOKENS
+        max_new_tokens = task.max_new_tokens or default
+        device = config.rollout.device or config.run.device  # each worker resolves "auto"
+    return WorkerSpec(
+        task_name=task.name,
+        task_params=dict(task.params),
+        policy=config.model,
+        temperature=config.ppo.temperature,
+        top_p=config.rollout.top_p,
+        max_new_tokens=max_new_tokens,
+        rewards=tuple(task.rewards),
+        reward_weights=tuple(task.reward_weights) if task.reward_weights else None,
+        reward_timeout_s=task.reward_timeout_s,
+        device=device,
+    )
+
+
+def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workload:
+    """The workload ``spec`` describes, sampling with ``policy`` (default: a fresh one).
+
+    Raises:
+        ModelLoadError, RewardError: The model or a reward function cannot be loaded.
+    """
+    if spec.policy.path is None:
+        if policy is None:
+            policy = build_policy(spec.policy, seed=0).eval()
+            policy.requires_grad_(False)
+        return _Builtin(policy, spec)
+    if policy is None:
+        from ..rl._hf_policy import HFPolicy
+
+        policy = HFPolicy.load(spec.policy.path, spec.device)
+        policy.requires_grad_(False)
+    return _HuggingFace(policy, spec)

@@ -9,14 +9,13 @@ derived from it. Names are resolved on first use, so ``import trainer`` (and the
 command line up to the training itself) does not pay for importing torch.
 """
 
-from __future__ import annotations
+# Private names only: the package's namespace shows the public API and nothing else.
+import ast as _ast
+import importlib as _importlib
+import typing as _typing
+from pathlib import Path as _Path
 
-import ast
-import importlib
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .cli._progress import PlainProgress as PlainProgress
     from .config._schema import ConfigError as ConfigError
     from .config._schema import TrainerConfig as TrainerConfig
@@ -58,12 +57,12 @@ if TYPE_CHECKING:
 
 def _exports() -> dict[str, str]:
     """Each public name and its module, read from this file's ``TYPE_CHECKING`` block."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, ast.If))
+    tree = _ast.parse(_Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, _ast.If))
     return {
         alias.name: f"{'.' * node.level}{node.module}"
         for node in block.body
-        if isinstance(node, ast.ImportFrom)
+        if isinstance(node, _ast.ImportFrom)
         for alias in node.names
     }
 
@@ -72,11 +71,11 @@ _WHERE = _exports()
 __all__ = tuple(sorted(_WHERE))
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(_importlib.import_module(module, __name__), name)
     globals()[name] = value  # resolve once
     return value
 

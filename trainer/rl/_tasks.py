@@ -178,6 +178,7 @@ class AddTask(Task, frozen=True, kw_only=True):
 
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (ReverseTask, SortTask, AddTask, CopyTask)}
+"""The built-in tasks by name (``task.name`` in the config, ``make_task(name)``)."""
 
 
 def make_task(name: str, **params: Any) -> Task:

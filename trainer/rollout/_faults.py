@@ -49,6 +49,7 @@ FAULTS: tuple[str, ...] = (
     "step-error",
     "checkpoint-crash",
 )
+"""The fault names ``--inject FAULT@STEP`` and :class:`Fault` accept."""
 
 
 class InjectedFault(RuntimeError):

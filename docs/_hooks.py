@@ -9,7 +9,8 @@ current thing, generated when the documentation is built.
   (derived at import time from the package's one list of its public names, which the
   documentation tool cannot evaluate by itself).
 * ``<!-- metrics: table -->`` becomes the table of a run's metric names,
-  ``trainer.runtime._metrics.METRICS`` (the one list the trainer and the exporters use).
+  ``trainer.runtime._metrics.METRICS`` (the one list the trainer and the exporters use);
+  ``<!-- metrics: prometheus -->`` the Prometheus exporter's own series (its ``SERIES``).
 * ``<!-- bench: bus -->`` becomes the tables of ``benchmarks/results/bus.json``, formatted
   as ``benchmarks/_common.py`` prints them; a missing file becomes a note saying how to
   produce it.
@@ -37,13 +38,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 COMMAND = re.compile(r"^<!-- trainbus: (?P<args>[^|>]+?)(?: \| (?P<lang>\w+))? -->$", re.MULTILINE)
 BENCH = re.compile(r"^<!-- bench: (?P<name>[\w-]+) -->$", re.MULTILINE)
 API = re.compile(r"^<!-- api: (?P<module>[\w.]+) -->$", re.MULTILINE)
-METRIC_TABLE = re.compile(r"^<!-- metrics: table -->$", re.MULTILINE)
+METRIC_TABLE = re.compile(r"^<!-- metrics: (?P<which>table|prometheus) -->$", re.MULTILINE)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     markdown = COMMAND.sub(lambda m: _command_block(m["args"].strip(), m["lang"]), markdown)
     markdown = API.sub(lambda m: _api_block(m["module"]), markdown)
-    markdown = METRIC_TABLE.sub(lambda m: _metric_table(), markdown)
+    markdown = METRIC_TABLE.sub(lambda m: _metric_table(m["which"]), markdown)
     return BENCH.sub(lambda m: _bench_tables(m["name"]), markdown)
 
 
@@ -52,12 +53,18 @@ def _api_block(module: str) -> str:
     return f"::: {module}\n    options:\n      members: {json.dumps(sorted(names))}"
 
 
-def _metric_table() -> str:
+def _metric_table(which: str) -> str:
     sys.path.insert(0, str(ROOT))
     try:
         from trainer.runtime._metrics import METRICS
+        from trainer.runtime.exporters._prometheus import SERIES
     finally:
         sys.path.remove(str(ROOT))
+    if which == "prometheus":
+        out = ["| series | type | labels | what it says |", "|---|---|---|---|"]
+        for name, kind, labels, meaning in SERIES:
+            out.append(f"| `{name}` | {kind} | {', '.join(labels)} | {_cell(meaning)} |")
+        return "\n".join(out) + "\n"
     out = ["| name | what it measures | when | before the slash names |", "|---|---|---|---|"]
     for metric in METRICS:
         when = "every step" if metric.per_step else "exporters, from events"

@@ -1,4 +1,5 @@
-"""Building the exporters ``[export]`` asks for (``--export NAME``), in the order named."""
+"""Building the exporters ``[export]`` asks for (``--export NAME``): checks, then Prometheus
+(it only listens), then the ones that write files."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from eventbus import ExtensionError
 
 from ...config._export import ExportConfig
+from ._deps import require
 
 __all__ = ["build_exporters"]
 
@@ -18,35 +20,39 @@ def build_exporters(config: ExportConfig, out_dir: Path | None) -> list[object]:
         ExtensionError: A library is missing (naming the extra to install), a port cannot be
             bound, or an exporter that writes files has no run folder.
     """
-    exporters: list[object] = []
-    timeout = config.flush_timeout_s
+    # Checked first, with no side effect: a missing library or run folder leaves nothing
+    # listening and nothing written.
     for name in config.to:
-        if name == "prometheus":
-            continue  # last: once built it listens, and nothing after it may fail
-        if out_dir is None:
+        if name != "prometheus" and out_dir is None:
             raise ExtensionError(f"--export {name} needs a run folder (--out DIR, or out_dir=)")
-        if name == "tensorboard":
-            from ._tensorboard import TensorBoardExporter
-
-            exporters.append(
-                TensorBoardExporter.from_config(
-                    config.tensorboard, out_dir, flush_timeout_s=timeout
-                )
-            )
-        elif name == "mlflow":
-            from ._mlflow import MlflowExporter
-
-            exporters.append(
-                MlflowExporter.from_config(config.mlflow, out_dir, flush_timeout_s=timeout)
-            )
-        elif name == "wandb":
-            from ._wandb import WandbExporter
-
-            exporters.append(
-                WandbExporter.from_config(config.wandb, out_dir, flush_timeout_s=timeout)
-            )
+        require(name)
+    exporters: list[object] = []
     if "prometheus" in config.to:
         from ._prometheus import PrometheusExporter
 
         exporters.append(PrometheusExporter.from_config(config.prometheus))
+    try:
+        exporters += [_build(name, config, out_dir) for name in config.to if name != "prometheus"]
+    except BaseException:
+        for exporter in exporters:
+            close = getattr(exporter, "close", None)
+            if callable(close):
+                close()  # stop listening: the trainer is not built
+        raise
     return exporters
+
+
+def _build(name: str, config: ExportConfig, out_dir: Path | None) -> object:
+    assert out_dir is not None
+    timeout = config.flush_timeout_s
+    if name == "tensorboard":
+        from ._tensorboard import TensorBoardExporter
+
+        return TensorBoardExporter.from_config(config.tensorboard, out_dir, flush_timeout_s=timeout)
+    if name == "mlflow":
+        from ._mlflow import MlflowExporter
+
+        return MlflowExporter.from_config(config.mlflow, out_dir, flush_timeout_s=timeout)
+    from ._wandb import WandbExporter
+
+    return WandbExporter.from_config(config.wandb, out_dir, flush_timeout_s=timeout)

@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from eventbus import ExtensionError
+
 from ...config._export import MlflowExportConfig
 from ._base import Exporter, RunEnd, RunStart
 from ._deps import require
@@ -68,6 +70,17 @@ class MlflowExporter(Exporter):
         self.mlflow_run_id: str | None = None
         self._client: Any = None
         self._decisions: list[str] = []
+        if self.local:
+            # Creating a local store takes seconds of CPU (schema migrations): done now,
+            # before training, rather than on the writer thread beside the first steps. A
+            # remote server is left to the writer thread: it may be slow to answer.
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self._connect()
+            except Exception as exc:  # noqa: BLE001  (reported as an ExtensionError naming it)
+                raise ExtensionError(
+                    f"--export mlflow: cannot open the store {self.tracking_uri}: {exc}"
+                ) from None
 
     @classmethod
     def from_config(
@@ -84,20 +97,25 @@ class MlflowExporter(Exporter):
             f"(mlflow ui --backend-store-uri {self.tracking_uri})"
         )
 
-    def open(self, run: RunStart) -> None:
-        """Find this trainbus run's MLflow run by its tag, or create it."""
+    def _connect(self) -> str:
+        """The client and this exporter's experiment id (created when missing)."""
         from mlflow import MlflowClient
 
-        # The local store's first use runs MLflow's schema migrations, each logged at INFO.
-        for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        client = self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        found = client.get_experiment_by_name(self.experiment)
+        if self._client is None:
+            # The local store's first use runs MLflow's schema migrations, each logged at INFO.
+            for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        found = self._client.get_experiment_by_name(self.experiment)
         if found is not None:
-            experiment_id = found.experiment_id
-        else:
-            location = (self.out_dir / "mlartifacts").resolve().as_uri() if self.local else None
-            experiment_id = client.create_experiment(self.experiment, artifact_location=location)
+            return str(found.experiment_id)
+        location = (self.out_dir / "mlartifacts").resolve().as_uri() if self.local else None
+        return str(self._client.create_experiment(self.experiment, artifact_location=location))
+
+    def open(self, run: RunStart) -> None:
+        """Find this trainbus run's MLflow run by its tag, or create it."""
+        experiment_id = self._connect()
+        client = self._client
         existing = client.search_runs(
             [experiment_id], filter_string=f"tags.`{_RUN_TAG}` = '{run.run_id}'", max_results=1
         )

@@ -67,7 +67,11 @@ def _metric_table(which: str) -> str:
         return "\n".join(out) + "\n"
     out = ["| name | what it measures | when | before the slash names |", "|---|---|---|---|"]
     for metric in METRICS:
-        when = "every step" if metric.per_step else "exporters, from events"
+        when = {
+            "step": "every step",
+            "validation": "validation steps",
+            "events": "exporters, from events",
+        }[metric.when]
         short = f"`{metric.short}`" if metric.short else ""
         out.append(f"| `{metric.name}` | {_cell(metric.meaning)} | {when} | {short} |")
     return "\n".join(out) + "\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = ["METRICS", "Metric", "named"]
 
@@ -28,14 +29,21 @@ class Metric:
         meaning: What it measures.
         short: The key the trainer computes it under (and that ``metrics.jsonl`` used before
             the slash names); None for metrics that exist only under ``name``.
-        per_step: True: a value for every step, in ``metrics.jsonl`` and ``StepFinished``.
-            False: exporters derive it from the run's events (restarts, drops).
+        when: Where it has a value. ``step``: every step, in ``metrics.jsonl`` and
+            ``StepFinished``. ``validation``: there too, but only on the steps that run the
+            validation. ``events``: not in ``metrics.jsonl``; exporters derive it, per step,
+            from the run's events (restarts, drops).
     """
 
     name: str
     meaning: str
     short: str | None = None
-    per_step: bool = True
+    when: Literal["step", "validation", "events"] = "step"
+
+    @property
+    def per_step(self) -> bool:
+        """Whether every step has a value (``when == "step"``)."""
+        return self.when == "step"
 
 
 METRICS: tuple[Metric, ...] = (
@@ -100,40 +108,40 @@ METRICS: tuple[Metric, ...] = (
         "timing_s/sync_weights", "pushing the new weights to the rollout workers", "sync_time_s"
     ),
     Metric(
-        "timing_s/eval", "the validation (when it ran this step)", "eval_time_s", per_step=False
+        "timing_s/eval", "the validation (when it ran this step)", "eval_time_s", when="validation"
     ),
     Metric(
         "val/reward_mean",
         "mean reward of greedy completions of the validation prompts (every task.eval_every steps)",
-        per_step=False,
+        when="validation",
     ),
     Metric(
         "val/failed",
         "validation rollouts without a reward (a reward function failed, a prompt too long)",
-        per_step=False,
+        when="validation",
     ),
     Metric("perf/samples_per_s", "rollouts trained on per second of step time", "samples_per_s"),
     Metric("training/policy_version", "the policy version after the update", "policy_version"),
     Metric(
         "rollout/dropped/<reason>",
         "rollout results not admitted in the step's batch, by reason (stale, duplicate...)",
-        per_step=False,
+        when="events",
     ),
-    Metric("rollout/duplicates", "duplicate results in the step's batch (no-ops)", per_step=False),
+    Metric("rollout/duplicates", "duplicate results in the step's batch (no-ops)", when="events"),
     Metric(
         "rollout/retry_overwrites",
         "failed rollouts of the step replaced by a successful retry",
-        per_step=False,
+        when="events",
     ),
     Metric(
-        "rollout/timed_out", "rollouts of the step that missed the batch deadline", per_step=False
+        "rollout/timed_out", "rollouts of the step that missed the batch deadline", when="events"
     ),
-    Metric("rollout/restarts", "rollout-side restarts so far in the run", per_step=False),
-    Metric("rollout/workers_lost", "rollout workers lost so far in the run", per_step=False),
+    Metric("rollout/restarts", "rollout-side restarts so far in the run", when="events"),
+    Metric("rollout/workers_lost", "rollout workers lost so far in the run", when="events"),
     Metric(
         "run/recoveries",
         "checkpoints restored after a failure so far in the run",
-        per_step=False,
+        when="events",
     ),
 )
 

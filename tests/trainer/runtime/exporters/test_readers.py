@@ -164,3 +164,23 @@ async def test_prometheus_is_scraped_while_the_run_goes(tmp_path: Path) -> None:
     assert value("trainbus_run_info", run_id=summary.run_id) == 1
     with pytest.raises(urllib.error.URLError):  # the run ended: nothing listens any more
         _scrape(url)
+
+
+def test_mlflow_logs_a_hugging_face_run_s_model_folder_at_each_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow import MlflowClient
+
+    from trainer import MlflowExporter, RunEnd, RunStart
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "gpt2"}')
+    exporter = MlflowExporter(tmp_path)
+    exporter.open(RunStart("hf1", 0, 2, False, "sync", "local", {}, tmp_path))
+    exporter.write_checkpoint(2, tmp_path / "checkpoints" / "step-00000002.pt")
+    exporter.close(RunEnd("finished", 2))
+    client = MlflowClient(tracking_uri=exporter.tracking_uri)
+    assert exporter.mlflow_run_id is not None
+    logged = [a.path for a in client.list_artifacts(exporter.mlflow_run_id, "model")]
+    assert logged == ["model/config.json"]

@@ -26,6 +26,7 @@ if _typing.TYPE_CHECKING:
     from .rl._tasks import make_task as make_task
     from .rl._text_tasks import task_reward as task_reward
     from .rollout._backend import BackendStatistics as BackendStatistics
+    from .rollout._backend import Holding as Holding
     from .rollout._backend import ResultSink as ResultSink
     from .rollout._backend import RolloutBackend as RolloutBackend
     from .rollout._faults import FAULTS as FAULTS

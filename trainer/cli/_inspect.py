@@ -40,6 +40,7 @@ from eventbus import (
     SafePointReached,
     SafePointResolved,
     SampleWait,
+    StallDiagnosed,
     StepFinished,
     StepStarted,
     WeightsSynced,
@@ -467,6 +468,30 @@ def _lagged(e: Lagged) -> str:
     return f"missed={e.missed}"
 
 
+def _stall_diagnosed(e: StallDiagnosed) -> str:
+    """The headline, then what is held by whom and each stack, indented (several lines)."""
+    again = f", diagnosis {e.repeat + 1}" if e.repeat else ""
+    lines = [
+        f"step={e.step} {e.stage} stalled {e.stalled_s:.1f} s (waited {e.waited_s:.1f} s"
+        f"{again}): {e.headline()}"
+    ]
+    held: dict[str, list[str]] = {}
+    for rollout in e.stuck:
+        held.setdefault(rollout.worker_id, []).append(rollout.group_id)
+    for worker_id, groups in held.items():
+        names = list(dict.fromkeys(groups))
+        shown = ", ".join(names[:6]) + (f", ... ({len(names)} groups)" if len(names) > 6 else "")
+        lines.append(f"    {worker_id} holds {len(groups)} rollouts of groups {shown}")
+    for stack in e.stacks:
+        how = f"{stack.source}" + (f", pid {stack.pid}" if stack.pid else "")
+        lines.append(f"    {stack.owner} [{stack.thread or '?'}] ({how or 'unread'}):")
+        lines += [f"        {frame.location()}" for frame in stack.frames]
+        if stack.note:
+            lines.append(f"        note: {stack.note}")
+    lines += [f"    note: {note}" for note in e.notes]
+    return "\n".join(lines)
+
+
 _DESCRIBERS: dict[type[Event], Callable[[Any], str]] = {
     FitStarted: _fit_started,
     FitFinished: _fit_finished,
@@ -487,6 +512,7 @@ _DESCRIBERS: dict[type[Event], Callable[[Any], str]] = {
     FaultInjected: _fault_injected,
     ExtensionFailed: _extension_failed,
     Lagged: _lagged,
+    StallDiagnosed: _stall_diagnosed,
 }
 
 

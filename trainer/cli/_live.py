@@ -10,6 +10,10 @@ terminal or with ``--no-progress``.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,9 +32,46 @@ from eventbus import (
     StepStarted,
 )
 
+from ..rollout._backend import Holding
+from ..runtime._selfheal import WaitProgress
 from ._progress import PlainProgress, describe_wait
 
-__all__ = ["LiveProgress"]
+__all__ = ["LiveProgress", "describe_silence"]
+
+SILENT_AFTER_S = 1.0
+"""A wait this long without a new sample names the workers holding work (the silent ones)."""
+
+
+def describe_silence(
+    holdings: Sequence[Holding],
+    now: float,
+    stalled_s: float,
+    stall_timeout_s: float | None,
+) -> str:
+    """``silent: local-0.1 (16 rollouts, 4.2 s); stall timeout in 5.8 s``, or ``""``.
+
+    Args:
+        holdings: What each worker holds (``since`` on the ``time.monotonic()`` clock).
+        now: ``time.monotonic()`` now.
+        stalled_s: Seconds the wait has gone without a new sample.
+        stall_timeout_s: The self-healing stall timeout, None when self-healing is off.
+    """
+    if stalled_s < SILENT_AFTER_S:
+        return ""
+    parts = []
+    longest = sorted(holdings, key=lambda h: h.since)[:4]
+    if longest:
+        shown = ", ".join(
+            f"{h.worker_id} ({sum(len(g.rollout_ids) for g in h.work.groups)} rollouts, "
+            f"{now - h.since:.1f} s)"
+            for h in longest
+        )
+        more = f" and {len(holdings) - len(longest)} more" if len(holdings) > len(longest) else ""
+        parts.append(f"silent: {shown}{more}")
+    if stall_timeout_s is not None:
+        left = stall_timeout_s - stalled_s
+        parts.append(f"stall timeout in {left:.1f} s" if left > 0 else "stall timeout reached")
+    return "; ".join(parts)
 
 
 class LiveProgress:
@@ -58,6 +99,8 @@ class LiveProgress:
         self._task = self._progress.add_task("steps", total=None, vitals="starting")
         self._status = Text("")
         self._live: Live | None = None
+        self._progress_fold = WaitProgress()
+        self._clock: Callable[[], float] = time.monotonic
 
     def on_event(self, context: ExtensionContext, event: Event) -> None:
         """Update the bar, the wait line, or print a notice above them."""
@@ -68,7 +111,10 @@ class LiveProgress:
         elif isinstance(event, StepStarted):
             self._status = Text(f"step {event.step}: collecting rollouts", style="dim")
         elif isinstance(event, SampleWait):
-            self._status = Text(describe_wait(event), style="yellow")
+            waiting = describe_wait(event)
+            silence = self._silence(context.host, self._progress_fold.observe(event.state))
+            text = f"{waiting}\n{silence}" if silence else waiting
+            self._status = Text(text, style="yellow")
         elif not isinstance(event, FitStarted):
             if isinstance(event, FitFinished | FitFailed):
                 self.close()  # the last frame first, then the closing line below it
@@ -76,6 +122,14 @@ class LiveProgress:
             if line and not line.startswith("step "):
                 self.console.print(line.strip(), highlight=False)
         self._refresh()
+
+    def _silence(self, host: Any, stalled_s: float) -> str:
+        holdings = getattr(host, "rollout_holdings", None)
+        config = getattr(host, "config", None)
+        heal = getattr(config, "self_heal", None)
+        timeout = heal.stall_timeout_s if heal is not None and heal.enabled else None
+        held: tuple[Holding, ...] = holdings() if holdings is not None else ()
+        return describe_silence(held, self._clock(), stalled_s, timeout)
 
     def _start(self, event: FitStarted) -> None:
         self._lines.describe(event)  # keeps its step total in step

@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
         "--wait-timeout", type=float, metavar="S", help="deadline of any sample wait"
     )
     train.add_argument(
+        "--diagnose-after",
+        type=float,
+        metavar="S",
+        help="diagnose a wait without progress for S seconds (StallDiagnosed; 0: off)",
+    )
+    train.add_argument(
         "--inject", action="append", default=[], metavar="FAULT@STEP", help="inject a fault"
     )
     train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
@@ -208,6 +214,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "task.val_dataset": args.val_dataset,
         "task.rewards": args.reward or None,
         "run.device": args.device,
+        "diagnose.after_s": args.diagnose_after,
     }
     overrides = {key: value for key, value in flags.items() if value is not None}
     if args.self_heal:

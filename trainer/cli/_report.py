@@ -37,6 +37,7 @@ from eventbus import (
 from ..runtime._metrics import named
 from ..runtime._run import FitSummary
 from ._errors import UsageError
+from ._stalls import fold_stalls
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -198,6 +199,8 @@ class RunFacts:
         workers_lost: Rollout workers that died.
         extension_failures: Extension hook calls that raised.
         after_fit_errors: Extensions that failed at ``AFTER_FIT`` (summary only).
+        stalls: One line per diagnosed stall: when, how long, where, what ended it (from
+            the event log, whichever the source of the rest).
     """
 
     status: str
@@ -221,6 +224,7 @@ class RunFacts:
     workers_lost: int = 0
     extension_failures: int = 0
     after_fit_errors: list[str] = field(default_factory=list)
+    stalls: list[str] = field(default_factory=list)
 
 
 def facts_from_summary(summary: FitSummary) -> RunFacts:
@@ -323,11 +327,14 @@ def _add_decision(facts: RunFacts, event: SafePointResolved) -> None:
 def run_facts(run: RunData) -> RunFacts:
     """The facts of ``run``, from its summary when it has one."""
     if run.summary is None:
-        return facts_from_log(run.events, run.metrics)
-    facts = facts_from_summary(run.summary)
-    if facts.status != "running" and _log_status(run.events) == "running or interrupted":
-        # The log goes on after the summary was written: a resumed run is under way.
-        facts.status = "running again\nsummary.json is from an earlier attempt"
+        facts = facts_from_log(run.events, run.metrics)
+    else:
+        facts = facts_from_summary(run.summary)
+        if facts.status != "running" and _log_status(run.events) == "running or interrupted":
+            # The log goes on after the summary was written: a resumed run is under way.
+            facts.status = "running again\nsummary.json is from an earlier attempt"
+    origin = run.events[0].time if run.events else 0.0
+    facts.stalls = [stall.line(origin) for stall in fold_stalls(run.events)]
     return facts
 
 
@@ -358,6 +365,7 @@ def table_rows(facts: RunFacts, metrics: Sequence[dict[str, float]]) -> list[tup
         ("best reward", _best_reward(facts, metrics)),
         ("time", _duration(facts)),
         ("restarts", _listing(len(facts.restarts), facts.restarts)),
+        ("stalls", _listing(len(facts.stalls), facts.stalls)),
         ("dropped rollouts", _dropped(facts)),
         ("sample waits", _waits(facts, metrics)),
         ("safe-point decisions", _decisions(facts.decisions)),

@@ -25,6 +25,7 @@ from ._export import ExportConfig
 __all__ = [
     "CheckpointConfig",
     "ConfigError",
+    "DiagnoseConfig",
     "OptimizerConfig",
     "RolloutConfig",
     "RunConfig",
@@ -209,6 +210,26 @@ class SelfHealConfig(_Section, frozen=True, kw_only=True):
     backoff_max_s: NonNegativeSeconds = 10.0
 
 
+class DiagnoseConfig(_Section, frozen=True, kw_only=True):
+    """``[diagnose]``: stall diagnosis: what a stalled wait waits for and where it is stuck.
+
+    A wait without progress for ``after_s`` publishes ``StallDiagnosed``: the rollouts it
+    waits for, the workers holding them and their stacks.
+
+    Attributes:
+        after_s: A wait without progress for this long is diagnosed; 0 turns diagnosis off.
+            Unset: 5 s, or half the self-healing stall timeout when that is shorter, so the
+            restart vote can name the diagnosis.
+        py_spy: The py-spy executable that reads Ray actors' stacks from outside (unset:
+            the one beside this Python, then ``PATH``; ``""``: never use py-spy).
+        read_timeout_s: How long reading one worker's stacks may take.
+    """
+
+    after_s: NonNegativeSeconds | None = None
+    py_spy: str | None = None
+    read_timeout_s: Seconds = 5.0
+
+
 class TrainerConfig(_Section, frozen=True, kw_only=True):
     """The whole run configuration (one TOML file; every section optional).
 
@@ -222,6 +243,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         checkpoint: ``[checkpoint]``.
         self_heal: ``[self_heal]``.
         export: ``[export]``: TensorBoard, MLflow, W&B, Prometheus.
+        diagnose: ``[diagnose]``.
         extensions: ``MODULE:ATTR`` of extension classes or factories to register.
         safe_point_timeout_s: How long a safe point waits for extension votes.
     """
@@ -235,6 +257,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     self_heal: SelfHealConfig = msgspec.field(default_factory=SelfHealConfig)
     export: ExportConfig = msgspec.field(default_factory=ExportConfig)
+    diagnose: DiagnoseConfig = msgspec.field(default_factory=DiagnoseConfig)
     extensions: list[str] = msgspec.field(default_factory=list)
     safe_point_timeout_s: Seconds = 30.0
 
@@ -291,6 +314,14 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
                 f"model.max_seq_len is {self.model.max_seq_len}, but task {builtin.name!r} "
                 f"needs {needed} (prompt + response)"
             )
+
+    @property
+    def diagnose_after_s(self) -> float:
+        """Seconds without progress after which a wait is diagnosed (0: never)."""
+        if self.diagnose.after_s is not None:
+            return self.diagnose.after_s
+        heal = self.self_heal
+        return min(5.0, heal.stall_timeout_s / 2) if heal.enabled else 5.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for ``config show``, checkpoints and ``summary.json``)."""

@@ -9,15 +9,27 @@ decides what counts.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from eventbus import ThreadStack
 from replay import RolloutResult
 
 if TYPE_CHECKING:  # the worker module imports torch; this interface module must not
+    from ._stacks import StackReader
     from ._worker import RolloutWork
 
-__all__ = ["BackendCounters", "BackendStatistics", "ResultSink", "RolloutBackend"]
+__all__ = [
+    "BackendCounters",
+    "BackendStatistics",
+    "Holding",
+    "HoldingLedger",
+    "ResultSink",
+    "RolloutBackend",
+]
 
 
 class ResultSink(Protocol):
@@ -85,6 +97,53 @@ class BackendCounters:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """Work a worker took and has not delivered yet (what a stall diagnosis reports).
+
+    Attributes:
+        worker_id: The worker.
+        work: The work it holds.
+        since: ``time.monotonic()`` when it took it.
+    """
+
+    worker_id: str
+    work: RolloutWork
+    since: float
+
+
+class HoldingLedger:
+    """Who holds which work: backends record a worker taking work and delivering it.
+
+    Thread-safe; two dict operations per piece of work, so it costs nothing on a healthy run.
+
+    Args:
+        clock: Monotonic seconds (tests inject their own).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._held: dict[str, Holding] = {}
+
+    def take(self, worker_id: str, work: RolloutWork) -> None:
+        """``worker_id`` started on ``work``."""
+        holding = Holding(worker_id, work, self._clock())
+        with self._lock:
+            self._held[worker_id] = holding
+
+    def release(self, worker_id: str) -> None:
+        """``worker_id`` delivered (or lost) what it held."""
+        with self._lock:
+            self._held.pop(worker_id, None)
+
+    def snapshot(self, workers: Collection[str] | None = None) -> tuple[Holding, ...]:
+        """What is held now (only by ``workers``, when given)."""
+        with self._lock:
+            held = tuple(self._held.values())
+        return held if workers is None else tuple(h for h in held if h.worker_id in workers)
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
     """Rollout workers behind one interface (``local``: threads; ``ray``: actors)."""
@@ -110,3 +169,12 @@ class RolloutBackend(Protocol):
 
     def statistics(self) -> BackendStatistics:
         """A snapshot of the counters."""
+
+    def holdings(self) -> tuple[Holding, ...]:
+        """The work each current worker took and has not delivered (thread-safe)."""
+
+    def read_stacks(
+        self, worker_ids: Sequence[str], reader: StackReader
+    ) -> tuple[ThreadStack, ...]:
+        """The Python stacks of these workers, read without their cooperation where the
+        backend can (a hung worker cannot answer). Blocking: call it from a thread."""

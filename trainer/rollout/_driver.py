@@ -13,6 +13,8 @@ whatever thread it arrives on. There is one driver per mode behind one interface
 from __future__ import annotations
 
 import logging
+import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -72,6 +74,8 @@ class RolloutDriver(ABC):
         self.attempt_floor = attempt_floor
         self.max_attempt = attempt_floor
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
+        # time.monotonic() of the last result or pickup: progress, for the stall watch.
+        self.progress_at = -math.inf
         self._build_buffer()
 
     buffer: ReplayBuffer | AsyncReplayBuffer
@@ -112,10 +116,12 @@ class RolloutDriver(ABC):
 
     def deliver(self, result: RolloutResult) -> None:
         """Offer a result to the admission gate."""
+        self.progress_at = time.monotonic()
         self.buffer.add(result)
 
     def started(self, group_ids: tuple[str, ...]) -> None:
         """Groups went from pending to running."""
+        self.progress_at = time.monotonic()
         self.buffer.mark_running(group_ids)
 
     def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None:

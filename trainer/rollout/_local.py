@@ -13,13 +13,16 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 
-from ._backend import BackendCounters, BackendStatistics, ResultSink
+from eventbus import ThreadStack
+
+from ._backend import BackendCounters, BackendStatistics, Holding, HoldingLedger, ResultSink
 from ._faults import FaultInjector, WorkerCrashed
+from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
 __all__ = ["LocalBackend"]
@@ -68,6 +71,7 @@ class LocalBackend:
         self._lock = threading.Lock()
         self._counts = BackendCounters()
         self._closed = False
+        self._holdings = HoldingLedger()
 
     async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
         """Start ``workers`` threads sampling from ``version``."""
@@ -118,6 +122,30 @@ class LocalBackend:
         generation = self._generation
         alive = sum(t.is_alive() for t in generation.threads) if generation else 0
         return self._counts.snapshot(self.name, alive)
+
+    def holdings(self) -> tuple[Holding, ...]:
+        """The work each thread of the current generation took and has not delivered."""
+        generation = self._generation
+        if generation is None:
+            return ()
+        return self._holdings.snapshot({t.name for t in generation.threads})
+
+    def read_stacks(
+        self, worker_ids: Sequence[str], reader: StackReader
+    ) -> tuple[ThreadStack, ...]:
+        """The worker threads' stacks (``sys._current_frames``: no cooperation needed)."""
+        threads = {
+            t.name: t
+            for g in (*self._retired, self._generation)
+            if g is not None
+            for t in g.threads
+        }
+        stacks = []
+        for worker_id in worker_ids:
+            thread = threads.get(worker_id)
+            ident = thread.ident if thread is not None else None
+            stacks.append(reader.thread(ident, worker_id, worker_id))
+        return tuple(stacks)
 
     # --- threads --------------------------------------------------------------------------
 
@@ -172,6 +200,7 @@ class LocalBackend:
             work = generation.work.get()
             if work is None or generation.stop.is_set():
                 return
+            self._holdings.take(worker_id, work)
             version, weights = self._weights
             if worker.version != version:
                 worker.load_weights(weights, version)
@@ -180,6 +209,7 @@ class LocalBackend:
                 if faults is not None:
                     faults.before_work(worker_id, work, generation.stop)
                     if generation.stop.is_set():
+                        self._holdings.release(worker_id)
                         return  # released from a hang by a restart: its work was reissued
                 began = time.perf_counter()
                 results = worker.run(work)
@@ -192,6 +222,7 @@ class LocalBackend:
                         elapsed_s=time.perf_counter() - began,
                     )
             except WorkerCrashed as exc:
+                self._holdings.release(worker_id)
                 self._counts.workers_lost += 1
                 logger.error("rollout worker %s crashed: %s", worker_id, exc)
                 sink.worker_lost(worker_id, str(exc), len(work.groups), worker.node)
@@ -210,5 +241,6 @@ class LocalBackend:
                 )
             for result in results:
                 sink.deliver(result)
+            self._holdings.release(worker_id)
             with self._lock:
                 self._counts.completed += 1

@@ -32,25 +32,29 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 
 try:
     import ray
     from ray import ObjectRef
     from ray.actor import ActorHandle
-    from ray.exceptions import RayActorError, RayError
+    from ray.exceptions import GetTimeoutError, RayActorError, RayError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
 
+from eventbus import ThreadStack
 from replay import RolloutResult
 
-from ._backend import BackendCounters, BackendStatistics, ResultSink
+from ._backend import BackendCounters, BackendStatistics, Holding, HoldingLedger, ResultSink
 from ._faults import FaultInjector
 from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import RolloutActor, remote_actor_class
 from ._ray_session import init_ray
+from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
 __all__ = ["RayBackend"]
@@ -146,6 +150,7 @@ class RayBackend:
         self.errors = 0
         self._generations = 0  # generations started (numbers worker ids)
         self._closed = False
+        self._holdings = HoldingLedger()
 
     # --- RolloutBackend -------------------------------------------------------------------
 
@@ -237,6 +242,54 @@ class RayBackend:
         generation = self._generation
         alive = sum(actor.alive for actor in generation.actors) if generation else 0
         return self._counts.snapshot(self.name, alive)
+
+    def holdings(self) -> tuple[Holding, ...]:
+        """The work each actor of the current generation was sent and has not returned."""
+        generation = self._generation
+        if generation is None:
+            return ()
+        return self._holdings.snapshot({actor.worker_id for actor in generation.actors})
+
+    def read_stacks(
+        self, worker_ids: Sequence[str], reader: StackReader
+    ) -> tuple[ThreadStack, ...]:
+        """The actors' stacks: read from outside with py-spy when the actor runs on this
+        node (a hung actor cannot answer a call), else (or when py-spy cannot) asked of the
+        actor's diagnosis thread. Blocking: call it from a thread."""
+        generation = self._generation
+        actors = {a.worker_id: a for a in generation.actors} if generation else {}
+        here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        stacks: list[ThreadStack] = []
+        for worker_id in worker_ids:
+            actor = actors.get(worker_id)
+            if actor is None:
+                stacks.append(ThreadStack(owner=worker_id, note="no such actor now"))
+                continue
+            if actor.pid and actor.node == here:
+                found, note = reader.process(actor.pid, worker_id)
+            else:
+                found, note = (), f"actor {worker_id} runs on another node (py-spy reads this one)"
+            if not found:
+                found = self._ask_for_stacks(actor, reader.timeout_s, note)
+            stacks.extend(found)
+        return tuple(stacks)
+
+    def _ask_for_stacks(self, actor: _Actor, timeout_s: float, why: str) -> tuple[ThreadStack, ...]:
+        """The fallback: the actor reports its own stacks from its diagnosis thread."""
+        try:
+            found: tuple[ThreadStack, ...] = ray.get(
+                actor.handle.stacks.remote(), timeout=timeout_s
+            )
+        except GetTimeoutError:
+            note = f"{why}; the actor did not answer within {timeout_s:.0f} s"
+            return (ThreadStack(owner=actor.worker_id, pid=actor.pid or None, note=note),)
+        except RayError as exc:
+            note = f"{why}; asking the actor failed: {_first_line(exc)}"
+            return (ThreadStack(owner=actor.worker_id, pid=actor.pid or None, note=note),)
+        return tuple(
+            msgspec.structs.replace(s, source="actor", note=f"{why}; read by the actor itself")
+            for s in found
+        )
 
     def actor_names(self) -> list[str]:
         """Ray names of the current actors (``ray.get_actor(name)`` finds them)."""
@@ -367,6 +420,7 @@ class RayBackend:
         assert sink is not None
         while True:
             work = await generation.queue.get()
+            self._holdings.take(actor.worker_id, work)
             sink.started(tuple(group.group_id for group in work.groups))
             began = time.perf_counter()
             try:
@@ -383,6 +437,7 @@ class RayBackend:
                         )
                     )
             except RayActorError as exc:
+                self._holdings.release(actor.worker_id)
                 actor.alive = False
                 self._counts.workers_lost += 1
                 reason = f"{type(exc).__name__}: {_first_line(exc)}"
@@ -406,6 +461,7 @@ class RayBackend:
                 )
             for result in results:
                 sink.deliver(result)
+            self._holdings.release(actor.worker_id)
             self._counts.completed += 1
 
     async def _call(self, actor: _Actor, work: RolloutWork) -> list[RolloutResult]:

@@ -3,7 +3,8 @@
 Ray imports this module in every actor process; the backend (:mod:`._ray`) only holds
 handles. The actor's methods are what the backend calls: ``ready`` once it is built,
 ``run`` or ``load_and_run`` for each piece of work, ``hang`` for the fault and as the probe
-that tells when a killed actor is really gone.
+that tells when a killed actor is really gone, and ``stacks`` (served by a second thread,
+the ``diagnose`` concurrency group) for a stall diagnosis that cannot use py-spy.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import typing
 
 import ray
 import torch
 from ray.actor import ActorClass
 
+from eventbus import ThreadStack
 from replay import RolloutResult
 
+from ._stacks import own_stacks
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
 __all__ = ["RolloutActor", "remote_actor_class"]
@@ -46,6 +50,12 @@ class RolloutActor:
         """Answers once the worker is built: the actor's process id and node id."""
         return os.getpid(), self.node
 
+    @ray.method(concurrency_group="diagnose")
+    def stacks(self) -> tuple[ThreadStack, ...]:
+        """This process's busy threads' stacks, served from the actor's second thread (its
+        ``diagnose`` concurrency group) while the worker's own thread may be stuck."""
+        return own_stacks(self.worker.worker_id)
+
     @ray.method
     def run(self, work: RolloutWork) -> list[RolloutResult]:
         """Run ``work`` with the weights loaded last."""
@@ -67,4 +77,7 @@ class RolloutActor:
 @functools.cache
 def remote_actor_class() -> ActorClass[RolloutActor]:
     """The actor class, made once (Ray registers it with the cluster on first use)."""
-    return ray.remote(RolloutActor)
+    # A second thread (concurrency group) serves stack requests while the worker's is busy.
+    # (Ray's stubs do not know the keyword.)
+    decorate = ray.remote(concurrency_groups={"diagnose": 1})  # type: ignore[call-overload]
+    return typing.cast("ActorClass[RolloutActor]", decorate(RolloutActor))

@@ -64,9 +64,10 @@ class Recovery:
         failed_step = learner.step + 1
         in_flight = state.apply(checkpoint, resuming=False)
         driver.reset()
-        workers = await self.backend.restart(
-            f"restoring checkpoint of step {stored.step}: {reason}"
-        )
+        with state.stages.stage("restart", learner.step):
+            workers = await self.backend.restart(
+                f"restoring checkpoint of step {stored.step}: {reason}"
+            )
         driver.resubmit(in_flight, learner.step + 1, learner.policy_version)
         await self.backend.update_weights(learner.weights(), learner.policy_version)
         state.record.restart(

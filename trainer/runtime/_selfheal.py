@@ -6,8 +6,9 @@ An ordinary extension on the public contract (a user could have written it):
   sample for ``stall_timeout_s`` while rollouts are outstanding. A ``WorkerLost`` event
   counts as a stall at once.
 * At the next ``SAMPLE_WAIT`` or ``STEP_BOUNDARY`` safe point it votes
-  ``RESTART_REQUIRED``, with a reason that says what it saw. The trainer then restarts the
-  rollout side and reissues every in-flight rollout under a new attempt.
+  ``RESTART_REQUIRED``, with a reason that says what it saw and, when a ``StallDiagnosed``
+  of that step came first, the diagnosis (who holds what, stuck where). The trainer then
+  restarts the rollout side and reissues every in-flight rollout under a new attempt.
 * At ``TERMINAL_FAILURE`` it votes ``RESTART_REQUIRED`` (the trainer restores the last
   checkpoint) while its restart budget lasts, after an exponential backoff; then it lets
   the original error surface.
@@ -35,12 +36,13 @@ from eventbus import (
     SafePointReached,
     SampleWait,
     SampleWaitState,
+    StallDiagnosed,
     WorkerLost,
 )
 
 from ..config._schema import SelfHealConfig
 
-__all__ = ["SelfHealingExtension", "recovery_backoff_s"]
+__all__ = ["SelfHealingExtension", "WaitProgress", "recovery_backoff_s"]
 
 logger = logging.getLogger("trainbus.selfheal")
 
@@ -50,6 +52,35 @@ def recovery_backoff_s(recovery: int, first_s: float, max_s: float) -> float:
     each time, at most ``max_s``."""
     doublings = min(recovery - 1, 64)  # past 64 doublings, only max_s can be the answer
     return min(max_s, first_s * 2.0**doublings)
+
+
+class WaitProgress:
+    """How long the current sample wait has gone without a new sample, folded from its
+    ``SampleWait`` states (on the buffers' clock). The self-healing extension decides stalls
+    with it; the live view counts down to its stall timeout with the same fold."""
+
+    def __init__(self) -> None:
+        self._wait: tuple[int, str] | None = None
+        self._best_available = -1
+        self._progress_at = 0.0
+        self._last_elapsed = 0.0
+
+    def observe(self, state: SampleWaitState) -> float:
+        """Take in one state; returns seconds since the wait's last progress."""
+        key = (state.step, state.partition)
+        if key != self._wait or state.elapsed_s < self._last_elapsed:
+            self._wait = key  # a new wait: start watching afresh
+            self._best_available = state.available
+            self._progress_at = state.elapsed_s
+        elif state.available > self._best_available:
+            self._best_available = state.available
+            self._progress_at = state.elapsed_s
+        self._last_elapsed = state.elapsed_s
+        return state.elapsed_s - self._progress_at
+
+    def reset(self) -> None:
+        """Watch the next state as a new wait (after a restart)."""
+        self._wait = None
 
 
 class SelfHealingExtension:
@@ -100,11 +131,9 @@ class SelfHealingExtension:
         self.restarts_used = 0
         self.stall_restarts = 0
         self.history: list[dict[str, Any]] = []
-        self._wait: tuple[int, str] | None = None
-        self._best_available = -1
-        self._progress_at = 0.0
-        self._last: SampleWaitState | None = None
+        self._progress = WaitProgress()
         self._stall: str | None = None
+        self._diagnosis: StallDiagnosed | None = None  # the last one, until the vote uses it
         self._stall_restarts_this_step = (-1, 0)
 
     @classmethod
@@ -125,19 +154,12 @@ class SelfHealingExtension:
             self._observe(event.state)
         elif isinstance(event, WorkerLost):
             self._stall = f"worker {event.worker_id} lost ({event.reason})"
+        elif isinstance(event, StallDiagnosed) and event.stage == "rollouts":
+            self._diagnosis = event
 
     def _observe(self, state: SampleWaitState) -> None:
-        key = (state.step, state.partition)
-        if key != self._wait or state.elapsed_s < (self._last.elapsed_s if self._last else 0.0):
-            self._wait = key  # a new wait: start watching afresh
-            self._best_available = state.available
-            self._progress_at = state.elapsed_s
-        elif state.available > self._best_available:
-            self._best_available = state.available
-            self._progress_at = state.elapsed_s
-        self._last = state
+        stalled_for = self._progress.observe(state)
         outstanding = state.pending_groups + state.running_groups
-        stalled_for = state.elapsed_s - self._progress_at
         if outstanding and stalled_for >= self.stall_timeout_s and self._stall is None:
             self._stall = (
                 f"no progress for {stalled_for:.1f} s at step {state.step} "
@@ -158,8 +180,8 @@ class SelfHealingExtension:
             step = safe_point.step if safe_point.step is not None else -1
             last_step, count = self._stall_restarts_this_step
             count = count + 1 if last_step == step else 1
-            reason, self._stall = self._stall, None
-            self._wait = None  # the restarted wait is watched from scratch
+            reason, self._stall = self._with_diagnosis(self._stall, step), None
+            self._progress.reset()  # the restarted wait is watched from scratch
             if count > self.max_stall_restarts_per_step:
                 logger.error("not restarting again at step %d: %s", step, reason)
                 return Decision.CONTINUE, f"stalled again ({reason}); stall restart budget used"
@@ -168,6 +190,13 @@ class SelfHealingExtension:
             self.history.append({"kind": "stall", "step": step, "reason": reason})
             return Decision.RESTART_REQUIRED, reason
         return Decision.CONTINUE, ""
+
+    def _with_diagnosis(self, reason: str, step: int) -> str:
+        """``reason``, followed by the diagnosis of this step's stall when there is one."""
+        diagnosis, self._diagnosis = self._diagnosis, None
+        if diagnosis is None or diagnosis.step != step:
+            return reason
+        return f"{reason}: {diagnosis.headline()}"
 
     async def _recover(self, safe_point: SafePointReached) -> tuple[Decision, str]:
         details = safe_point.details
@@ -182,7 +211,8 @@ class SelfHealingExtension:
         delay = recovery_backoff_s(self.restarts_used, self.backoff_s, self.backoff_max_s)
         if delay > 0:
             await self._sleep(delay)
-        self._stall, self._wait = None, None
+        self._stall = None
+        self._progress.reset()
         self.history.append({"kind": "recovery", "step": safe_point.step, "reason": error})
         return (
             Decision.RESTART_REQUIRED,

@@ -30,6 +30,7 @@ from ..rollout._driver import RolloutDriver
 from ._checkpoint import CheckpointStore, StoredCheckpoint
 from ._learner import Learner
 from ._run import RunRecord
+from ._stall import Stages
 
 __all__ = ["CHECKPOINT_FORMAT", "RunState"]
 
@@ -77,6 +78,7 @@ class RunState:
         self.store = store
         self.export = export
         self.run_id = uuid.uuid4().hex[:12]
+        self.stages = Stages()  # the trainer's: marks the write as a wait for stall diagnosis
 
     async def save(self) -> StoredCheckpoint:
         """Write a checkpoint of the current step; publishes ``CheckpointSaved``."""
@@ -86,7 +88,9 @@ class RunState:
         began = time.perf_counter()
         # Serialising and fsyncing take milliseconds: off the event loop. Nothing changes
         # the state meanwhile, since the loop awaits the save before training on.
-        stored = await anyio.to_thread.run_sync(self._write, self.gather())
+        with self.stages.stage("checkpoint", self.learner.step):
+            write = self.stages.in_thread(self._write)
+            stored = await anyio.to_thread.run_sync(write, self.gather())
         elapsed = time.perf_counter() - began
         self.record.checkpoints += 1
         if self.bus.wants(CheckpointSaved):

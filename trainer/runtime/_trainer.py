@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,17 +46,20 @@ from replay import GroupResult, SampleWaitInterrupted
 from ..config._schema import TrainerConfig
 from ..rl._policy import Policy
 from ..rl._tasks import make_task
-from ..rollout._backend import RolloutBackend
+from ..rollout._backend import Holding, RolloutBackend
 from ..rollout._driver import make_driver
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
+from ..rollout._stacks import StackReader
 from ._checkpoint import CheckpointStore
 from ._decisions import Action, RunAborted, StopRequested, action_for
+from ._diagnosis import StallDiagnoser
 from ._extload import load_extension
 from ._learner import Learner
 from ._metrics import named
 from ._recovery import Recovery
 from ._run import FitSummary, RunRecord
+from ._stall import StallWatch
 from ._state import RunState
 from ._workload import RunWorkload
 
@@ -92,6 +96,14 @@ class TrainerView:
     def out_dir(self) -> Path | None:
         """The run folder, if any."""
         return self._trainer.out_dir
+
+    def rollout_holdings(self) -> tuple[Holding, ...]:
+        """The work each rollout worker took and has not delivered yet (``since`` is
+        ``time.monotonic()``): a worker holding work long is a silent one."""
+        holdings: Callable[[], tuple[Holding, ...]] | None = getattr(
+            self._trainer.backend, "holdings", None
+        )
+        return holdings() if holdings is not None else ()
 
 
 class PPOTrainer:
@@ -170,6 +182,8 @@ class PPOTrainer:
         self._active_step: int | None = None  # the step being trained, for FitFailed
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._diagnoser: StallDiagnoser | None = None  # one per fit(), when diagnosis is on
+        self.stages = self.state.stages  # where the trainer's waits are marked
 
     @property
     def step(self) -> int:
@@ -245,6 +259,7 @@ class PPOTrainer:
         self._fitting = True
         self._stop_requested = None
         self._task, self._loop = asyncio.current_task(), asyncio.get_running_loop()
+        self._start_diagnosis()
         sink: Registration | None = None
         jsonl: JsonlSink | None = None
         try:
@@ -259,6 +274,7 @@ class PPOTrainer:
                 sink.close()
             if jsonl is not None:
                 jsonl.close()
+            self._stop_diagnosis()
             self._fitting = False
             self._task = self._loop = None
 
@@ -323,7 +339,8 @@ class PPOTrainer:
         """
         with anyio.CancelScope(shield=True):
             try:
-                await self.driver.close()
+                with self.stages.stage("close", self.step):
+                    await self.driver.close()
             except Exception:
                 if error is None:
                     raise
@@ -385,12 +402,15 @@ class PPOTrainer:
         if bus.wants(StepStarted):
             bus.publish(StepStarted(step=step))
         self.driver.dispatch_step(step, learner.policy_version)
-        batch = await self._collect(step)
+        with self.stages.stage("rollouts", step):
+            batch = await self._collect(step)
         waited = time.perf_counter() - began
         if self.faults is not None:
             self.faults.check_step(step)
         update_began = time.perf_counter()
-        metrics = await anyio.to_thread.run_sync(learner.update, batch)
+        with self.stages.stage("update", step):
+            update = self.stages.in_thread(learner.update)
+            metrics = await anyio.to_thread.run_sync(update, batch)
         update_s = time.perf_counter() - update_began
         learner.step = step
         learner.policy_version += 1
@@ -431,7 +451,8 @@ class PPOTrainer:
     async def _sync_weights(self) -> float:
         learner = self.learner
         began = time.perf_counter()
-        await self.backend.update_weights(learner.weights(), learner.policy_version)
+        with self.stages.stage("weight_sync", learner.step):
+            await self.backend.update_weights(learner.weights(), learner.policy_version)
         elapsed = time.perf_counter() - began
         if self.bus.wants(WeightsSynced):
             self.bus.publish(
@@ -469,7 +490,8 @@ class PPOTrainer:
         if action is Action.SAVE:
             await self.state.save()
         elif action is Action.RESTART_ROLLOUTS:
-            record = await self.driver.restart(step, outcome.summary())
+            with self.stages.stage("restart", step):
+                record = await self.driver.restart(step, outcome.summary())
             self.record.restart("rollouts", record)
         elif action is Action.STOP:
             raise StopRequested(outcome.summary())
@@ -498,3 +520,24 @@ class PPOTrainer:
         except Exception:
             logger.exception("recovery from %s failed", type(error).__name__)
             return False
+
+    # --- stall diagnosis ------------------------------------------------------------------
+
+    def _start_diagnosis(self) -> None:
+        """A watch and a (not yet started) watchdog for this fit(), when diagnosis is on."""
+        after_s = self.config.diagnose_after_s
+        if after_s <= 0:
+            return
+        driver, options = self.driver, self.config.diagnose
+        watch = StallWatch(after_s, progress_at=lambda: driver.progress_at)
+        reader = StackReader(options.py_spy, timeout_s=options.read_timeout_s)
+        self._diagnoser = diagnoser = StallDiagnoser(watch, self.bus, self.backend, reader)
+        diagnoser.attach(asyncio.current_task())
+        # The watchdog thread starts at the first stage entered while someone listens.
+        self.stages.watch_with(watch, diagnoser.ensure_running)
+
+    def _stop_diagnosis(self) -> None:
+        diagnoser, self._diagnoser = self._diagnoser, None
+        self.stages.watch_with(None, lambda: None)
+        if diagnoser is not None:
+            diagnoser.stop()

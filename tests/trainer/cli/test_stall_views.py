@@ -1,0 +1,202 @@
+"""How a stall diagnosis reads: ``trainbus events`` prints it with its stacks indented;
+``trainbus report`` lists each stall with what ended it; the live view names silent workers
+and counts down to the self-healing stall timeout."""
+
+from __future__ import annotations
+
+import io
+
+import msgspec
+from rich.console import Console
+
+from eventbus import (
+    EventBus,
+    ExtensionContext,
+    FitStarted,
+    RolloutRestarted,
+    SampleWait,
+    SampleWaitState,
+    StackFrame,
+    StallDiagnosed,
+    StepFinished,
+    StuckRollout,
+    ThreadStack,
+)
+from replay import PromptGroup
+from trainer import Holding, RolloutWork, load_config
+from trainer.cli._inspect import describe, format_entry
+from trainer.cli._live import LiveProgress
+from trainer.cli._stalls import fold_stalls
+
+DIAGNOSIS = StallDiagnosed(
+    step=4,
+    stage="rollouts",
+    waited_s=6.5,
+    stalled_s=6.2,
+    stuck=tuple(
+        StuckRollout(
+            rollout_id=f"p{g}#{i}", group_id=f"p{g}", attempt=2, worker_id="ray-1.0", held_s=6.2
+        )
+        for g in (7, 8)
+        for i in range(2)
+    ),
+    stacks=(
+        ThreadStack(
+            owner="ray-1.0",
+            thread="MainThread",
+            frames=(
+                StackFrame(file="/w/trainer/rollout/_ray.py", line=120, function="run"),
+                StackFrame(file="/home/me/myrewards.py", line=41, function="score"),
+                StackFrame(file="/py/threading.py", line=327, function="wait", library=True),
+            ),
+            source="py-spy",
+            pid=4242,
+        ),
+    ),
+    repeat=1,
+    notes=("the backend said so",),
+    seq=17,
+)
+
+
+def test_events_prints_the_headline_then_holdings_and_indented_stacks() -> None:
+    assert describe(DIAGNOSIS).splitlines() == [
+        "step=4 rollouts stalled 6.2 s (waited 6.5 s, diagnosis 2): worker ray-1.0 holds "
+        "4 rollouts for 6.2 s, stuck in `myrewards.py:41 score`",
+        "    ray-1.0 holds 4 rollouts of groups p7, p8",
+        "    ray-1.0 [MainThread] (py-spy, pid 4242):",
+        "        _ray.py:120 run",
+        "        myrewards.py:41 score",
+        "        threading.py:327 wait",
+        "    note: the backend said so",
+    ]
+    first = format_entry(DIAGNOSIS).splitlines()[0]
+    assert first.split()[:3] == ["17", "StallDiagnosed", "step=4"]
+
+
+def test_a_stack_that_could_not_be_read_shows_why() -> None:
+    event = StallDiagnosed(
+        step=2,
+        stage="rollouts",
+        waited_s=3.0,
+        stalled_s=3.0,
+        stuck=DIAGNOSIS.stuck[:1],
+        stacks=(ThreadStack(owner="ray-1.0", note="py-spy is not installed"),),
+    )
+    lines = describe(event).splitlines()
+    assert lines[0].endswith("holds 1 rollout for 6.2 s (no stack: py-spy is not installed)")
+    assert lines[-2:] == ["    ray-1.0 [?] (unread):", "        note: py-spy is not installed"]
+
+
+def at(event: StallDiagnosed, time: float, repeat: int, stalled_s: float) -> StallDiagnosed:
+    return msgspec.structs.replace(event, time=time, repeat=repeat, stalled_s=stalled_s)
+
+
+def test_report_lists_each_stall_with_when_how_long_where_and_what_ended_it() -> None:
+    events = [
+        FitStarted(run_id="r", total_steps=6, time=100.0),
+        at(DIAGNOSIS, 110.0, 0, 2.0),
+        at(DIAGNOSIS, 116.0, 1, 8.0),  # the same stall, diagnosed again
+        RolloutRestarted(step=4, reissued=("p7#0", "p7#1"), time=117.0),
+        StepFinished(step=4, time=118.0),
+        at(DIAGNOSIS, 130.0, 0, 2.0),  # a new stall at the same step and stage
+        StepFinished(step=5, time=131.5),
+        msgspec.structs.replace(DIAGNOSIS, step=6, stage="weight_sync", stuck=(), time=140.0),
+    ]
+    stalls = fold_stalls(events)
+    assert [(s.step, s.stage, len(s.diagnoses)) for s in stalls] == [
+        (4, "rollouts", 2),
+        (4, "rollouts", 1),
+        (6, "weight_sync", 1),
+    ]
+    headline = DIAGNOSIS.headline()
+    lines = [stall.line(origin=100.0) for stall in stalls]
+    assert lines[0] == (
+        f"step 4 rollouts at +8.0 s, 9.0 s: {headline}; rollout side restarted "
+        "(2 rollouts reissued)"
+    )
+    assert lines[1] == f"step 4 rollouts at +28.0 s, 3.5 s: {headline}; the step went on by itself"
+    assert lines[2].startswith("step 6 weight_sync at +33.8 s, at least 6.2 s: weight_sync at")
+    assert lines[2].endswith("; still stalled when the log ends")
+
+
+class Host:
+    """What the live view reads of the trainer (``context.host``)."""
+
+    def __init__(self, holdings: tuple[Holding, ...], *, self_heal: bool) -> None:
+        self.config = load_config(
+            overrides={"self_heal.enabled": self_heal, "self_heal.stall_timeout_s": 10.0}
+        )
+        self._holdings = holdings
+
+    def rollout_holdings(self) -> tuple[Holding, ...]:
+        return self._holdings
+
+
+def work(name: str, groups: int) -> RolloutWork:
+    return RolloutWork(
+        work_id=name,
+        groups=tuple(
+            PromptGroup(group_id=f"{name}{g}", rollout_ids=("a", "b", "c", "d"), step=3)
+            for g in range(groups)
+        ),
+        seed=0,
+        step=3,
+    )
+
+
+def wait_state(elapsed: float, available: int) -> SampleWait:
+    return SampleWait(
+        state=SampleWaitState(
+            mode="sync",
+            step=3,
+            partition="train",
+            required=16,
+            available=available,
+            pending_groups=0,
+            running_groups=2,
+            elapsed_s=elapsed,
+            poll_interval_s=0.5,
+            poll_count=1,
+        )
+    )
+
+
+def live_frames(host: Host, waits: list[SampleWait], now: float) -> str:
+    console = Console(file=io.StringIO(), force_terminal=True, width=160, color_system=None)
+    view = LiveProgress(console)
+    view._clock = lambda: now
+    context = ExtensionContext(name="p", bus=EventBus(), capabilities=frozenset(), host=host)
+    view.on_event(context, FitStarted(run_id="r1", total_steps=6, mode="sync", backend="local"))
+    for event in waits:
+        view.on_event(context, event)
+    frame: str = console.file.getvalue()  # type: ignore[attr-defined]
+    view.close()
+    return frame
+
+
+def test_the_live_view_names_silent_workers_and_counts_down_to_the_stall_timeout() -> None:
+    holdings = (
+        Holding("local-0.1", work("p", 4), since=90.0),
+        Holding("local-0.0", work("q", 1), since=95.5),
+    )
+    frame = live_frames(
+        Host(holdings, self_heal=True),
+        [wait_state(0.5, 8), wait_state(2.0, 12), wait_state(6.2, 12)],  # last sample at 2.0 s
+        now=100.0,
+    )
+    assert (
+        "silent: local-0.1 (16 rollouts, 10.0 s), local-0.0 (4 rollouts, 4.5 s); "
+        "stall timeout in 5.8 s" in frame
+    )
+
+
+def test_without_self_healing_there_is_no_countdown_and_short_waits_name_nobody() -> None:
+    holdings = (Holding("local-0.1", work("p", 1), since=99.0),)
+    frame = live_frames(Host(holdings, self_heal=False), [wait_state(0.5, 8)], now=100.0)
+    assert "silent" not in frame and "stall timeout" not in frame
+    frame = live_frames(
+        Host(holdings, self_heal=False), [wait_state(0.5, 8), wait_state(3, 8)], now=100.0
+    )
+    assert "silent: local-0.1 (4 rollouts, 1.0 s)" in frame
+    assert "stall timeout" not in frame

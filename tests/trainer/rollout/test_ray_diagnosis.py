@@ -1,0 +1,93 @@
+"""Stall diagnosis on Ray (run inside a loopback-only namespace): a hung actor's stack is read
+from outside with py-spy, or, without py-spy, from the actor's own diagnosis thread; a
+trainer with self-healing names it in the restart vote.
+
+    unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -m ray \\
+        tests/trainer/rollout/test_ray_diagnosis.py'
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import torch
+
+from eventbus import RolloutRestarted, StallDiagnosed
+from eventbus.testing import record_events
+from trainer import FaultInjector, PPOTrainer, SelfHealingExtension
+from trainer.rollout._stacks import StackReader
+
+from ..helpers import tiny_config
+from .test_ray_backend import SPEC, FakeSink, make_work, until, weights
+
+torch.set_num_threads(1)
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+ray = pytest.importorskip("ray")
+from trainer import RayBackend  # noqa: E402  (needs ray)
+
+
+async def hung_backend(reader: StackReader) -> None:
+    """Start two actors, hang one on its first work, check what a diagnosis reads."""
+    backend = RayBackend(SPEC, 2, faults=FaultInjector.parse(["hang@1"]))
+    sink = FakeSink()
+    await backend.start(sink, weights(0), 0)
+    try:
+        works = [make_work("a"), make_work("b")]
+        for work in works:
+            backend.submit(work)
+        await until(lambda: len(sink.results) == 8 and len(backend.holdings()) == 1)
+        [holding] = backend.holdings()
+        assert holding.work in works
+        assert {r.group_id for r in sink.results} == {
+            g.group_id for w in works if w is not holding.work for g in w.groups
+        }
+        stacks = await anyio.to_thread.run_sync(backend.read_stacks, [holding.worker_id], reader)
+        [stack] = [s for s in stacks if s.where() and s.where().function.endswith("hang")]  # type: ignore[union-attr]
+        assert stack.owner == holding.worker_id
+        return stack  # type: ignore[return-value]
+    finally:
+        await backend.close()
+
+
+async def test_py_spy_reads_a_hung_actor_from_outside() -> None:
+    stack = await hung_backend(StackReader(timeout_s=20))
+    assert stack.source == "py-spy" and stack.note == ""
+    assert stack.where().function == "RolloutActor.hang"  # type: ignore[union-attr]
+
+
+async def test_without_py_spy_the_actor_answers_from_its_second_thread() -> None:
+    stack = await hung_backend(StackReader(py_spy="/nonexistent/py-spy", timeout_s=20))
+    assert stack.source == "actor"
+    assert "/nonexistent/py-spy is not installed" in stack.note
+    assert "read by the actor itself" in stack.note
+    assert stack.where().function == "RolloutActor.hang"  # type: ignore[union-attr]
+
+
+async def test_a_hung_actor_is_diagnosed_and_named_in_the_restart_vote() -> None:
+    config = tiny_config(
+        run__steps=3,
+        rollout__backend="ray",
+        rollout__wait_timeout_s=120.0,
+        diagnose__after_s=1.0,
+    )
+    trainer = PPOTrainer(config, faults=FaultInjector.parse(["hang@2"]))
+    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=3.0, backoff_s=0.0))
+    async with record_events(trainer.bus, StallDiagnosed, RolloutRestarted) as recorder:
+        summary = await trainer.fit()
+    assert summary.status == "finished"
+    [restart] = recorder.of_type(RolloutRestarted)
+    # (Starting the new actors may be diagnosed too, as stage "restart": it takes seconds.)
+    diagnoses = [
+        d for d in recorder.of_type(StallDiagnosed) if d.seq < restart.seq and d.stage == "rollouts"
+    ]
+    assert diagnoses and all(d.step == 2 for d in diagnoses)
+    latest = diagnoses[-1]
+    [worker] = {r.worker_id for r in latest.stuck}
+    assert worker.startswith("ray-0.")
+    assert len(latest.stuck) == len({r.rollout_id for r in latest.stuck}) > 0
+    [stack] = [s for s in latest.stacks if s.owner == worker]
+    assert stack.source == "py-spy"
+    assert stack.where().function == "RolloutActor.hang"  # type: ignore[union-attr]
+    assert restart.reason.endswith(f": {latest.headline()})")

@@ -1,0 +1,149 @@
+"""Stall diagnosis end to end on the local backend: a worker hung in a known function gives a
+``StallDiagnosed`` naming that function and exactly the rollouts it holds; the self-healing
+vote carries it; with nobody listening nothing is read or published."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from eventbus import (
+    RUNTIME_EXTENSION_API_VERSION,
+    Capability,
+    Event,
+    ExtensionContext,
+    RolloutRestarted,
+    StallDiagnosed,
+)
+from eventbus.testing import record_events
+from replay import RolloutResult, SampleDeadlineExceeded
+from trainer import LocalBackend, PPOTrainer, RolloutWork, RolloutWorker, SelfHealingExtension
+from trainer.rollout._worker import WorkerSpec
+
+from ..helpers import tiny_config
+
+torch.set_num_threads(1)
+
+HUNG_WORKER = "local-0.1"
+HANG_STEP = 2
+
+
+def stuck_in_known_function(release: threading.Event) -> None:
+    """Where the hung worker waits (the diagnosis must name it)."""
+    release.wait()
+
+
+class Hangs:
+    """A worker factory whose worker ``local-0.1`` hangs on its work of step 2."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.held: RolloutWork | None = None
+        outer = self
+
+        class Worker(RolloutWorker):
+            def run(self, work: RolloutWork) -> list[RolloutResult]:
+                if self.worker_id == HUNG_WORKER and work.step == HANG_STEP and not outer.held:
+                    outer.held = work
+                    stuck_in_known_function(outer.release)
+                return super().run(work)
+
+        self.worker = Worker
+
+    def __call__(self, spec: WorkerSpec, worker_id: str) -> RolloutWorker:
+        return self.worker(spec, worker_id)
+
+
+class ReleaseOnRestart:
+    """Lets the hung worker go once the rollout side restarted (so close() does not wait)."""
+
+    name = "release"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS,)
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        if isinstance(event, RolloutRestarted):
+            self.release.set()
+
+
+def trainer_with_hang(hangs: Hangs, **config: Any) -> PPOTrainer:
+    cfg = tiny_config(run__steps=3, **config)
+    spec = WorkerSpec(task_name=cfg.task.name, task_params=dict(cfg.task.params), policy=cfg.model)
+    backend = LocalBackend(spec, cfg.rollout.workers, worker_factory=hangs)
+    return PPOTrainer(cfg, backend=backend)
+
+
+async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
+    hangs = Hangs()
+    trainer = trainer_with_hang(hangs, diagnose__after_s=0.2)
+    healer = SelfHealingExtension(stall_timeout_s=1.0, backoff_s=0.0)
+    trainer.register_runtime_extension(healer)
+    trainer.register_runtime_extension(ReleaseOnRestart(hangs.release))
+    async with record_events(trainer.bus, StallDiagnosed, RolloutRestarted) as recorder:
+        summary = await trainer.fit()
+    assert summary.status == "finished"
+    diagnoses = recorder.of_type(StallDiagnosed)
+    assert diagnoses, "no StallDiagnosed was published"
+    first = diagnoses[0]
+    assert (first.step, first.stage, first.repeat) == (HANG_STEP, "rollouts", 0)
+    assert first.stalled_s >= 0.2
+    # Exactly the rollouts the hung worker holds, and nobody else's.
+    assert hangs.held is not None
+    held = {rid for group in hangs.held.groups for rid in group.rollout_ids}
+    assert {r.rollout_id for r in first.stuck} == held
+    assert {r.worker_id for r in first.stuck} == {HUNG_WORKER}
+    assert {r.attempt for r in first.stuck} == {1}
+    # The worker's own stack, ending in the function it hangs in.
+    [stack] = [s for s in first.stacks if s.owner == HUNG_WORKER]
+    where = stack.where()
+    assert where is not None and where.function == "stuck_in_known_function"
+    assert stack.source == "thread" and stack.note == ""
+    headline = first.headline()
+    assert headline.startswith(f"worker {HUNG_WORKER} holds {len(held)} rollouts for ")
+    line = stuck_in_known_function.__code__.co_firstlineno + 2  # its release.wait()
+    assert headline.endswith(f"stuck in `test_diagnosis.py:{line} stuck_in_known_function`")
+    # The self-healing vote's reason carries the latest diagnosis before it.
+    [restart] = recorder.of_type(RolloutRestarted)
+    latest = [d for d in diagnoses if d.seq < restart.seq][-1]
+    assert restart.reason.endswith(f": {latest.headline()})")
+    assert restart.reason.startswith("restart_required (self-healing: no progress for ")
+    assert summary.restarts[0]["reason"] == restart.reason
+
+
+async def test_with_nobody_listening_nothing_is_read_or_published() -> None:
+    hangs = Hangs()
+    trainer = trainer_with_hang(hangs, diagnose__after_s=0.05, rollout__wait_timeout_s=0.5)
+    reads: list[object] = []
+    read_stacks = trainer.backend.read_stacks
+    trainer.backend.read_stacks = lambda *a: reads.append(a) or read_stacks(*a)  # type: ignore[method-assign]
+    before = {t.name for t in threading.enumerate()}
+    # The wait's deadline lets the step go on without the hung groups; then let the worker go.
+    release = threading.Timer(1.5, hangs.release.set)
+    release.start()
+    try:
+        with pytest.raises(SampleDeadlineExceeded):
+            await trainer.fit()
+    finally:
+        release.cancel()
+        hangs.release.set()
+    assert hangs.held is not None  # the hang did happen
+    assert reads == []
+    assert "trainbus stall diagnosis" not in before | {t.name for t in threading.enumerate()}
+    assert trainer.bus.statistics().published == 0
+
+
+async def test_diagnosis_off_publishes_nothing() -> None:
+    hangs = Hangs()
+    trainer = trainer_with_hang(hangs, diagnose__after_s=0.0)
+    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=0.5, backoff_s=0.0))
+    trainer.register_runtime_extension(ReleaseOnRestart(hangs.release))
+    async with record_events(trainer.bus, StallDiagnosed) as recorder:
+        summary = await trainer.fit()
+    assert summary.status == "finished"
+    assert recorder.of_type(StallDiagnosed) == []

@@ -1,0 +1,126 @@
+"""The stall watch's rules, on a fake clock: when a stall is due, how often, and what ends it."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+
+from trainer.runtime._stall import StallWatch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def make(clock: Clock, progress: list[float] | None = None, after: float = 5.0) -> StallWatch:
+    marks = progress if progress is not None else []
+    return StallWatch(after, clock=clock, progress_at=lambda: marks[-1] if marks else -math.inf)
+
+
+def test_nothing_is_due_between_stages(clock: Clock) -> None:
+    watch = make(clock)
+    clock.now += 1000
+    assert watch.due() is None
+    assert watch.current() is None
+    assert watch.next_due_in() == 5.0
+
+
+def test_a_stage_without_progress_is_due_once_at_the_threshold(clock: Clock) -> None:
+    watch = make(clock)
+    with watch.stage("update", step=3):
+        clock.now += 4.9
+        assert watch.due() is None
+        assert watch.next_due_in() == pytest.approx(0.1)
+        clock.now += 0.1
+        stall = watch.due()
+        assert stall is not None
+        assert (stall.stage, stall.step, stall.repeat) == ("update", 3, 0)
+        assert stall.stalled_s == pytest.approx(5.0)
+        assert watch.due() is None  # reported: not again until it lasts 4x longer
+        assert watch.next_due_in() == pytest.approx(15.0)
+
+
+def test_a_long_stall_is_reported_again_at_growing_intervals(clock: Clock) -> None:
+    watch = make(clock)
+    repeats = []
+    with watch.stage("weight_sync", step=1):
+        for _ in range(90):
+            clock.now += 1.0
+            stall = watch.due()
+            if stall is not None:
+                repeats.append((round(stall.stalled_s), stall.repeat))
+    assert repeats == [(5, 0), (20, 1), (80, 2)]
+
+
+def test_rollout_progress_ends_the_stall_and_restarts_the_count(clock: Clock) -> None:
+    marks: list[float] = []
+    watch = make(clock, marks)
+    with watch.stage("rollouts", step=2):
+        clock.now += 6
+        first = watch.due()
+        assert first is not None and first.repeat == 0
+        marks.append(clock.now)  # a result arrived
+        assert watch.due() is None
+        clock.now += 5
+        again = watch.due()
+        assert again is not None and again.repeat == 0  # a new stall, not a repeat
+        assert again.waited_s == pytest.approx(11.0)
+        assert again.stalled_s == pytest.approx(5.0)
+
+
+def test_progress_counts_only_while_waiting_for_rollouts(clock: Clock) -> None:
+    marks: list[float] = []
+    watch = make(clock, marks)
+    with watch.stage("checkpoint", step=2):
+        clock.now += 4
+        marks.append(clock.now)  # async-mode rollouts keep arriving during a checkpoint
+        clock.now += 1
+        assert watch.due() is not None
+
+
+def test_an_inner_stage_ending_is_progress_for_the_outer_one(clock: Clock) -> None:
+    watch = make(clock)
+    with watch.stage("rollouts", step=2):
+        clock.now += 3
+        with watch.stage("restart", step=2):
+            assert watch.current() == "restart"
+            clock.now += 5
+            stall = watch.due()
+            assert stall is not None and stall.stage == "restart"
+        assert watch.current() == "rollouts"
+        clock.now += 4
+        assert watch.due() is None  # 4 s since the restart ended
+        clock.now += 1
+        assert watch.due() is not None
+
+
+def test_in_thread_names_the_threads_doing_the_stage(clock: Clock) -> None:
+    watch = make(clock)
+    seen: list[dict[int, str]] = []
+    with watch.stage("update", step=1):
+        work = watch.in_thread(lambda: seen.append(dict(watch._stages[-1].threads)))
+        thread = threading.Thread(target=work, name="updater")
+        thread.start()
+        thread.join()
+        clock.now += 5
+        stall = watch.due()
+    assert list(seen[0].values()) == ["updater"]
+    assert stall is not None and stall.threads == {}  # it finished: nothing to show
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="diagnose_after_s"):
+        StallWatch(0)
+    with pytest.raises(ValueError, match="repeat_factor"):
+        StallWatch(1.0, repeat_factor=1.0)

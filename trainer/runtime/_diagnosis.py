@@ -1,0 +1,200 @@
+"""The stall diagnoser: a watchdog thread that turns a due stall into ``StallDiagnosed``.
+
+It runs on its own thread, not on the event loop, so a loop blocked by a synchronous call
+is diagnosed too (its thread's stack shows the call). It starts only once someone listens
+for ``StallDiagnosed`` (checked when the trainer enters a stage), sleeps until the
+:class:`~trainer.runtime._stall.StallWatch` says a stall could be due, and reads stacks only
+for a stall that is due. :meth:`StallDiagnoser.stop` joins it: nothing outlives ``fit()``.
+
+For a ``rollouts`` stall the event lists every rollout a worker holds and each holding
+worker's stack (the backend reads them: thread frames locally, py-spy or the actor's
+diagnosis thread on Ray). For the trainer's own stages it holds the trainer's stacks: the
+``fit`` task's await chain, the threads doing the stage's work, and the event loop's
+thread when that is busy rather than waiting for events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from eventbus import EventBus, StallDiagnosed, StuckRollout, ThreadStack
+
+from ..rollout._backend import Holding, RolloutBackend
+from ..rollout._stacks import StackReader
+from ._stall import Stall, StallWatch
+
+__all__ = ["StallDiagnoser"]
+
+logger = logging.getLogger("trainbus.diagnosis")
+
+# Innermost frames of an event loop waiting for events (asyncio's selector, uvloop's run).
+_IDLE_LOOP_FILES = ("selectors.py", "base_events.py", "runners.py", "uvloop")
+
+
+class StallDiagnoser:
+    """Watches a :class:`StallWatch` from its own thread and publishes diagnoses.
+
+    Args:
+        watch: The trainer's stall watch.
+        bus: Where ``StallDiagnosed`` goes (only while someone wants it).
+        backend: The rollout backend (who holds what; workers' stacks).
+        reader: Reads stacks.
+        clock: The watch's clock (for the stuck rollouts' ``held_s``).
+        sleep: Waits up to the given seconds; returns True once :meth:`stop` was called
+            (default: an event wait). Tests inject their own.
+        max_sleep_s: Longest sleep between two looks at the watch.
+    """
+
+    def __init__(
+        self,
+        watch: StallWatch,
+        bus: EventBus,
+        backend: RolloutBackend,
+        reader: StackReader,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], bool] | None = None,
+        max_sleep_s: float = 1.0,
+    ) -> None:
+        self.watch = watch
+        self.bus = bus
+        self.backend = backend
+        self.reader = reader
+        self.published = 0
+        self.errors = 0
+        self._clock = clock
+        self._stopped = threading.Event()
+        self._sleep = sleep or self._stopped.wait
+        self._max_sleep_s = max_sleep_s
+        self._thread: threading.Thread | None = None
+        self._loop_thread: int | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def attach(self, task: asyncio.Task[Any] | None) -> None:
+        """The ``fit`` task and, from the calling thread, the event loop's thread."""
+        self._task = task
+        self._loop_thread = threading.get_ident()
+
+    def ensure_running(self) -> None:
+        """Start the watchdog thread if someone listens and it is not running yet."""
+        if self._thread is None and not self._stopped.is_set() and self.bus.wants(StallDiagnosed):
+            self._thread = threading.Thread(
+                target=self._run, name="trainbus stall diagnosis", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread and wait for it (a stack read in progress is bounded)."""
+        self._stopped.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                logger.error("the stall diagnosis thread did not stop within %.0f s", timeout_s)
+
+    # --- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.check()
+            except Exception:  # logged and counted; the watch goes on
+                self.errors += 1
+                logger.exception("stall diagnosis failed")
+            if self._sleep(min(self._max_sleep_s, self.watch.next_due_in())):
+                return
+
+    def check(self) -> StallDiagnosed | None:
+        """Publish a diagnosis if a stall is due and someone listens; returns it."""
+        if not self.bus.wants(StallDiagnosed):
+            return None
+        stall = self.watch.due()
+        if stall is None:
+            return None
+        event = self.diagnose(stall)
+        self.bus.publish(event)
+        self.published += 1
+        logger.warning("stalled %s: %s", stall.stage, event.headline())
+        return event
+
+    def diagnose(self, stall: Stall) -> StallDiagnosed:
+        """Build the diagnosis of ``stall`` (reads stacks: call it off the event loop)."""
+        notes: list[str] = []
+        stuck: tuple[StuckRollout, ...] = ()
+        if stall.stage == "rollouts":
+            holdings = self._holdings(notes)
+            stuck = _stuck(holdings, self._clock())
+            stacks = self._worker_stacks(holdings, notes)
+        else:
+            stacks = self._trainer_stacks(stall)
+        return StallDiagnosed(
+            step=stall.step,
+            stage=stall.stage,
+            waited_s=stall.waited_s,
+            stalled_s=stall.stalled_s,
+            stuck=stuck,
+            stacks=stacks,
+            repeat=stall.repeat,
+            notes=tuple(notes),
+        )
+
+    def _holdings(self, notes: list[str]) -> tuple[Holding, ...]:
+        holdings: Callable[[], tuple[Holding, ...]] | None = getattr(self.backend, "holdings", None)
+        if holdings is None:
+            notes.append(f"the {self.backend.name} backend does not say which worker holds what")
+            return ()
+        held = holdings()
+        if not held:
+            notes.append("no worker holds work: the missing rollouts are queued or lost")
+        return held
+
+    def _worker_stacks(
+        self, held: tuple[Holding, ...], notes: list[str]
+    ) -> tuple[ThreadStack, ...]:
+        read = getattr(self.backend, "read_stacks", None)
+        if not held:
+            return ()
+        if read is None:
+            notes.append(f"the {self.backend.name} backend cannot read its workers' stacks")
+            return ()
+        stacks: tuple[ThreadStack, ...] = read(sorted({h.worker_id for h in held}), self.reader)
+        return stacks
+
+    def _trainer_stacks(self, stall: Stall) -> tuple[ThreadStack, ...]:
+        stacks: list[ThreadStack] = []
+        task = self._task
+        if task is not None and not task.done():
+            stacks.append(self.reader.task(task.get_coro(), "trainer", "fit task"))
+        for ident, name in stall.threads.items():
+            stacks.append(self.reader.thread(ident, "trainer", name))
+        if self._loop_thread is not None:
+            loop = self.reader.thread(self._loop_thread, "trainer", "event loop")
+            innermost = loop.frames[-1].file if loop.frames else ""
+            if (
+                loop.frames
+                and not innermost.endswith(_IDLE_LOOP_FILES)
+                and "uvloop" not in innermost
+            ):
+                # Busy, not waiting for events: something blocks the loop (its stack says what).
+                stacks.insert(0, loop)
+        return tuple(stacks)
+
+
+def _stuck(holdings: tuple[Holding, ...], now: float) -> tuple[StuckRollout, ...]:
+    return tuple(
+        StuckRollout(
+            rollout_id=rollout_id,
+            group_id=group.group_id,
+            attempt=group.attempt,
+            worker_id=holding.worker_id,
+            held_s=now - holding.since,
+        )
+        for holding in holdings
+        for group in holding.work.groups
+        for rollout_id in group.rollout_ids
+    )

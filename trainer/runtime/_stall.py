@@ -1,0 +1,209 @@
+"""The stall watch: which wait the trainer is in, when it last made progress, and when a
+stall is due for diagnosis.
+
+Pure bookkeeping on an injected clock, so its rules are tested without sleeping. The
+trainer enters a *stage* around each of its waits (``rollouts``, ``update``,
+``weight_sync``, ``checkpoint``, ``restart``, ``close``); progress is the stage starting,
+an inner stage ending, and, while waiting for rollouts, a worker picking up work or
+delivering a result. A stall is due once it has lasted ``diagnose_after_s``, then again each
+time it has lasted ``repeat_factor`` times longer; any progress ends it.
+
+Entering and leaving a stage is a list append and pop; nothing here runs between stages.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
+
+__all__ = ["STAGES", "Stages", "Stall", "StallWatch"]
+
+STAGES = ("rollouts", "update", "weight_sync", "checkpoint", "restart", "close")
+"""The waits of the trainer a stall diagnosis can name (``StallDiagnosed.stage``)."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Stage:
+    name: str
+    step: int
+    began: float
+    resumed: float  # the start, or the end of the last inner stage
+    threads: dict[int, str] = field(default_factory=dict)  # ident -> name, doing its work
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """A stall due for diagnosis.
+
+    Attributes:
+        stage: The stage's name.
+        step: The trainer step.
+        waited_s: Seconds since the stage began.
+        stalled_s: Seconds since its last progress.
+        repeat: 0 the first time this stall is due, then 1, 2, ...
+        threads: Threads doing the stage's work (ident -> name).
+    """
+
+    stage: str
+    step: int
+    waited_s: float
+    stalled_s: float
+    repeat: int
+    threads: dict[int, str]
+
+
+class StallWatch:
+    """Decides when a wait has stalled long enough to be diagnosed.
+
+    Args:
+        diagnose_after_s: A stall is first due after this long without progress (> 0).
+        progress_at: Clock time of the last rollout progress (a worker took work or
+            delivered a result); consulted in the ``rollouts`` stage.
+        clock: Monotonic seconds (tests inject a fake one).
+        repeat_factor: A stall is due again each time it has lasted this many times longer.
+    """
+
+    def __init__(
+        self,
+        diagnose_after_s: float,
+        *,
+        progress_at: Callable[[], float] = lambda: -math.inf,
+        clock: Callable[[], float] = time.monotonic,
+        repeat_factor: float = 4.0,
+    ) -> None:
+        if diagnose_after_s <= 0:
+            raise ValueError(f"diagnose_after_s must be > 0, got {diagnose_after_s}")
+        if repeat_factor <= 1:
+            raise ValueError(f"repeat_factor must be > 1, got {repeat_factor}")
+        self.diagnose_after_s = diagnose_after_s
+        self.repeat_factor = repeat_factor
+        self._progress_at = progress_at
+        self._clock = clock
+        self._stages: list[_Stage] = []
+        # The stall last reported: (stage, its last progress) and how often it was reported.
+        self._reported: tuple[_Stage, float] | None = None
+        self._repeats = 0
+
+    # --- the trainer's side ---------------------------------------------------------------
+
+    @contextmanager
+    def stage(self, name: str, step: int) -> Iterator[None]:
+        """The trainer waits for ``name`` inside this block."""
+        now = self._clock()
+        entry = _Stage(name, step, now, now)
+        self._stages.append(entry)
+        try:
+            yield
+        finally:
+            self._stages.remove(entry)
+            if self._stages:
+                self._stages[-1].resumed = self._clock()  # the outer wait starts afresh
+
+    def in_thread(self, function: Callable[P, R]) -> Callable[P, R]:
+        """``function``, recorded as doing the current stage's work while it runs (so a
+        diagnosis shows its thread's stack). For ``anyio.to_thread.run_sync``."""
+        stage = self._stages[-1] if self._stages else None
+
+        @functools.wraps(function)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            if stage is None:
+                return function(*args, **kwargs)
+            ident = threading.get_ident()
+            stage.threads[ident] = threading.current_thread().name
+            try:
+                return function(*args, **kwargs)
+            finally:
+                stage.threads.pop(ident, None)
+
+        return run
+
+    # --- the watcher's side ---------------------------------------------------------------
+
+    def current(self) -> str | None:
+        """The innermost stage now, if any."""
+        stages = tuple(self._stages)  # one read: the trainer's thread may change the list
+        return stages[-1].name if stages else None
+
+    def _last_progress(self, stage: _Stage) -> float:
+        last = stage.resumed
+        if stage.name == "rollouts":
+            last = max(last, self._progress_at())
+        return last
+
+    def due(self) -> Stall | None:
+        """The stall to diagnose now, or None (each threshold is reported once)."""
+        stages = tuple(self._stages)
+        if not stages:
+            return None
+        stage = stages[-1]
+        now = self._clock()
+        last = self._last_progress(stage)
+        if self._reported != (stage, last):
+            self._reported, self._repeats = None, 0  # progress since: a new stall, if any
+        stalled = now - last
+        if stalled < self.diagnose_after_s * self.repeat_factor**self._repeats:
+            return None
+        stall = Stall(
+            stage=stage.name,
+            step=stage.step,
+            waited_s=now - stage.began,
+            stalled_s=stalled,
+            repeat=self._repeats,
+            threads=dict(stage.threads),
+        )
+        self._reported, self._repeats = (stage, last), self._repeats + 1
+        return stall
+
+    def next_due_in(self) -> float:
+        """Seconds until :meth:`due` could next find a stall, given no progress meanwhile
+        (``diagnose_after_s`` when the trainer is between stages)."""
+        stages = tuple(self._stages)
+        if not stages:
+            return self.diagnose_after_s
+        stage = stages[-1]
+        last = self._last_progress(stage)
+        repeats = self._repeats if self._reported == (stage, last) else 0
+        threshold = self.diagnose_after_s * self.repeat_factor**repeats
+        return max(0.0, last + threshold - self._clock())
+
+
+class Stages:
+    """How the trainer's parts mark their waits: a no-op until :meth:`watch_with` attaches a
+    watch (one per ``fit()``, only when diagnosis is on).
+
+    Attributes:
+        watch: The attached watch, or None.
+    """
+
+    def __init__(self) -> None:
+        self.watch: StallWatch | None = None
+        self._on_enter: Callable[[], None] = lambda: None
+
+    def watch_with(self, watch: StallWatch | None, on_enter: Callable[[], None]) -> None:
+        """Attach ``watch`` (None: detach); ``on_enter`` runs as each stage begins."""
+        self.watch, self._on_enter = watch, on_enter
+
+    @contextmanager
+    def stage(self, name: str, step: int) -> Iterator[None]:
+        """The trainer waits for ``name`` in this block."""
+        watch = self.watch
+        if watch is None:
+            yield
+            return
+        self._on_enter()
+        with watch.stage(name, step):
+            yield
+
+    def in_thread(self, function: Callable[P, R]) -> Callable[P, R]:
+        """``function``, its thread shown in a diagnosis of the current stage."""
+        watch = self.watch
+        return function if watch is None else watch.in_thread(function)

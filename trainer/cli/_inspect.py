@@ -54,6 +54,7 @@ from ..runtime._metrics import named
 from ._errors import UsageError
 
 __all__ = [
+    "CONTINUATION",
     "LogReader",
     "LogView",
     "Selection",
@@ -326,12 +327,20 @@ def _time(entry: Entry) -> float:
 def format_entry(entry: Entry, origin: float | None = None) -> str:
     """One line: ``seq``, ``+seconds`` since ``origin``, type and key fields.
 
-    ``Lagged`` notices carry no ``seq`` (they are per subscriber): it shows as ``-``.
+    ``Lagged`` notices carry no ``seq`` (they are per subscriber): it shows as ``-``. An
+    event whose description has more lines (a ``StallDiagnosed``'s stacks) continues on
+    lines indented under the description, so they never read as events of their own.
     """
     seq = entry.get("seq", 0) if isinstance(entry, dict) else entry.seq
     stamp = _time(entry)
     clock = f"+{stamp - origin:.3f}s" if origin is not None and stamp else ""
-    return f"{seq or '-':>6} {clock:>10}  {entry_type(entry)} {describe(entry)}".rstrip()
+    first, *more = describe(entry).split("\n")
+    line = f"{seq or '-':>6} {clock:>10}  {entry_type(entry)} {first}".rstrip()
+    return "\n".join([line, *(CONTINUATION + text for text in more)])
+
+
+CONTINUATION = " " * 19
+"""What lines after an event's first line start with (the width of seq and time)."""
 
 
 def describe(entry: Entry) -> str:

@@ -38,6 +38,7 @@ from eventbus import (
 )
 from trainer.cli._errors import UsageError
 from trainer.cli._inspect import (
+    CONTINUATION,
     LogReader,
     LogView,
     Selection,
@@ -60,9 +61,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def parsed(stdout: str) -> list[tuple[str, str]]:
-    """(type, description) of each printed line, which must all have the documented shape."""
+    """(type, description) of each printed event, whose first lines must all have the
+    documented shape (a stall diagnosis continues on indented lines)."""
     rows = []
     for line in stdout.splitlines():
+        if line.startswith(CONTINUATION) and rows:
+            continue
         match = LINE.match(line)
         assert match, line
         rows.append((match[3], match[4]))

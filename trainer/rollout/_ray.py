@@ -258,17 +258,20 @@ class RayBackend:
         actor's diagnosis thread. Blocking: call it from a thread."""
         generation = self._generation
         actors = {a.worker_id: a for a in generation.actors} if generation else {}
-        here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        here = _nodes_on_this_machine()
         stacks: list[ThreadStack] = []
         for worker_id in worker_ids:
             actor = actors.get(worker_id)
             if actor is None:
                 stacks.append(ThreadStack(owner=worker_id, note="no such actor now"))
                 continue
-            if actor.pid and actor.node == here:
+            if actor.pid and actor.node in here:
                 found, note = reader.process(actor.pid, worker_id)
             else:
-                found, note = (), f"actor {worker_id} runs on another node (py-spy reads this one)"
+                found, note = (
+                    (),
+                    f"actor {worker_id} runs on another machine (py-spy reads this one)",
+                )
             if not found:
                 found = self._ask_for_stacks(actor, reader.timeout_s, note)
             stacks.extend(found)
@@ -492,3 +495,12 @@ def _first_line(error: BaseException) -> str:
     """Ray's error messages run over many lines; events and logs want the first."""
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+def _nodes_on_this_machine() -> set[str]:
+    """Ids of the live Ray nodes at this machine's address (py-spy can read their processes;
+    several nodes share one machine in a local test cluster)."""
+    if not ray.is_initialized():
+        return set()
+    address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return {node.node_id for node in live_nodes() if node.address == address}

@@ -184,3 +184,20 @@ def test_mlflow_logs_a_hugging_face_run_s_model_folder_at_each_checkpoint(
     assert exporter.mlflow_run_id is not None
     logged = [a.path for a in client.list_artifacts(exporter.mlflow_run_id, "model")]
     assert logged == ["model/config.json"]
+
+
+def test_tensorboard_hides_steps_an_interrupted_attempt_wrote_after_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    config = {"export__to": ["tensorboard"], "checkpoint__every": 2}
+    PPOTrainer(tiny_config(run__steps=3, **config), out_dir=out).run()
+    # As if the process had died after step 3, before its checkpoint: resumed from step 2.
+    (out / "checkpoints" / "step-00000003.pt").unlink()
+    PPOTrainer(tiny_config(run__steps=4, **config), out_dir=out).run()
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("reward/mean")]
+    assert steps == [1, 2, 3, 4]  # step 3 once: the first attempt's is purged

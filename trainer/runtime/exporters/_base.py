@@ -211,8 +211,14 @@ class Exporter:
         )
         self._counters = _Counters()
         if self._thread is None:
+            # A queue of its own per writer: one left behind by an earlier fit (stuck past
+            # flush_timeout_s) never takes this run's records.
+            self._queue = queue.Queue()
             self._thread = threading.Thread(
-                target=self._write_all, name=f"trainbus-export-{self.name}", daemon=True
+                target=self._write_all,
+                args=(self._queue,),
+                name=f"trainbus-export-{self.name}",
+                daemon=True,
             )
             self._thread.start()
         self._queue.put(("open", run))
@@ -293,9 +299,9 @@ class Exporter:
 
     # --- the writer thread ----------------------------------------------------------------
 
-    def _write_all(self) -> None:
+    def _write_all(self, records: queue.Queue[Any]) -> None:
         while True:
-            item = self._queue.get()
+            item = records.get()
             if item is _STOP:
                 return
             hook, *args = item

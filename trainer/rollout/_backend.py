@@ -9,20 +9,24 @@ decides what counts.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from eventbus import ThreadStack
 from replay import RolloutResult
 
-if TYPE_CHECKING:  # the worker module imports torch; this interface module must not
+if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
+    from ._faults import FaultInjector
     from ._stacks import StackReader
     from ._worker import RolloutWork
+    from ._workload import WorkerSpec
 
 __all__ = [
+    "BackendBase",
     "BackendCounters",
     "BackendStatistics",
     "Holding",
@@ -86,15 +90,7 @@ class BackendCounters:
 
     def snapshot(self, name: str, workers: int) -> BackendStatistics:
         """The counters now, with the backend's name and the workers alive."""
-        return BackendStatistics(
-            name=name,
-            workers=workers,
-            submitted=self.submitted,
-            completed=self.completed,
-            restarts=self.restarts,
-            workers_lost=self.workers_lost,
-            weight_syncs=self.weight_syncs,
-        )
+        return BackendStatistics(name=name, workers=workers, **dataclasses.asdict(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +174,42 @@ class RolloutBackend(Protocol):
     ) -> tuple[ThreadStack, ...]:
         """The Python stacks of these workers, read without their cooperation where the
         backend can (a hung worker cannot answer). Blocking: call it from a thread."""
+
+
+class BackendBase:
+    """What every backend keeps: what its workers build, how many there are, the faults to
+    inject, the sink it reports to, its counters and who holds which work.
+
+    Args:
+        spec: What each worker builds (task, policy, temperature).
+        workers: How many workers (at least 1).
+        faults: Fault injection (tests and ``--inject``); None for none.
+    """
+
+    name: str  # set by each backend class
+
+    def __init__(self, spec: WorkerSpec, workers: int, faults: FaultInjector | None) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.spec = spec
+        self.workers = workers
+        self._faults = faults
+        self._sink: ResultSink | None = None  # given by start()
+        self._lock = threading.Lock()  # counts bumped on several threads
+        self._counts = BackendCounters()
+        self._holdings = HoldingLedger()
+        self._closed = False
+
+    def statistics(self) -> BackendStatistics:
+        """A snapshot of the counters."""
+        return self._counts.snapshot(self.name, self._workers_alive())
+
+    def _workers_alive(self) -> int:
+        """Workers of the current generation not known to be dead."""
+        raise NotImplementedError
+
+    def _report_replaced(self, old: Iterable[str], new: Iterable[str], reason: str) -> None:
+        """Tell the sink which new worker took which old one's place."""
+        if self._sink is not None:
+            for old_id, new_id in zip(old, new, strict=True):
+                self._sink.worker_replaced(old_id, new_id, reason)

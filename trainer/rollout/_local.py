@@ -20,7 +20,7 @@ import anyio
 
 from eventbus import ThreadStack
 
-from ._backend import BackendCounters, BackendStatistics, Holding, HoldingLedger, ResultSink
+from ._backend import BackendBase, Holding, ResultSink
 from ._faults import FaultInjector, WorkerCrashed
 from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
@@ -38,7 +38,7 @@ class _Generation:
     threads: list[threading.Thread] = field(default_factory=list)
 
 
-class LocalBackend:
+class LocalBackend(BackendBase):
     """Rollout workers as threads of this process.
 
     Args:
@@ -58,20 +58,11 @@ class LocalBackend:
         faults: FaultInjector | None = None,
         worker_factory: Callable[[WorkerSpec, str], RolloutWorker] = RolloutWorker,
     ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        self.spec = spec
-        self.workers = workers
-        self._faults = faults
+        super().__init__(spec, workers, faults)
         self._factory = worker_factory
-        self._sink: ResultSink | None = None
         self._weights: tuple[int, bytes] = (-1, b"")
         self._generation: _Generation | None = None
         self._retired: list[_Generation] = []
-        self._lock = threading.Lock()
-        self._counts = BackendCounters()
-        self._closed = False
-        self._holdings = HoldingLedger()
 
     async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
         """Start ``workers`` threads sampling from ``version``."""
@@ -103,9 +94,9 @@ class LocalBackend:
         self._counts.restarts += 1
         self._spawn()
         await self._reap(timeout=0.0)
-        if old is not None and self._sink is not None and self._generation is not None:
-            for retired, fresh in zip(old.threads, self._generation.threads, strict=True):
-                self._sink.worker_replaced(retired.name, fresh.name, reason)
+        if old is not None and self._generation is not None:
+            new = self._generation.threads
+            self._report_replaced((t.name for t in old.threads), (t.name for t in new), reason)
         return self.workers
 
     async def close(self) -> None:
@@ -117,11 +108,9 @@ class LocalBackend:
         self._generation = None
         await self._reap(timeout=30.0)
 
-    def statistics(self) -> BackendStatistics:
-        """A snapshot of the counters."""
+    def _workers_alive(self) -> int:
         generation = self._generation
-        alive = sum(t.is_alive() for t in generation.threads) if generation else 0
-        return self._counts.snapshot(self.name, alive)
+        return sum(t.is_alive() for t in generation.threads) if generation else 0
 
     def holdings(self) -> tuple[Holding, ...]:
         """The work each thread of the current generation took and has not delivered."""

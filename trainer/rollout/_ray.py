@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from eventbus import ThreadStack
 from replay import RolloutResult
 
-from ._backend import BackendCounters, BackendStatistics, Holding, HoldingLedger, ResultSink
+from ._backend import BackendBase, Holding, ResultSink
 from ._faults import FaultInjector
 from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import RolloutActor, remote_actor_class
@@ -88,7 +88,7 @@ class _Generation:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
-class RayBackend:
+class RayBackend(BackendBase):
     """Rollout workers as Ray actors.
 
     Run it on an asyncio event loop (Ray's object references are asyncio awaitables).
@@ -125,32 +125,23 @@ class RayBackend:
         start_timeout_s: float = 120.0,
         kill_timeout_s: float = 10.0,
     ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        super().__init__(spec, workers, faults)
         if actor_cpus < 0:
             raise ValueError(f"actor_cpus must be >= 0, got {actor_cpus}")
-        self.spec = spec
-        self.workers = workers
         self.address = address
-        self._faults = faults
         self._actor_cpus = actor_cpus
         self._start_timeout_s = start_timeout_s
         self._kill_timeout_s = kill_timeout_s
         # Actor names are unique per Ray namespace; the prefix keeps two backends (or two
         # runs on one cluster) apart and lets an operator find this run's actors.
         self.actor_prefix = f"trainbus-{uuid.uuid4().hex[:8]}"
-        self._sink: ResultSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owns_ray = False
         self._weights: tuple[int, int, ObjectRef[bytes] | None] = (-1, -1, None)  # serial, version
         self._queue: asyncio.Queue[RolloutWork] | None = None  # the current generation's
         self._generation: _Generation | None = None
-        self._lock = threading.Lock()  # submit() may come from another thread
-        self._counts = BackendCounters()
         self.errors = 0
         self._generations = 0  # generations started (numbers worker ids)
-        self._closed = False
-        self._holdings = HoldingLedger()
 
     # --- RolloutBackend -------------------------------------------------------------------
 
@@ -216,9 +207,9 @@ class RayBackend:
             await self._retire(old, confirm=False)
         self._counts.restarts += 1
         self._generation = generation = await self._spawn(queue)
-        if old is not None and self._sink is not None:
-            for retired, fresh in zip(old.actors, generation.actors, strict=True):
-                self._sink.worker_replaced(retired.worker_id, fresh.worker_id, reason)
+        if old is not None:
+            ids = (a.worker_id for a in old.actors), (a.worker_id for a in generation.actors)
+            self._report_replaced(*ids, reason)
         return self.workers
 
     async def close(self) -> None:
@@ -236,12 +227,9 @@ class RayBackend:
             # Blocks for about a second and a half; nothing else runs on this loop by now.
             ray.shutdown()
 
-    def statistics(self) -> BackendStatistics:
-        """A snapshot of the counters (``workers``: actors of the current generation not
-        known to be dead)."""
+    def _workers_alive(self) -> int:
         generation = self._generation
-        alive = sum(actor.alive for actor in generation.actors) if generation else 0
-        return self._counts.snapshot(self.name, alive)
+        return sum(actor.alive for actor in generation.actors) if generation else 0
 
     def holdings(self) -> tuple[Holding, ...]:
         """The work each actor of the current generation was sent and has not returned."""

@@ -41,6 +41,7 @@ from eventbus import (
     FitStarted,
     RolloutRestarted,
     SafePointResolved,
+    StallDiagnosed,
     StepFinished,
     WorkerLost,
 )
@@ -129,8 +130,9 @@ class Exporter:
     :meth:`open` when a run starts, :meth:`write_scalars` once per step (the step's
     ``StepFinished.metrics`` plus the batch's dropped rollouts and the run's restart counts,
     named as in ``trainer.runtime._metrics.METRICS``), :meth:`write_text` for notable
-    safe-point decisions, restarts and recoveries, :meth:`write_checkpoint` for each saved
-    checkpoint and :meth:`close` when the run ends. Only :meth:`write_scalars` is required.
+    safe-point decisions, restarts, recoveries and diagnosed stalls, :meth:`write_checkpoint`
+    for each saved checkpoint and :meth:`close` when the run ends. Only
+    :meth:`write_scalars` is required.
 
     Args:
         name: The extension name.
@@ -167,7 +169,8 @@ class Exporter:
         raise NotImplementedError
 
     def write_text(self, step: int, tag: str, text: str) -> None:
-        """A note at ``step``: ``tag`` is ``decisions``, ``restarts`` or ``recoveries``."""
+        """A note at ``step``: ``tag`` is ``decisions``, ``restarts``, ``recoveries`` or
+        ``stalls`` (a stall's diagnosis: who holds what, stuck where)."""
 
     def write_checkpoint(self, step: int, path: Path) -> None:
         """A checkpoint of ``step`` was saved at ``path``."""
@@ -254,6 +257,8 @@ class Exporter:
             self._put(("write_text", event.step, "recoveries", text))
         elif isinstance(event, WorkerLost):
             counters.workers_lost += 1
+        elif isinstance(event, StallDiagnosed) and event.repeat == 0:
+            self._put(("write_text", event.step, "stalls", event.headline()))
         elif isinstance(event, CheckpointSaved):
             self._put(("write_checkpoint", event.step, Path(event.path)))
 

@@ -37,6 +37,7 @@ from eventbus import (
     RolloutRestarted,
     SafePointResolved,
     SampleWait,
+    StallDiagnosed,
     StepFinished,
     WorkerLost,
 )
@@ -55,6 +56,7 @@ SERIES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("trainbus_sample_wait_seconds_total", "counter", (), "time spent waiting for batches"),
     ("trainbus_restarts_total", "counter", ("kind",), "rollout restarts and recoveries"),
     ("trainbus_workers_lost_total", "counter", (), "rollout workers lost"),
+    ("trainbus_stalls_total", "counter", ("stage",), "stalls diagnosed, by what was waited for"),
     ("trainbus_rollouts_dropped_total", "counter", ("reason",), "results not admitted"),
     ("trainbus_checkpoints_total", "counter", (), "checkpoints saved"),
     ("trainbus_last_decision", "enum", ("point",), "the last decision at each safe point"),
@@ -171,6 +173,8 @@ class PrometheusExporter:
             s["trainbus_restarts_total"].labels(kind="recovery").inc()
         elif isinstance(event, WorkerLost):
             s["trainbus_workers_lost_total"].inc()
+        elif isinstance(event, StallDiagnosed) and event.repeat == 0:
+            s["trainbus_stalls_total"].labels(stage=event.stage).inc()
         elif isinstance(event, CheckpointSaved):
             s["trainbus_checkpoints_total"].inc()
         elif isinstance(event, FitStarted):

@@ -23,6 +23,7 @@ from eventbus import (
     SafePoint,
     SafePointOutcome,
     SafePointResolved,
+    StallDiagnosed,
     StepFinished,
     Vote,
 )
@@ -96,9 +97,12 @@ async def test_events_become_records_in_order_off_the_event_loop() -> None:
         bus.publish(SafePointResolved(outcome=_outcome(Decision.RESTART_REQUIRED)))
         bus.publish(StepFinished(step=1, metrics={"reward/mean": 0.5}))
         bus.publish(CheckpointRestored(step=0, path="x", reason="recovering"))
+        stall = StallDiagnosed(step=2, stage="update", waited_s=6.0, stalled_s=6.0)
+        bus.publish(stall)
+        bus.publish(StallDiagnosed(step=2, stage="update", waited_s=9.0, stalled_s=9.0, repeat=1))
         bus.publish(FitFinished(step=1))
     kinds = [call[0] for call in recorder.calls]
-    assert kinds == ["open", "text", "text", "scalars", "text", "close"]
+    assert kinds == ["open", "text", "text", "scalars", "text", "text", "close"]
     assert recorder.calls[0][1].run_id == "r1"
     assert recorder.calls[1][1:3] == (1, "restarts")
     assert recorder.calls[2][1:3] == (1, "decisions") and "stalled" in recorder.calls[2][3]
@@ -107,9 +111,10 @@ async def test_events_become_records_in_order_off_the_event_loop() -> None:
     assert scalars["rollout/dropped/earlier_step"] == 3.0
     assert scalars["rollout/restarts"] == 1.0 and scalars["run/recoveries"] == 0.0
     assert recorder.calls[4][2] == "recoveries"
-    assert recorder.calls[5][1] == RunEnd("finished", 1)
+    assert recorder.calls[5][1:] == (2, "stalls", stall.headline())  # the first diagnosis only
+    assert recorder.calls[6][1] == RunEnd("finished", 1)
     assert threading.get_ident() not in recorder.threads
-    assert recorder.statistics().written == 6
+    assert recorder.statistics().written == 7
 
 
 async def test_a_failing_hook_is_reported_and_the_run_finishes(tmp_path: Path) -> None:

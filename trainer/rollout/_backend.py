@@ -201,11 +201,16 @@ class BackendBase:
         self._closed = False
 
     def statistics(self) -> BackendStatistics:
-        """A snapshot of the counters."""
-        return self._counts.snapshot(self.name, self._workers_alive())
+        """A snapshot of the counters (``workers``: those not known to be dead)."""
+        alive = sum(alive for _, alive in self._current_workers())
+        return self._counts.snapshot(self.name, alive)
 
-    def _workers_alive(self) -> int:
-        """Workers of the current generation not known to be dead."""
+    def holdings(self) -> tuple[Holding, ...]:
+        """The work each current worker took and has not delivered (thread-safe)."""
+        return self._holdings.snapshot({worker_id for worker_id, _ in self._current_workers()})
+
+    def _current_workers(self) -> list[tuple[str, bool]]:
+        """Each worker of the current generation, and whether it is alive (none: stopped)."""
         raise NotImplementedError
 
     def _report_replaced(self, old: Iterable[str], new: Iterable[str], reason: str) -> None:

@@ -20,7 +20,7 @@ import anyio
 
 from eventbus import ThreadStack
 
-from ._backend import BackendBase, Holding, ResultSink
+from ._backend import BackendBase, ResultSink
 from ._faults import FaultInjector, WorkerCrashed
 from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
@@ -108,16 +108,9 @@ class LocalBackend(BackendBase):
         self._generation = None
         await self._reap(timeout=30.0)
 
-    def _workers_alive(self) -> int:
+    def _current_workers(self) -> list[tuple[str, bool]]:
         generation = self._generation
-        return sum(t.is_alive() for t in generation.threads) if generation else 0
-
-    def holdings(self) -> tuple[Holding, ...]:
-        """The work each thread of the current generation took and has not delivered."""
-        generation = self._generation
-        if generation is None:
-            return ()
-        return self._holdings.snapshot({t.name for t in generation.threads})
+        return [(t.name, t.is_alive()) for t in generation.threads] if generation else []
 
     def read_stacks(
         self, worker_ids: Sequence[str], reader: StackReader

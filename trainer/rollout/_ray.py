@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from eventbus import ThreadStack
 from replay import RolloutResult
 
-from ._backend import BackendBase, Holding, ResultSink
+from ._backend import BackendBase, ResultSink
 from ._faults import FaultInjector
 from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import RolloutActor, remote_actor_class
@@ -227,16 +227,9 @@ class RayBackend(BackendBase):
             # Blocks for about a second and a half; nothing else runs on this loop by now.
             ray.shutdown()
 
-    def _workers_alive(self) -> int:
+    def _current_workers(self) -> list[tuple[str, bool]]:
         generation = self._generation
-        return sum(actor.alive for actor in generation.actors) if generation else 0
-
-    def holdings(self) -> tuple[Holding, ...]:
-        """The work each actor of the current generation was sent and has not returned."""
-        generation = self._generation
-        if generation is None:
-            return ()
-        return self._holdings.snapshot({actor.worker_id for actor in generation.actors})
+        return [(a.worker_id, a.alive) for a in generation.actors] if generation else []
 
     def read_stacks(
         self, worker_ids: Sequence[str], reader: StackReader

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,11 @@ logger = logging.getLogger("trainbus.trainer")
 CHECKPOINT_FORMAT = 1
 
 
+@dataclass(eq=False, kw_only=True)
 class RunState:
     """The run's checkpointed state: the parts it is gathered from and applied to.
 
-    Args:
+    Attributes:
         config: The run configuration (saved, and compared on resume).
         learner: The policy and what moves with it.
         stream: The training prompt stream (its position is the data position).
@@ -52,33 +54,20 @@ class RunState:
         store: Where checkpoints are written.
         export: Called after each checkpoint is written, on the same thread (writes the
             run folder's ``model/`` for a Hugging Face model).
-
-    Attributes:
         run_id: The run's id, stable across resumes (a checkpoint carries it).
+        stages: The trainer's stages (the write is marked as a wait for stall diagnosis).
     """
 
-    def __init__(
-        self,
-        config: TrainerConfig,
-        *,
-        learner: Learner,
-        stream: PromptSource,
-        driver: RolloutDriver,
-        bus: EventBus,
-        record: RunRecord,
-        store: CheckpointStore,
-        export: Callable[[], None] | None = None,
-    ) -> None:
-        self.config = config
-        self.learner = learner
-        self.stream = stream
-        self.driver = driver
-        self.bus = bus
-        self.record = record
-        self.store = store
-        self.export = export
-        self.run_id = uuid.uuid4().hex[:12]
-        self.stages = Stages()  # the trainer's: marks the write as a wait for stall diagnosis
+    config: TrainerConfig
+    learner: Learner
+    stream: PromptSource
+    driver: RolloutDriver
+    bus: EventBus
+    record: RunRecord
+    store: CheckpointStore
+    export: Callable[[], None] | None = None
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    stages: Stages = field(default_factory=Stages)
 
     async def save(self) -> StoredCheckpoint:
         """Write a checkpoint of the current step; publishes ``CheckpointSaved``."""

@@ -167,7 +167,7 @@ class PPOTrainer:
                 self.registrations.append(self.bus.register_extension(exporter))
         self.record = RunRecord(self.out_dir)
         self.state = RunState(
-            config,
+            config=config,
             learner=self.learner,
             stream=self.stream,
             driver=self.driver,

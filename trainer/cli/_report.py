@@ -363,6 +363,7 @@ def table_rows(facts: RunFacts, metrics: Sequence[dict[str, float]]) -> list[tup
         ("steps", _steps(facts)),
         ("final reward", _final_reward(metrics)),
         ("best reward", _best_reward(facts, metrics)),
+        *_validation(metrics),
         ("time", _duration(facts)),
         ("restarts", _listing(len(facts.restarts), facts.restarts)),
         ("stalls", _listing(len(facts.stalls), facts.stalls)),
@@ -410,6 +411,23 @@ def _best_reward(facts: RunFacts, metrics: Sequence[dict[str, float]]) -> str:
     if facts.best_average is not None:
         text += f"; best 10-step average {facts.best_average:.3f}"
     return text
+
+
+def _validation(metrics: Sequence[dict[str, float]]) -> list[tuple[str, str]]:
+    """The validation row, for runs with a validation set (``val/reward_mean``)."""
+    evaluated = [m for m in metrics if "val/reward_mean" in m]
+    if not evaluated:
+        return []
+    last = evaluated[-1]
+    best = max(evaluated, key=lambda m: m["val/reward_mean"])
+    text = (
+        f"{last['val/reward_mean']:.3f} (step {last['step']:.0f}); "
+        f"best {best['val/reward_mean']:.3f} (step {best['step']:.0f})"
+    )
+    failed = sum(m.get("val/failed", 0.0) for m in evaluated)
+    if failed:
+        text += f"; {failed:.0f} validation rollouts without a reward"
+    return [("validation reward", text)]
 
 
 def _duration(facts: RunFacts) -> str:
@@ -518,6 +536,14 @@ def _reward_figure(metrics: Sequence[dict[str, float]], markers: list[Marker]) -
     figure = Figure(figsize=(8, 6), layout="constrained")
     reward_ax, kl_ax = figure.subplots(2, 1, sharex=True)
     reward_ax.plot(steps, _series(metrics, "reward/mean"), marker=".", label="reward (mean)")
+    evaluated = [m for m in metrics if "val/reward_mean" in m]
+    if evaluated:
+        reward_ax.plot(
+            _steps_of(evaluated),
+            _series(evaluated, "val/reward_mean"),
+            marker="o",
+            label="validation reward",
+        )
     reward_ax.set_ylabel("reward")
     reward_ax.set_title("reward and KL per step")
     kl_ax.plot(

@@ -121,6 +121,8 @@ def _read(path: Path) -> Any:
             f"{path}: unknown format {path.suffix!r}; use .jsonl, .json, .parquet, .csv "
             "or a folder saved by datasets"
         )
+    if path.stat().st_size == 0:
+        raise DatasetError(f"{path}: no rows (the file is empty)")
     # A throw-away cache: the rows are read into memory, and nothing lingers in ~/.cache.
     with tempfile.TemporaryDirectory(prefix="trainbus-dataset-") as cache:
         try:

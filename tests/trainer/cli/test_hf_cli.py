@@ -1,0 +1,108 @@
+"""``trainbus model init``, ``dataset export`` and ``train --model ...`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .test_cli import tiny_toml, trainbus
+
+REWARD = """
+def exact(prompts, completions, target, **kw):
+    return [float(c == t) for c, t in zip(completions, target)]
+
+not_a_function = 1
+"""
+
+
+def test_a_new_user_trains_a_tiny_hf_model_on_exported_prompts(tmp_path: Path) -> None:
+    exported = trainbus(
+        "dataset", "export", "reverse", "--length", "3", "--count", "50", "rev.jsonl", cwd=tmp_path
+    )
+    assert exported.returncode == 0, exported.stderr
+    rows = [json.loads(line) for line in (tmp_path / "rev.jsonl").read_text().splitlines()]
+    assert len(rows) == 50 and rows[0]["target"] == rows[0]["prompt"][:3][::-1]
+    made = trainbus(
+        "model", "init", "tiny", "--dataset", "rev.jsonl", "--context", "32", cwd=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "reward.py").write_text(REWARD)
+    config = tiny_toml(tmp_path)
+    config.write_text(config.read_text() + "\n[task]\neval_every = 2\n")
+    trained = trainbus(
+        "train", "--model", "tiny", "--dataset", "rev.jsonl", "--val-dataset", "rev.jsonl",
+        "--reward", "reward.py:exact", "--reward", "trainer:task_reward",
+        "--config", str(config), "--steps", "2", "--no-progress", "--out", "run",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
+    report = trainbus("report", "run", "--no-plots", cwd=tmp_path)
+    assert report.returncode == 0 and "validation reward" in report.stdout
+
+
+DATA = ["--dataset", "data.jsonl"]
+EXACT = ["--reward", "reward.py:exact"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([*DATA, "--reward", "nomodule_xyz:f"], "cannot import module 'nomodule_xyz'"),
+        ([*DATA, "--reward", "reward.py:missing"], "has no attribute 'missing'"),
+        ([*DATA, "--reward", "reward.py:not_a_function"], "is not callable"),
+        (DATA, "task.rewards: a dataset needs at least one reward function"),
+        (["--dataset", "question.jsonl", *EXACT], "no column 'prompt'"),
+        (["--dataset", "nothing.jsonl", *EXACT], "task.dataset: nothing.jsonl does not exist"),
+        (
+            [*DATA, *EXACT, "--config", "weights.toml"],
+            "task.reward_weights: 2 weights for 1 reward function",
+        ),
+    ],
+)
+def test_a_bad_workload_is_one_line_and_exit_2_with_nothing_written(
+    hf_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    from trainer.cli._main import main
+
+    monkeypatch.chdir(tmp_path)  # in-process: the Hugging Face import is paid once
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "12=", "target": "21"}\n')
+    (tmp_path / "question.jsonl").write_text('{"question": "12="}\n')
+    (tmp_path / "weights.toml").write_text("[task]\nreward_weights = [1.0, 2.0]\n")
+    assert main(["train", "--model", str(hf_model), *args, "--out", "run"]) == 2
+    stderr = capsys.readouterr().err
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_folder_without_weights_is_named(hf_model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(hf_model, tmp_path / "model")
+    (tmp_path / "model" / "model.safetensors").unlink()
+    done = trainbus("train", "--model", "model", "--out", "run", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: model.path: model folder model has no weights "
+        "(model.safetensors or pytorch_model.bin)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_workload_commands_exit_2(tmp_path: Path) -> None:
+    unknown = trainbus("dataset", "export", "juggle", "x.jsonl", cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown task 'juggle'" in unknown.stderr
+    not_jsonl = trainbus("dataset", "export", "reverse", "x.csv", cwd=tmp_path)
+    assert not_jsonl.returncode == 2 and "name the file *.jsonl" in not_jsonl.stderr
+    heads = trainbus("model", "init", "m", "--width", "30", "--heads", "4", cwd=tmp_path)
+    assert heads.returncode == 2 and "heads (4) must divide width (30)" in heads.stderr
+    assert not (tmp_path / "m").exists()

@@ -1,0 +1,176 @@
+"""Your own prompts and rewards through the trainer: validation, chat prompts, and reward
+functions or prompts that fail, each failing its rollouts with the reason, never the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eventbus import BatchReconciled, StepFinished, read_events
+from trainer import PPOTrainer, TrainerConfig
+from trainer.rl._rewards import load_reward
+
+from ..helpers import tiny_config
+
+torch.set_num_threads(1)
+
+REWARDS = """
+import threading
+calls = []
+seen = []
+_lock = threading.Lock()
+release = threading.Event()
+
+def exact(prompts, completions, target, **columns):
+    seen.append((prompts[0], completions[0], sorted(columns)))
+    return [float(c == t) for c, t in zip(completions, target)]
+
+def misbehaves(prompts, completions, target, **columns):
+    with _lock:
+        calls.append(len(completions))
+        n = len(calls)
+    if n == 1:
+        raise ZeroDivisionError("the first call")
+    if n == 3:
+        release.wait(30)  # past the deadline: abandoned, released at the end of the test
+    if n == 5:
+        return [1.0]
+    return [0.5] * len(completions)
+"""
+
+
+@pytest.fixture
+def rewards_file(tmp_path: Path) -> Path:
+    path = tmp_path / "rewards.py"
+    path.write_text(REWARDS)
+    return path
+
+
+def _config(model: Path, data: Path, reward: str, **overrides: Any) -> TrainerConfig:
+    return tiny_config(
+        model__path=str(model),
+        task__dataset=str(data),
+        task__rewards=[reward],
+        task__max_new_tokens=4,
+        **overrides,
+    )
+
+
+def _reports(run: Path) -> dict[int, Any]:
+    return {
+        e.report.step: e.report
+        for e in read_events(run / "events.jsonl")
+        if isinstance(e, BatchReconciled)
+    }
+
+
+def _metrics(run: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+async def test_validation_reward_is_a_metric_every_eval_every_steps(
+    hf_model: Path, reverse_jsonl: Path, rewards_file: Path, tmp_path: Path
+) -> None:
+    config = _config(
+        hf_model,
+        reverse_jsonl,
+        f"{rewards_file}:exact",
+        task__val_dataset=str(reverse_jsonl),
+        task__eval_every=2,
+    )
+    summary = await PPOTrainer(config, out_dir=tmp_path / "run").fit()
+    events = read_events(tmp_path / "run" / "events.jsonl")
+    finished = [e for e in events if isinstance(e, StepFinished)]
+    assert [e.step for e in finished if "val/reward_mean" in e.metrics] == [2, 4]
+    assert summary.status == "finished"
+    metrics = _metrics(tmp_path / "run")
+    evaluated = [m["step"] for m in metrics if "val/reward_mean" in m]
+    assert evaluated == [2, 4]
+    assert all(
+        0.0 <= m["val/reward_mean"] <= 1.0 and m["val/failed"] == 0
+        for m in metrics
+        if "val/reward_mean" in m
+    )
+    module = load_reward(f"{rewards_file}:exact").fn.__globals__
+    prompt, completion, columns = module["seen"][0]
+    assert prompt.endswith("=") and isinstance(completion, str)
+    assert columns == ["completion_ids"]  # target is a named parameter; nothing else is left
+
+
+async def test_a_reward_that_raises_hangs_or_miscounts_fails_only_its_rollouts(
+    hf_model: Path, reverse_jsonl: Path, rewards_file: Path, tmp_path: Path
+) -> None:
+    config = _config(
+        hf_model,
+        reverse_jsonl,
+        f"{rewards_file}:misbehaves",
+        task__reward_timeout_s=0.5,
+        rollout__max_failed_fraction=0.6,
+        run__steps=3,
+    )
+    module = load_reward(f"{rewards_file}:misbehaves").fn.__globals__
+    try:
+        summary = await PPOTrainer(config, out_dir=tmp_path / "run").fit()
+    finally:
+        module["release"].set()
+    assert summary.status == "finished" and summary.steps == 3
+    # Two pieces of work a step (two workers): calls 1, 3 and 5 fail, one in each step.
+    failed = [_reports(tmp_path / "run")[step].failed for step in (1, 2, 3)]
+    assert failed == [{"reward_error": 16}, {"reward_timeout": 16}, {"reward_invalid": 16}]
+
+
+async def test_a_prompt_longer_than_the_context_fails_at_once_without_a_grace_wait(
+    hf_model: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "long.jsonl"
+    rows = [{"prompt": "1" * 40, "target": "1"}] + [{"prompt": "12=", "target": "21"}] * 7
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = _config(
+        hf_model,
+        data,
+        "trainer:task_reward",
+        run__steps=1,
+        rollout__grace_s=30.0,  # a retryable failure would wait this long for a retry
+    )
+    summary = await PPOTrainer(config, out_dir=tmp_path / "run").fit()
+    assert summary.status == "finished"
+    report = _reports(tmp_path / "run")[1]
+    assert report.failed == {"context_length": 4}
+    assert report.grace_polls == 0
+
+
+async def test_chat_prompts_render_with_the_template_and_score_conversationally(
+    hf_model: Path, rewards_file: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "chat.jsonl"
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{i}{i + 1}="}], "target": f"{i + 1}{i}"}
+        for i in range(8)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    module = load_reward(f"{rewards_file}:exact").fn.__globals__
+    module["seen"].clear()
+
+    def exact_chat(
+        prompts: list[Any], completions: list[Any], target: list[str], **_: Any
+    ) -> list[float]:
+        module["seen"].append((prompts[0], completions[0], []))
+        return [float(c[0]["content"] == t) for c, t in zip(completions, target, strict=True)]
+
+    module["exact_chat"] = exact_chat
+    fit = PPOTrainer(_config(hf_model, data, f"{rewards_file}:exact_chat", run__steps=1))
+    prompt = fit.stream.next_prompts(1)[0]  # type: ignore[attr-defined]
+    text = fit.policy.tokenizer.decode(prompt.tokens)  # type: ignore[union-attr]
+    assert text.startswith("<bos>user: ") and text.endswith("assistant: ")
+    fit.stream.position = 0
+    summary = await fit.fit()
+    assert summary.status == "finished"
+    chat_prompt, chat_completion, _ = module["seen"][0]
+    assert chat_prompt[0]["role"] == "user"
+    assert chat_completion[0]["role"] == "assistant" and isinstance(
+        chat_completion[0]["content"], str
+    )

@@ -56,6 +56,8 @@ from ._sinks import LoggingSink as LoggingSink
 from ._sinks import read_events as read_events
 from ._subscription import Subscription as Subscription
 from ._subscription import SubscriptionStatistics as SubscriptionStatistics
+from ._worker_events import WorkerJoined as WorkerJoined
+from ._worker_events import WorkerLeft as WorkerLeft
 
 __all__ = (
     "RUNTIME_EXTENSION_API_VERSION",
@@ -104,6 +106,8 @@ __all__ = (
     "ThreadStack",
     "Vote",
     "WeightsSynced",
+    "WorkerJoined",
+    "WorkerLeft",
     "WorkerLost",
     "WorkerRestarted",
     "decode_event",

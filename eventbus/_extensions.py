@@ -32,6 +32,7 @@ __all__ = [
     "Registration",
     "RegistrationStatistics",
     "RuntimeExtension",
+    "host_for",
     "validate_extension",
 ]
 
@@ -51,6 +52,9 @@ class Capability(enum.Enum):
     """Also receive ``SampleWait`` events and ``SAMPLE_WAIT`` safe points (many a second)."""
     STATE = "state"
     """``state_dict()`` / ``load_state_dict()`` are saved in checkpoints under the name."""
+    MEMBERSHIP = "membership"
+    """``context.host.request_workers(n)`` asks for more or fewer rollout workers; the host
+    applies it at the next ``STEP_BOUNDARY`` and publishes ``WorkerJoined`` / ``WorkerLeft``."""
 
 
 HookResult = Decision | tuple[Decision, str] | None
@@ -79,8 +83,10 @@ class ExtensionContext:
         name: The extension's registered name.
         bus: The bus, so the extension can publish its own events.
         capabilities: The capabilities it was granted.
-        host: Whatever the host offers extensions (the trainer passes a read-only view of
-            its run), or None on a bare bus.
+        host: Whatever the host offers extensions (the trainer passes a view of its run),
+            or None on a bare bus. A host object with a ``for_extension(name,
+            capabilities)`` method gives each extension what that returns: a view bound to
+            the extension, so the host knows who asks and what it was granted.
     """
 
     name: str
@@ -255,7 +261,10 @@ class Registration(metaclass=NoPublicConstructor):
         self._closed = False
         self._lock = threading.Lock()
         self.context = ExtensionContext(
-            name=validated.name, bus=bus, capabilities=validated.capabilities, host=bus.host
+            name=validated.name,
+            bus=bus,
+            capabilities=validated.capabilities,
+            host=host_for(bus.host, validated.name, validated.capabilities),
         )
         self._events = 0
         self._votes = 0
@@ -321,3 +330,10 @@ class Registration(metaclass=NoPublicConstructor):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<Registration #{self._id} {self.name!r} {state}>"
+
+
+def host_for(host: Any, name: str, capabilities: frozenset[Capability]) -> Any:
+    """What extension ``name`` gets as ``context.host``: the host's ``for_extension(name,
+    capabilities)`` when it has one, else the host itself."""
+    bind = getattr(host, "for_extension", None)
+    return bind(name, capabilities) if callable(bind) else host

@@ -38,6 +38,8 @@ if _typing.TYPE_CHECKING:
     from .rollout._worker import RolloutWork as RolloutWork
     from .rollout._worker import RolloutWorker as RolloutWorker
     from .rollout._workload import WorkerSpec as WorkerSpec
+    from .runtime._autoscale import AutoscalingExtension as AutoscalingExtension
+    from .runtime._autoscale import ScalingPolicy as ScalingPolicy
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
     from .runtime._decisions import RunAborted as RunAborted

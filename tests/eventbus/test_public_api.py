@@ -55,6 +55,8 @@ EXPECTED = {
     "ThreadStack",
     "Vote",
     "WeightsSynced",
+    "WorkerJoined",
+    "WorkerLeft",
     "WorkerLost",
     "WorkerRestarted",
     "decode_event",

@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--self-heal", action="store_true", help="register SelfHealingExtension")
     train.add_argument(
+        "--autoscale",
+        metavar="MIN:MAX",
+        help="register AutoscalingExtension: between MIN and MAX rollout workers",
+    )
+    train.add_argument(
         "--stall-timeout", type=float, metavar="S", help="self-healing stall timeout"
     )
     train.add_argument(
@@ -219,6 +224,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides = {key: value for key, value in flags.items() if value is not None}
     if args.self_heal:
         overrides["self_heal.enabled"] = True
+    if args.autoscale is not None:
+        low, colon, high = args.autoscale.partition(":")
+        if not (colon and low.isdigit() and high.isdigit()):
+            raise UsageError(f"--autoscale {args.autoscale!r}: expected MIN:MAX, e.g. 2:8")
+        overrides.update(
+            {
+                "autoscale.enabled": True,
+                "autoscale.min_workers": int(low),
+                "autoscale.max_workers": int(high),
+            }
+        )
     if args.fresh:
         overrides["checkpoint.resume"] = False
     return overrides

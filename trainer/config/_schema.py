@@ -23,6 +23,7 @@ from ..rl._tasks import make_task
 from ._export import ExportConfig
 
 __all__ = [
+    "AutoscaleConfig",
     "CheckpointConfig",
     "ConfigError",
     "DiagnoseConfig",
@@ -230,6 +231,40 @@ class DiagnoseConfig(_Section, frozen=True, kw_only=True):
     read_timeout_s: Seconds = 5.0
 
 
+class AutoscaleConfig(_Section, frozen=True, kw_only=True):
+    """``[autoscale]``: the built-in autoscaling extension of the rollout workers.
+
+    More workers while the trainer waits for them, fewer while they sit idle, within the
+    bounds; every change is applied at a step boundary.
+
+    Attributes:
+        enabled: Register ``AutoscalingExtension``.
+        min_workers: Never fewer rollout workers than this.
+        max_workers: Never more than this.
+        scale_up_wait_share: Add a worker when waiting for rollouts takes more than this
+            share of the step (and the workers are busy while it waits).
+        scale_down_utilization: Remove a worker when the workers spend less than this share
+            of the step generating (``rollout/utilization``).
+        patience_steps: Either condition must hold this many steps in a row.
+        cooldown_steps: Steps after a change before the next one (it needs time to show).
+    """
+
+    enabled: bool = False
+    min_workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    max_workers: Annotated[int, Meta(ge=1, le=64)] = 8
+    scale_up_wait_share: Fraction = 0.5
+    scale_down_utilization: Fraction = 0.25
+    patience_steps: PositiveInt = 2
+    cooldown_steps: NonNegativeInt = 2
+
+    def __post_init__(self) -> None:
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"autoscale.min_workers ({self.min_workers}) is above autoscale.max_workers "
+                f"({self.max_workers})"
+            )
+
+
 class TrainerConfig(_Section, frozen=True, kw_only=True):
     """The whole run configuration (one TOML file; every section optional).
 
@@ -244,6 +279,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         self_heal: ``[self_heal]``.
         export: ``[export]``: TensorBoard, MLflow, W&B, Prometheus.
         diagnose: ``[diagnose]``.
+        autoscale: ``[autoscale]``.
         extensions: ``MODULE:ATTR`` of extension classes or factories to register.
         safe_point_timeout_s: How long a safe point waits for extension votes.
     """
@@ -258,6 +294,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     self_heal: SelfHealConfig = msgspec.field(default_factory=SelfHealConfig)
     export: ExportConfig = msgspec.field(default_factory=ExportConfig)
     diagnose: DiagnoseConfig = msgspec.field(default_factory=DiagnoseConfig)
+    autoscale: AutoscaleConfig = msgspec.field(default_factory=AutoscaleConfig)
     extensions: list[str] = msgspec.field(default_factory=list)
     safe_point_timeout_s: Seconds = 30.0
 

@@ -51,6 +51,13 @@ class ResultSink(Protocol):
     def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
         """Worker ``new_id`` took the place of ``old_id`` (a restart, or a replacement)."""
 
+    def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
+        """A worker added by :meth:`RolloutBackend.resize` is ready for work."""
+
+    def worker_left(self, worker_id: str, node: str, reason: str) -> None:
+        """A worker removed by :meth:`RolloutBackend.resize` left, having delivered every
+        piece of work it had taken."""
+
 
 @dataclass(frozen=True, slots=True)
 class BackendStatistics:
@@ -64,6 +71,7 @@ class BackendStatistics:
         restarts: Restarts of the rollout side.
         workers_lost: Workers that died or were lost.
         weight_syncs: Weight updates pushed.
+        busy_s: Seconds the workers spent running work, summed over workers.
     """
 
     name: str
@@ -73,6 +81,7 @@ class BackendStatistics:
     restarts: int
     workers_lost: int
     weight_syncs: int
+    busy_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -87,6 +96,7 @@ class BackendCounters:
     restarts: int = 0
     workers_lost: int = 0
     weight_syncs: int = 0
+    busy_s: float = 0.0
 
     def snapshot(self, name: str, workers: int) -> BackendStatistics:
         """The counters now, with the backend's name and the workers alive."""
@@ -160,6 +170,14 @@ class RolloutBackend(Protocol):
         """Stop or kill the workers and start fresh ones; queued work is dropped (the
         trainer reissues it). Returns the number of workers started."""
 
+    async def resize(self, workers: int, reason: str) -> None:
+        """Run ``workers`` workers from now on (the trainer calls it at a step boundary).
+
+        New workers start with the latest weights and report ``worker_joined`` when ready;
+        surplus workers finish and deliver the work they took, then report ``worker_left``
+        (idle ones at once). Nothing in flight is lost.
+        """
+
     async def close(self) -> None:
         """Stop every worker; nothing is left running afterwards. Idempotent."""
 
@@ -214,7 +232,8 @@ class BackendBase:
         raise NotImplementedError
 
     def _report_replaced(self, old: Iterable[str], new: Iterable[str], reason: str) -> None:
-        """Tell the sink which new worker took which old one's place."""
+        """Tell the sink which new worker took which old one's place. The two may differ
+        in number (workers still leaving after a resize): the surplus has no pair."""
         if self._sink is not None:
-            for old_id, new_id in zip(old, new, strict=True):
+            for old_id, new_id in zip(old, new, strict=False):
                 self._sink.worker_replaced(old_id, new_id, reason)

@@ -18,7 +18,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from eventbus import EventBus, RolloutRestarted, WorkerLost, WorkerRestarted
+from eventbus import (
+    EventBus,
+    RolloutRestarted,
+    WorkerJoined,
+    WorkerLeft,
+    WorkerLost,
+    WorkerRestarted,
+)
 from replay import (
     AsyncReplayBuffer,
     EvictionReason,
@@ -76,6 +83,7 @@ class RolloutDriver(ABC):
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
         # time.monotonic() of the last result or pickup: progress, for the stall watch.
         self.progress_at = -math.inf
+        self._membership_step = 0  # the step boundary of the last resize
         self._build_buffer()
 
     buffer: ReplayBuffer | AsyncReplayBuffer
@@ -136,6 +144,32 @@ class RolloutDriver(ABC):
         if self.bus.wants(WorkerRestarted):
             self.bus.publish(
                 WorkerRestarted(worker_id=new_id, reason=f"replaces {old_id}: {reason}")
+            )
+
+    def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
+        """A worker added at a step boundary is ready: report it."""
+        if self.bus.wants(WorkerJoined):
+            self.bus.publish(
+                WorkerJoined(
+                    worker_id=worker_id,
+                    node=node,
+                    reason=reason,
+                    workers=self.backend.workers,
+                    step=self._membership_step,
+                )
+            )
+
+    def worker_left(self, worker_id: str, node: str, reason: str) -> None:
+        """A worker removed at a step boundary left, its work delivered: report it."""
+        if self.bus.wants(WorkerLeft):
+            self.bus.publish(
+                WorkerLeft(
+                    worker_id=worker_id,
+                    node=node,
+                    reason=reason,
+                    workers=self.backend.workers,
+                    step=self._membership_step,
+                )
             )
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -205,6 +239,15 @@ class RolloutDriver(ABC):
             "reissued_groups": len(reissued),
             "attempt": self.max_attempt,
         }
+
+    async def resize(self, step: int, workers: int, reason: str) -> None:
+        """At the boundary after ``step``: run ``workers`` workers from the next step on.
+        Work already dispatched stays where it is (leaving workers deliver it first)."""
+        self._membership_step = step
+        logger.warning(
+            "rollout workers %d -> %d at step %d: %s", self.backend.workers, workers, step, reason
+        )
+        await self.backend.resize(workers, reason)
 
     # --- internals ------------------------------------------------------------------------
 

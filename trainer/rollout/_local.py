@@ -5,6 +5,11 @@ for safe points, extensions and result intake while rollouts run (torch releases
 its kernels). Each restart starts a new *generation* of threads with its own work queue:
 the old threads are told to stop, a hung one is released, and results they still produce
 are late results of an old attempt, which the tracker drops as superseded.
+
+:meth:`LocalBackend.resize` adds threads to the current generation, or puts *leave* tokens
+in its queue: the thread that takes one (an idle thread at once, a busy one after it has
+delivered its current work) reports that it left and ends. No work is lost that way, and
+nobody has to pick which thread goes.
 """
 
 from __future__ import annotations
@@ -30,12 +35,20 @@ __all__ = ["LocalBackend"]
 logger = logging.getLogger("trainbus.local")
 
 
+@dataclass(frozen=True, slots=True)
+class _Leave:
+    """A token in the work queue: whichever thread takes it leaves the run."""
+
+    reason: str
+
+
 @dataclass(eq=False)
 class _Generation:
     number: int
     stop: threading.Event = field(default_factory=threading.Event)
-    work: queue.SimpleQueue[RolloutWork | None] = field(default_factory=queue.SimpleQueue)
+    work: queue.SimpleQueue[RolloutWork | _Leave | None] = field(default_factory=queue.SimpleQueue)
     threads: list[threading.Thread] = field(default_factory=list)
+    members: list[str] = field(default_factory=list)  # serving: started, not left or lost
 
 
 class LocalBackend(BackendBase):
@@ -95,9 +108,24 @@ class LocalBackend(BackendBase):
         self._spawn()
         await self._reap(timeout=0.0)
         if old is not None and self._generation is not None:
+            # Threads that had left (resize) or failed to start have no successor.
             new = self._generation.threads
-            self._report_replaced((t.name for t in old.threads), (t.name for t in new), reason)
+            self._report_replaced(old.members, (t.name for t in new), reason)
         return self.workers
+
+    async def resize(self, workers: int, reason: str) -> None:
+        """Run ``workers`` threads from now on: start the missing ones, or let the surplus
+        leave once they have delivered the work they hold (idle ones leave at once)."""
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        generation = self._generation
+        if generation is None or self._closed:
+            raise RuntimeError("the local backend is not running")
+        change, self.workers = workers - self.workers, workers
+        for _ in range(change):
+            self._add_thread(generation, reason)
+        for _ in range(-change):
+            generation.work.put(_Leave(reason))
 
     async def close(self) -> None:
         """Stop every thread and wait for them (hung ones are released first)."""
@@ -133,14 +161,22 @@ class LocalBackend(BackendBase):
 
     def _spawn(self) -> None:
         generation = _Generation(self._counts.restarts)  # 0 at start, one more per restart
-        for index in range(self.workers):
-            worker_id = f"local-{generation.number}.{index}"
-            thread = threading.Thread(
-                target=self._run, args=(generation, worker_id), name=worker_id, daemon=True
-            )
-            generation.threads.append(thread)
+        for _ in range(self.workers):
+            self._add_thread(generation, None, start=False)
         self._generation = generation
         for thread in generation.threads:
+            thread.start()
+
+    def _add_thread(
+        self, generation: _Generation, joining: str | None, *, start: bool = True
+    ) -> None:
+        """A new thread of ``generation``; ``joining``: the reason it was added by resize."""
+        worker_id = f"local-{generation.number}.{len(generation.threads)}"
+        thread = threading.Thread(
+            target=self._run, args=(generation, worker_id, joining), name=worker_id, daemon=True
+        )
+        generation.threads.append(thread)
+        if start:
             thread.start()
 
     def _retire_current(self) -> None:
@@ -167,20 +203,30 @@ class LocalBackend(BackendBase):
         if still and timeout > 0:
             logger.error("rollout threads still running after %.0f s: %s", timeout, still)
 
-    def _run(self, generation: _Generation, worker_id: str) -> None:
+    def _run(self, generation: _Generation, worker_id: str, joining: str | None) -> None:
         sink = self._sink
         assert sink is not None
         try:
             worker = self._factory(self.spec, worker_id)
         except Exception as exc:
             logger.exception("rollout worker %s failed to start", worker_id)
-            self._counts.workers_lost += 1
+            with self._lock:
+                self._counts.workers_lost += 1
             sink.worker_lost(worker_id, f"failed to start: {exc}", 0)
             return
+        with self._lock:
+            generation.members.append(worker_id)
+        if joining is not None:
+            sink.worker_joined(worker_id, worker.node, joining)
         faults = self._faults
         while not generation.stop.is_set():
             work = generation.work.get()
             if work is None or generation.stop.is_set():
+                return
+            if isinstance(work, _Leave):
+                with self._lock:
+                    generation.members.remove(worker_id)
+                sink.worker_left(worker_id, worker.node, work.reason)
                 return
             self._holdings.take(worker_id, work)
             version, weights = self._weights
@@ -194,7 +240,11 @@ class LocalBackend(BackendBase):
                         self._holdings.release(worker_id)
                         return  # released from a hang by a restart: its work was reissued
                 began = time.perf_counter()
-                results = worker.run(work)
+                try:
+                    results = worker.run(work)
+                finally:
+                    with self._lock:
+                        self._counts.busy_s += time.perf_counter() - began
                 if faults is not None:
                     results = faults.after_work(
                         worker_id,
@@ -205,7 +255,8 @@ class LocalBackend(BackendBase):
                     )
             except WorkerCrashed as exc:
                 self._holdings.release(worker_id)
-                self._counts.workers_lost += 1
+                with self._lock:
+                    self._counts.workers_lost += 1
                 logger.error("rollout worker %s crashed: %s", worker_id, exc)
                 sink.worker_lost(worker_id, str(exc), len(work.groups), worker.node)
                 return

@@ -18,6 +18,11 @@ the node holding fewest of this run's actors, so losing a node loses only its sh
 replacements go to the nodes that are left. Every actor reports the node it really runs on,
 and its results carry it.
 
+:meth:`RayBackend.resize` starts more actors into the current generation (placed like the
+others), or puts *leave* tokens in its queue: the slot that takes one (an idle one at once, a
+busy one after it has delivered its current result) kills its actor and reports that it left,
+so nothing in flight is lost.
+
 Ray itself (:mod:`._ray_session`): the backend joins ``address`` when one is given, uses the
 running instance when Ray is already initialised (a test fixture, a user's script), and
 otherwise starts a small local instance confined to loopback, which :meth:`RayBackend.close`
@@ -32,6 +37,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -76,13 +82,20 @@ class _Actor:
     pid: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Leave:
+    """A token in the work queue: the slot that takes it retires its actor."""
+
+    reason: str
+
+
 @dataclass(eq=False)
 class _Generation:
     """The actors of one start or restart, their work queue and their slot tasks."""
 
     number: int
     actors: list[_Actor]
-    queue: asyncio.Queue[RolloutWork]
+    queue: asyncio.Queue[RolloutWork | _Leave]
     # Releases a slow-fault wait in after_work() (a worker thread) when the generation retires.
     stop: threading.Event = field(default_factory=threading.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -138,7 +151,7 @@ class RayBackend(BackendBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owns_ray = False
         self._weights: tuple[int, int, ObjectRef[bytes] | None] = (-1, -1, None)  # serial, version
-        self._queue: asyncio.Queue[RolloutWork] | None = None  # the current generation's
+        self._queue: asyncio.Queue[RolloutWork | _Leave] | None = None  # the current generation's
         self._generation: _Generation | None = None
         self.errors = 0
         self._generations = 0  # generations started (numbers worker ids)
@@ -199,7 +212,7 @@ class RayBackend(BackendBase):
         logger.warning("restarting %d ray rollout actors: %s", self.workers, reason)
         # A new queue first: queued work is dropped, and work submitted while the actors
         # restart waits for the new ones.
-        self._queue = queue = asyncio.Queue[RolloutWork]()
+        self._queue = queue = asyncio.Queue[RolloutWork | _Leave]()
         old, self._generation = self._generation, None  # None: an earlier restart failed
         # The old actors die before new ones start: on a full cluster the new ones need
         # the resources the old ones hold.
@@ -211,6 +224,28 @@ class RayBackend(BackendBase):
             ids = (a.worker_id for a in old.actors), (a.worker_id for a in generation.actors)
             self._report_replaced(*ids, reason)
         return self.workers
+
+    async def resize(self, workers: int, reason: str) -> None:
+        """Run ``workers`` actors from now on: start and wait for the missing ones, or let
+        the surplus leave once they have delivered what they hold (idle ones at once)."""
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        generation = self._generation
+        if generation is None or self._closed:
+            raise RuntimeError("the ray backend is not running")
+        change, self.workers = workers - self.workers, workers
+        if change > 0:
+            first = len(generation.actors)
+            ids = [f"ray-{generation.number}.{first + i}" for i in range(change)]
+            placed = Counter(a.node for a in generation.actors if a.alive)
+            actors = await self._start_actors(ids, placed)
+            generation.actors.extend(actors)
+            for actor in actors:
+                self._serve_in(generation, actor)
+                if self._sink is not None:
+                    self._sink.worker_joined(actor.worker_id, actor.node, reason)
+        for _ in range(-change):
+            generation.queue.put_nowait(_Leave(reason))
 
     async def close(self) -> None:
         """Stop the slot tasks, kill the actors and, if this backend started Ray, shut it
@@ -296,16 +331,24 @@ class RayBackend(BackendBase):
     def _actor_name(self, worker_id: str) -> str:
         return f"{self.actor_prefix}-{worker_id}"
 
-    async def _spawn(self, queue: asyncio.Queue[RolloutWork]) -> _Generation:
+    async def _spawn(self, queue: asyncio.Queue[RolloutWork | _Leave]) -> _Generation:
         """Start a generation of actors with the latest weights and wait until they answer."""
         number, self._generations = self._generations, self._generations + 1
+        ids = [f"ray-{number}.{index}" for index in range(self.workers)]
+        generation = _Generation(number, await self._start_actors(ids, Counter()), queue)
+        for actor in generation.actors:
+            self._serve_in(generation, actor)
+        return generation
+
+    async def _start_actors(self, worker_ids: list[str], placed: Counter[str]) -> list[_Actor]:
+        """Start one actor per id with the latest weights, spread over the live nodes next
+        to the ``placed`` ones, and wait until every one answers (or kill them all)."""
         serial, version, ref = self._weights
         remote = remote_actor_class()
         # Read the nodes now: after a node's loss the replacements go to the survivors.
-        nodes = choose_nodes(live_nodes(), {}, self.workers, actor_cpus=self._actor_cpus)
+        nodes = choose_nodes(live_nodes(), placed, len(worker_ids), actor_cpus=self._actor_cpus)
         actors = []
-        for index, node in enumerate(nodes):
-            worker_id = f"ray-{number}.{index}"
+        for worker_id, node in zip(worker_ids, nodes, strict=True):
             handle = remote.options(
                 name=self._actor_name(worker_id),
                 num_cpus=self._actor_cpus,
@@ -313,16 +356,15 @@ class RayBackend(BackendBase):
                 scheduling_strategy=affinity(node, self._actor_cpus),
             ).remote(self.spec, worker_id, ref, version)
             actors.append(_Actor(worker_id, handle, serial))
-        generation = _Generation(number, actors, queue)
         try:
             with anyio.fail_after(self._start_timeout_s):
                 for actor in actors:
                     actor.pid, actor.node = await actor.handle.ready.remote()
         except BaseException as exc:
-            self._kill_all(generation)
+            self._kill_all(actors)
             if isinstance(exc, TimeoutError):
                 raise RuntimeError(
-                    f"{self.workers} ray rollout actors did not start within "
+                    f"{len(actors)} ray rollout actors did not start within "
                     f"{self._start_timeout_s:.0f} s (can the cluster place them? each asks "
                     f"for {self._actor_cpus} CPUs)"
                 ) from None
@@ -330,15 +372,17 @@ class RayBackend(BackendBase):
                 raise RuntimeError(f"ray rollout actors failed to start: {exc}") from exc
             raise
         logger.info(
-            "ray rollout actors of generation %d started: %s",
-            number,
+            "ray rollout actors started: %s",
             ", ".join(f"{a.worker_id} (pid {a.pid}, node {a.node[:8]})" for a in actors),
         )
-        generation.tasks = [
-            asyncio.create_task(self._serve(generation, actor), name=f"trainbus {actor.worker_id}")
-            for actor in actors
-        ]
-        return generation
+        return actors
+
+    def _serve_in(self, generation: _Generation, actor: _Actor) -> None:
+        """Start ``actor``'s slot task in ``generation``."""
+        task = asyncio.create_task(
+            self._serve(generation, actor), name=f"trainbus {actor.worker_id}"
+        )
+        generation.tasks.append(task)
 
     async def _retire(self, generation: _Generation, *, confirm: bool) -> None:
         """Cancel and await the generation's slot tasks, then kill its actors.
@@ -359,14 +403,14 @@ class RayBackend(BackendBase):
             ):
                 self.errors += 1
                 logger.error("slot task %s failed", task.get_name(), exc_info=outcome)
-        probes = self._kill_all(generation)
+        probes = self._kill_all(generation.actors)
         if confirm:
             await self._confirm_dead(probes)
 
-    def _kill_all(self, generation: _Generation) -> list[tuple[str, ObjectRef[None]]]:
+    def _kill_all(self, actors: list[_Actor]) -> list[tuple[str, ObjectRef[None]]]:
         """``ray.kill`` every actor; returns a probe call per actor that ends when it dies."""
         probes = []
-        for actor in generation.actors:
+        for actor in actors:
             try:
                 _kill_actor(actor)
                 # ray.kill only asks; a call sent now may still run before the actor dies,
@@ -404,11 +448,20 @@ class RayBackend(BackendBase):
         assert sink is not None
         while True:
             work = await generation.queue.get()
+            if isinstance(work, _Leave):
+                generation.actors.remove(actor)
+                self._kill_all([actor])
+                logger.info("ray rollout actor %s left: %s", actor.worker_id, work.reason)
+                sink.worker_left(actor.worker_id, actor.node, work.reason)
+                return
             self._holdings.take(actor.worker_id, work)
             sink.started(tuple(group.group_id for group in work.groups))
             began = time.perf_counter()
             try:
-                results = await self._call(actor, work)
+                try:
+                    results = await self._call(actor, work)
+                finally:
+                    self._counts.busy_s += time.perf_counter() - began
                 if self._faults is not None:
                     results = await anyio.to_thread.run_sync(
                         functools.partial(

@@ -121,6 +121,11 @@ METRICS: tuple[Metric, ...] = (
         when="validation",
     ),
     Metric("perf/samples_per_s", "rollouts trained on per second of step time", "samples_per_s"),
+    Metric(
+        "rollout/utilization",
+        "share of the rollout workers' time spent generating during the step (1: never idle)",
+        "worker_utilization",
+    ),
     Metric("training/policy_version", "the policy version after the update", "policy_version"),
     Metric(
         "rollout/dropped/<reason>",

@@ -42,6 +42,8 @@ class FitSummary(msgspec.Struct, kw_only=True):
         reward_moving_average: Mean reward over the last 10 steps.
         best_reward_moving_average: Best 10-step moving average.
         restarts: Every restart: rollout-side restarts and checkpoint recoveries, with why.
+        membership: Every change of the number of rollout workers, applied at a step
+            boundary: step, workers before and after, the extension that asked, why.
         decisions: Decisions of the safe points the trainer reached, by point, then by
             decision. ``sample_wait`` counts only the waits a decision interrupted (the
             buffers reach it on every unsuccessful poll; the event log has every one).
@@ -68,6 +70,7 @@ class FitSummary(msgspec.Struct, kw_only=True):
     reward_moving_average: float | None = None
     best_reward_moving_average: float | None = None
     restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    membership: list[dict[str, Any]] = msgspec.field(default_factory=list)
     decisions: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
     notable_decisions: list[dict[str, Any]] = msgspec.field(default_factory=list)
     dropped_rollouts: dict[str, int] = msgspec.field(default_factory=dict)
@@ -144,6 +147,9 @@ class RunRecord:
     def restart(self, kind: str, record: dict[str, Any]) -> None:
         self.summary.restarts.append({"kind": kind, **record})
 
+    def membership(self, change: dict[str, Any]) -> None:
+        self.summary.membership.append(change)
+
     def finish(
         self,
         *,
@@ -203,6 +209,7 @@ class RunRecord:
         return {
             "rewards": {str(k): v for k, v in self.rewards.items()},
             "restarts": list(s.restarts),
+            "membership": list(s.membership),
             "decisions": {k: dict(v) for k, v in s.decisions.items()},
             "notable_decisions": list(s.notable_decisions),
             "sample_wait_total_s": s.sample_wait_total_s,
@@ -224,6 +231,7 @@ class RunRecord:
         self.rewards = {int(k): float(v) for k, v in state["rewards"].items()}
         later = [r for r in s.restarts if r not in state["restarts"]]
         s.restarts = [*state["restarts"], *later]
+        s.membership = list(state.get("membership", []))  # absent before membership existed
         s.decisions = {k: dict(v) for k, v in state["decisions"].items()}
         s.notable_decisions = list(state["notable_decisions"])
         s.sample_wait_total_s = state["sample_wait_total_s"]

@@ -30,6 +30,7 @@ import anyio
 from eventbus import (
     Capability,
     EventBus,
+    ExtensionError,
     FitFailed,
     FitFinished,
     FitStarted,
@@ -56,6 +57,7 @@ from ._decisions import Action, RunAborted, StopRequested, action_for
 from ._diagnosis import StallDiagnoser
 from ._extload import load_extension
 from ._learner import Learner
+from ._membership import MembershipRequests
 from ._metrics import named
 from ._recovery import Recovery
 from ._run import FitSummary, RunRecord
@@ -72,10 +74,26 @@ logger = logging.getLogger("trainbus.trainer")
 
 
 class TrainerView:
-    """What extensions see of the trainer as ``context.host`` (read-only)."""
+    """What extensions see of the trainer as ``context.host``: read-only, except for the
+    requests its capabilities allow (``request_workers`` with ``Capability.MEMBERSHIP``).
 
-    def __init__(self, trainer: PPOTrainer) -> None:
+    The bus gives each extension its own view (:meth:`for_extension`), so a request names
+    the extension that made it.
+    """
+
+    def __init__(
+        self,
+        trainer: PPOTrainer,
+        extension: str = "",
+        capabilities: frozenset[Capability] = frozenset(),
+    ) -> None:
         self._trainer = trainer
+        self._extension = extension
+        self._capabilities = capabilities
+
+    def for_extension(self, name: str, capabilities: frozenset[Capability]) -> TrainerView:
+        """The view extension ``name`` gets (the bus asks at registration)."""
+        return TrainerView(self._trainer, name, capabilities)
 
     @property
     def step(self) -> int:
@@ -104,6 +122,29 @@ class TrainerView:
             self._trainer.backend, "holdings", None
         )
         return holdings() if holdings is not None else ()
+
+    @property
+    def workers(self) -> int:
+        """Rollout workers the run has asked for (the last change applied)."""
+        return self._trainer.backend.workers
+
+    def request_workers(self, workers: int, *, reason: str = "") -> None:
+        """Ask for ``workers`` rollout workers (needs ``Capability.MEMBERSHIP``).
+
+        Applied at the next ``STEP_BOUNDARY``, never in the middle of a batch; the last
+        request before it wins. Safe from any hook and any thread.
+
+        Raises:
+            ExtensionError: The extension did not ask for ``Capability.MEMBERSHIP``.
+            ValueError: ``workers`` is not an integer from 1 to 64.
+        """
+        if Capability.MEMBERSHIP not in self._capabilities:
+            who = f"extension {self._extension!r}" if self._extension else "this caller"
+            raise ExtensionError(
+                f"{who} called request_workers without Capability.MEMBERSHIP in its "
+                f"required_capabilities"
+            )
+        self._trainer.membership.request(workers, requester=self._extension, reason=reason)
 
 
 class PPOTrainer:
@@ -158,6 +199,11 @@ class PPOTrainer:
 
             healer = SelfHealingExtension.from_config(config.self_heal)
             self.registrations.append(self.bus.register_extension(healer))
+        if config.autoscale.enabled:
+            from ._autoscale import AutoscalingExtension
+
+            scaler = AutoscalingExtension.from_config(config.autoscale)
+            self.registrations.append(self.bus.register_extension(scaler))
         for spec in config.extensions:
             self.registrations.append(self.bus.register_extension(load_extension(spec)))
         if config.export.to:
@@ -177,6 +223,7 @@ class PPOTrainer:
             export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
         self.recovery = Recovery(self.state, self.backend)
+        self.membership = MembershipRequests()
         self._fitting = False
         self._stop_requested: str | None = None
         self._active_step: int | None = None  # the step being trained, for FitFailed
@@ -399,6 +446,7 @@ class PPOTrainer:
         bus, config, learner = self.bus, self.config, self.learner
         step = self._active_step = learner.step + 1
         began = time.perf_counter()
+        busy_before = self.backend.statistics().busy_s
         if bus.wants(StepStarted):
             bus.publish(StepStarted(step=step))
         self.driver.dispatch_step(step, learner.policy_version)
@@ -420,7 +468,9 @@ class PPOTrainer:
             metrics.update(await anyio.to_thread.run_sync(self.workload.evaluate))
             metrics["eval_time_s"] = time.perf_counter() - eval_began
         duration = time.perf_counter() - began
+        busy = self.backend.statistics().busy_s - busy_before
         metrics.update(
+            worker_utilization=busy / (self.backend.workers * duration) if duration > 0 else 0.0,
             step_time_s=duration,
             wait_time_s=waited,
             update_time_s=update_s,
@@ -436,6 +486,7 @@ class PPOTrainer:
         if step % config.checkpoint.every == 0 or step == config.run.steps:
             await self.state.save()
         await self._decide(SafePoint.STEP_BOUNDARY)
+        await self.membership.apply(step, self.driver, self.record)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
         """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decisions that end it."""

@@ -45,7 +45,7 @@ class Run:
         **config: Any,
     ) -> None:
         self.faults = FaultInjector.parse(faults)
-        self.trainer = PPOTrainer(tiny_config(run__steps=4, **config), faults=self.faults)
+        self.trainer = PPOTrainer(tiny_config(**{"run__steps": 4, **config}), faults=self.faults)
         self.healer = SelfHealingExtension(
             stall_timeout_s=stall_timeout_s, max_restarts=max_restarts, backoff_s=0.0
         )

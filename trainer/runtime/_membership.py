@@ -1,0 +1,97 @@
+"""Membership: extensions ask for more or fewer rollout workers; the trainer applies it only
+at a step boundary.
+
+An extension with ``Capability.MEMBERSHIP`` calls ``context.host.request_workers(n)`` from any
+hook. The request is only written down (thread-safe, at once); the trainer applies the
+latest one after the next ``STEP_BOUNDARY`` safe point has resolved, never in the middle of
+a batch: new workers take work from the next step on, and workers that leave first deliver
+the work they hold. Several requests before one boundary: the last one wins (each is logged).
+Every applied change is published (``WorkerJoined`` / ``WorkerLeft``, one per worker) and
+recorded in the summary's ``membership`` list.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..rollout._driver import RolloutDriver
+    from ._run import RunRecord
+
+__all__ = ["MAX_WORKERS", "MembershipRequests", "WorkerRequest"]
+
+logger = logging.getLogger("trainbus.membership")
+
+MAX_WORKERS = 64
+"""The most rollout workers a run may ask for (``rollout.workers`` has the same bound)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRequest:
+    """One request for a number of rollout workers.
+
+    Attributes:
+        workers: How many the run should have.
+        requester: The extension that asked (empty when not known).
+        reason: Why, in its words.
+    """
+
+    workers: int
+    requester: str = ""
+    reason: str = ""
+
+    def describe(self) -> str:
+        """``requester: reason`` (the reason the events and the summary carry)."""
+        who = self.requester or "a membership request"
+        return f"{who}: {self.reason}" if self.reason else who
+
+
+class MembershipRequests:
+    """The pending request, written from any thread, taken at a step boundary."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: WorkerRequest | None = None
+
+    def request(self, workers: int, *, requester: str = "", reason: str = "") -> None:
+        """Ask for ``workers`` rollout workers from the next step boundary on.
+
+        Raises:
+            ValueError: ``workers`` is not an integer from 1 to :data:`MAX_WORKERS`.
+        """
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise ValueError(f"request_workers needs an int, got {workers!r}")
+        if not 1 <= workers <= MAX_WORKERS:
+            raise ValueError(f"request_workers: {workers} workers is outside 1..{MAX_WORKERS}")
+        request = WorkerRequest(workers, requester, reason)
+        with self._lock:
+            replaced, self._pending = self._pending, request
+        if replaced is not None:
+            logger.info("membership request %s replaces %s", request, replaced)
+
+    def take(self) -> WorkerRequest | None:
+        """The pending request, if any; it is no longer pending afterwards."""
+        with self._lock:
+            request, self._pending = self._pending, None
+        return request
+
+    async def apply(self, step: int, driver: RolloutDriver, record: RunRecord) -> None:
+        """At the boundary after ``step``: resize the rollout side if a request is pending
+        and asks for a different number, and record the change."""
+        request = self.take()
+        before = driver.backend.workers
+        if request is None or request.workers == before:
+            return
+        reason = request.describe()
+        await driver.resize(step, request.workers, reason)
+        change: dict[str, Any] = {
+            "step": step,
+            "workers_before": before,
+            "workers": request.workers,
+            "requester": request.requester,
+            "reason": request.reason,
+        }
+        record.membership(change)

@@ -81,6 +81,8 @@ EXAMPLES: dict[type[Event], Event] = {
     ),
     eb.WorkerLost: eb.WorkerLost(worker_id="w0", reason="actor died", in_flight=3),
     eb.WorkerRestarted: eb.WorkerRestarted(worker_id="w0", reason="restart"),
+    eb.WorkerJoined: eb.WorkerJoined(worker_id="w2", node="n1", reason="more", workers=3, step=4),
+    eb.WorkerLeft: eb.WorkerLeft(worker_id="w2", node="n1", reason="idle", workers=2, step=9),
     eb.FaultInjected: eb.FaultInjected(fault="hang", step=2, detail="worker 0"),
     eb.ExtensionFailed: eb.ExtensionFailed(
         extension="x", hook="on_event", error_type="ValueError", message="m", event_type="Lagged"

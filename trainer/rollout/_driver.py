@@ -148,28 +148,19 @@ class RolloutDriver(ABC):
 
     def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
         """A worker added at a step boundary is ready: report it."""
-        if self.bus.wants(WorkerJoined):
-            self.bus.publish(
-                WorkerJoined(
-                    worker_id=worker_id,
-                    node=node,
-                    reason=reason,
-                    workers=self.backend.workers,
-                    step=self._membership_step,
-                )
-            )
+        self._membership_event(WorkerJoined, worker_id, node, reason)
 
     def worker_left(self, worker_id: str, node: str, reason: str) -> None:
         """A worker removed at a step boundary left, its work delivered: report it."""
-        if self.bus.wants(WorkerLeft):
+        self._membership_event(WorkerLeft, worker_id, node, reason)
+
+    def _membership_event(
+        self, kind: type[WorkerJoined | WorkerLeft], worker_id: str, node: str, reason: str
+    ) -> None:
+        if self.bus.wants(kind):
+            workers, step = self.backend.workers, self._membership_step
             self.bus.publish(
-                WorkerLeft(
-                    worker_id=worker_id,
-                    node=node,
-                    reason=reason,
-                    workers=self.backend.workers,
-                    step=self._membership_step,
-                )
+                kind(worker_id=worker_id, node=node, reason=reason, workers=workers, step=step)
             )
 
     # --- lifecycle ------------------------------------------------------------------------

@@ -24,6 +24,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from eventbus import (
     RUNTIME_EXTENSION_API_VERSION,
     Capability,
@@ -102,17 +104,10 @@ class AutoscalingExtension:
 
     @classmethod
     def from_config(cls, config: AutoscaleConfig) -> AutoscalingExtension:
-        """Build from the ``[autoscale]`` section."""
-        return cls(
-            ScalingPolicy(
-                min_workers=config.min_workers,
-                max_workers=config.max_workers,
-                scale_up_wait_share=config.scale_up_wait_share,
-                scale_down_utilization=config.scale_down_utilization,
-                patience_steps=config.patience_steps,
-                cooldown_steps=config.cooldown_steps,
-            )
-        )
+        """Build from the ``[autoscale]`` section (its keys are the policy's fields)."""
+        fields = msgspec.structs.asdict(config)
+        del fields["enabled"]
+        return cls(ScalingPolicy(**fields))
 
     def on_event(self, context: ExtensionContext, event: Event) -> None:
         """Note each step's wait share and utilization."""

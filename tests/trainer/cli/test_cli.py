@@ -97,6 +97,9 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         (["train", "--extension", "json"], "'json' is not of the form MODULE:ATTR"),
         (["train", "--config", "missing.toml"], "config file missing.toml does not exist"),
         (["train", "--wait-timeout", "-1"], "rollout.wait_timeout_s: expected `float` > 0"),
+        (["train", "--autoscale", "4"], "--autoscale '4': expected MIN:MAX, e.g. 2:8"),
+        (["train", "--autoscale", "5:2"], "autoscale.min_workers (5) is above"),
+        (["train", "--ray-address", "auto"], "the address needs the ray backend"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2_and_writes_nothing(

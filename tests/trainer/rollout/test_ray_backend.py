@@ -48,6 +48,8 @@ class FakeSink:
         self.running: list[str] = []
         self.lost: list[tuple[str, str, int]] = []
         self.replaced: list[tuple[str, str]] = []
+        self.joined: list[tuple[str, str]] = []
+        self.left: list[tuple[str, str]] = []
 
     def deliver(self, result: RolloutResult) -> None:
         with self._lock:
@@ -64,6 +66,14 @@ class FakeSink:
     def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
         with self._lock:
             self.replaced.append((old_id, new_id))
+
+    def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
+        with self._lock:
+            self.joined.append((worker_id, node))
+
+    def worker_left(self, worker_id: str, node: str, reason: str) -> None:
+        with self._lock:
+            self.left.append((worker_id, node))
 
     def results_of(self, work: RolloutWork) -> list[RolloutResult]:
         groups = {group.group_id for group in work.groups}
@@ -270,4 +280,42 @@ async def test_a_short_training_run_on_ray_completes() -> None:
     stats = trainer.backend.statistics()
     assert stats.name == "ray" and stats.workers == 0  # closed at the end of fit()
     assert stats.weight_syncs >= 3 and stats.completed >= 6 and stats.workers_lost == 0
+    assert our_actors() == []
+
+
+async def test_resize_adds_actors_spread_over_the_nodes_and_removes_them_after_their_work(
+    ray_cluster: RayCluster,
+) -> None:
+    backend = RayBackend(SPEC, 1)
+    sink = FakeSink()
+    await backend.start(sink, weights(0), 0)
+    try:
+        await backend.resize(3, "more")
+        assert [w for w, _ in sink.joined] == ["ray-0.1", "ray-0.2"]
+        nodes = backend.actor_nodes()
+        assert len(nodes) == 3 and set(nodes.values()) == {
+            ray_cluster.head.node_id,
+            ray_cluster.second.node_id,
+        }
+        assert sorted(our_actors()) == sorted(backend.actor_names())
+        works = [make_work(f"grown{i}") for i in range(3)]
+        for work in works:
+            backend.submit(work)
+        await until(lambda: all(len(sink.results_of(w)) == 8 for w in works))
+
+        # Shrink while every actor is busy: each finishes its piece, then two of them go.
+        busy = [make_work(f"busy{i}", step=2) for i in range(3)]
+        for work in busy:
+            backend.submit(work)
+        await backend.resize(1, "fewer")
+        await until(lambda: len(sink.left) == 2)
+        await until(lambda: all(len(sink.results_of(w)) == 8 for w in busy))
+        assert len(backend.actor_names()) == 1 and backend.workers == 1
+        await until(lambda: len(our_actors()) == 1)  # the two that left were killed
+        assert sink.lost == []
+        last = make_work("last", step=3)
+        backend.submit(last)
+        await until(lambda: len(sink.results_of(last)) == 8)
+    finally:
+        await backend.close()
     assert our_actors() == []

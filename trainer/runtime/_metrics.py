@@ -141,11 +141,19 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "rollout/timed_out", "rollouts of the step that missed the batch deadline", when="events"
     ),
-    Metric("rollout/restarts", "rollout-side restarts so far in the run", when="events"),
-    Metric("rollout/workers_lost", "rollout workers lost so far in the run", when="events"),
+    Metric(
+        "rollout/restarts",
+        "rollout-side restarts since the run started (or resumed)",
+        when="events",
+    ),
+    Metric(
+        "rollout/workers_lost",
+        "rollout workers lost since the run started (or resumed)",
+        when="events",
+    ),
     Metric(
         "run/recoveries",
-        "checkpoints restored after a failure so far in the run",
+        "checkpoints restored after a failure since the run started (or resumed)",
         when="events",
     ),
 )

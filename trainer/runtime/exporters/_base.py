@@ -165,7 +165,8 @@ class Exporter:
         """A run starts or resumes: create or continue the exported run."""
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        """One step's metrics (NaN where a metric has no value this step)."""
+        """One step's metrics; one without a value this step (``val/*`` between validations)
+        is absent."""
         raise NotImplementedError
 
     def write_text(self, step: int, tag: str, text: str) -> None:

@@ -23,6 +23,8 @@ others), or puts *leave* tokens in its queue: the slot that takes one (an idle o
 busy one after it has delivered its current result) kills its actor and reports that it left,
 so nothing in flight is lost.
 
+A stall diagnosis reads the actors' stacks (:mod:`._ray_stacks`).
+
 Ray itself (:mod:`._ray_session`): the backend joins ``address`` when one is given, uses the
 running instance when Ray is already initialised (a test fixture, a user's script), and
 otherwise starts a small local instance confined to loopback, which :meth:`RayBackend.close`
@@ -42,13 +44,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
-import msgspec
 
 try:
     import ray
     from ray import ObjectRef
-    from ray.actor import ActorHandle
-    from ray.exceptions import GetTimeoutError, RayActorError, RayError
+    from ray.exceptions import RayActorError, RayError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
 
@@ -58,28 +58,15 @@ from replay import RolloutResult
 from ._backend import BackendBase, ResultSink
 from ._faults import FaultInjector
 from ._placement import affinity, choose_nodes, live_nodes
-from ._ray_actor import RolloutActor, remote_actor_class
+from ._ray_actor import ActorView, first_line, remote_actor_class
 from ._ray_session import init_ray
+from ._ray_stacks import read_actor_stacks
 from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
 __all__ = ["RayBackend"]
 
 logger = logging.getLogger("trainbus.ray")
-
-
-@dataclass(eq=False)
-class _Actor:
-    """The driver's view of one actor."""
-
-    worker_id: str
-    # What ray's stubs make of ``ActorClass[T].remote()``: the union lets method access
-    # resolve to the typed remote methods of ``T``.
-    handle: ActorHandle[RolloutActor] | type[RolloutActor]
-    weights_serial: int  # which update_weights() call it has loaded (-1: reload)
-    alive: bool = True
-    node: str = ""  # the Ray node id it runs on (known once it answered)
-    pid: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +81,7 @@ class _Generation:
     """The actors of one start or restart, their work queue and their slot tasks."""
 
     number: int
-    actors: list[_Actor]
+    actors: list[ActorView]
     queue: asyncio.Queue[RolloutWork | _Leave]
     # Releases a slow-fault wait in after_work() (a worker thread) when the generation retires.
     stop: threading.Event = field(default_factory=threading.Event)
@@ -269,46 +256,11 @@ class RayBackend(BackendBase):
     def read_stacks(
         self, worker_ids: Sequence[str], reader: StackReader
     ) -> tuple[ThreadStack, ...]:
-        """The actors' stacks: read from outside with py-spy when the actor runs on this
-        node (a hung actor cannot answer a call), else (or when py-spy cannot) asked of the
-        actor's diagnosis thread. Blocking: call it from a thread."""
+        """The actors' stacks (see :func:`~._ray_stacks.read_actor_stacks`). Blocking: call
+        it from a thread."""
         generation = self._generation
         actors = {a.worker_id: a for a in generation.actors} if generation else {}
-        here = _nodes_on_this_machine()
-        stacks: list[ThreadStack] = []
-        for worker_id in worker_ids:
-            actor = actors.get(worker_id)
-            if actor is None:
-                stacks.append(ThreadStack(owner=worker_id, note="no such actor now"))
-                continue
-            if actor.pid and actor.node in here:
-                found, note = reader.process(actor.pid, worker_id)
-            else:
-                found, note = (
-                    (),
-                    f"actor {worker_id} runs on another machine (py-spy reads this one)",
-                )
-            if not found:
-                found = self._ask_for_stacks(actor, reader.timeout_s, note)
-            stacks.extend(found)
-        return tuple(stacks)
-
-    def _ask_for_stacks(self, actor: _Actor, timeout_s: float, why: str) -> tuple[ThreadStack, ...]:
-        """The fallback: the actor reports its own stacks from its diagnosis thread."""
-        try:
-            found: tuple[ThreadStack, ...] = ray.get(
-                actor.handle.stacks.remote(), timeout=timeout_s
-            )
-        except GetTimeoutError:
-            note = f"{why}; the actor did not answer within {timeout_s:.0f} s"
-            return (ThreadStack(owner=actor.worker_id, pid=actor.pid or None, note=note),)
-        except RayError as exc:
-            note = f"{why}; asking the actor failed: {_first_line(exc)}"
-            return (ThreadStack(owner=actor.worker_id, pid=actor.pid or None, note=note),)
-        return tuple(
-            msgspec.structs.replace(s, source="actor", note=f"{why}; read by the actor itself")
-            for s in found
-        )
+        return read_actor_stacks(actors, worker_ids, reader)
 
     def actor_names(self) -> list[str]:
         """Ray names of the current actors (``ray.get_actor(name)`` finds them)."""
@@ -340,7 +292,7 @@ class RayBackend(BackendBase):
             self._serve_in(generation, actor)
         return generation
 
-    async def _start_actors(self, worker_ids: list[str], placed: Counter[str]) -> list[_Actor]:
+    async def _start_actors(self, worker_ids: list[str], placed: Counter[str]) -> list[ActorView]:
         """Start one actor per id with the latest weights, spread over the live nodes next
         to the ``placed`` ones, and wait until every one answers (or kill them all)."""
         serial, version, ref = self._weights
@@ -355,7 +307,7 @@ class RayBackend(BackendBase):
                 max_restarts=0,  # a dead actor stays dead: the trainer restarts and reissues
                 scheduling_strategy=affinity(node, self._actor_cpus),
             ).remote(self.spec, worker_id, ref, version)
-            actors.append(_Actor(worker_id, handle, serial))
+            actors.append(ActorView(worker_id, handle, serial))
         try:
             with anyio.fail_after(self._start_timeout_s):
                 for actor in actors:
@@ -377,7 +329,7 @@ class RayBackend(BackendBase):
         )
         return actors
 
-    def _serve_in(self, generation: _Generation, actor: _Actor) -> None:
+    def _serve_in(self, generation: _Generation, actor: ActorView) -> None:
         """Start ``actor``'s slot task in ``generation``."""
         task = asyncio.create_task(
             self._serve(generation, actor), name=f"trainbus {actor.worker_id}"
@@ -407,7 +359,7 @@ class RayBackend(BackendBase):
         if confirm:
             await self._confirm_dead(probes)
 
-    def _kill_all(self, actors: list[_Actor]) -> list[tuple[str, ObjectRef[None]]]:
+    def _kill_all(self, actors: list[ActorView]) -> list[tuple[str, ObjectRef[None]]]:
         """``ray.kill`` every actor; returns a probe call per actor that ends when it dies."""
         probes = []
         for actor in actors:
@@ -442,7 +394,7 @@ class RayBackend(BackendBase):
 
     # --- the slot: one actor's work loop --------------------------------------------------
 
-    async def _serve(self, generation: _Generation, actor: _Actor) -> None:
+    async def _serve(self, generation: _Generation, actor: ActorView) -> None:
         """Feed one actor, one piece of work at a time, until it dies or is retired."""
         sink = self._sink
         assert sink is not None
@@ -477,7 +429,7 @@ class RayBackend(BackendBase):
                 self._holdings.release(actor.worker_id)
                 actor.alive = False
                 self._counts.workers_lost += 1
-                reason = f"{type(exc).__name__}: {_first_line(exc)}"
+                reason = f"{type(exc).__name__}: {first_line(exc)}"
                 logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)
                 sink.worker_lost(actor.worker_id, reason, len(work.groups), actor.node)
                 return
@@ -490,7 +442,7 @@ class RayBackend(BackendBase):
                 logger.exception("ray rollout actor %s failed on %s", actor.worker_id, work.work_id)
                 results = RolloutWorker.failures(
                     work,
-                    f"{type(exc).__name__}: {_first_line(exc)}",
+                    f"{type(exc).__name__}: {first_line(exc)}",
                     retryable=True,
                     kind="worker_error",
                     worker_id=actor.worker_id,
@@ -501,7 +453,7 @@ class RayBackend(BackendBase):
             self._holdings.release(actor.worker_id)
             self._counts.completed += 1
 
-    async def _call(self, actor: _Actor, work: RolloutWork) -> list[RolloutResult]:
+    async def _call(self, actor: ActorView, work: RolloutWork) -> list[RolloutResult]:
         """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""
         faults = self._faults
         if faults is not None and faults.should_hang(actor.worker_id, work.step):
@@ -519,22 +471,7 @@ class RayBackend(BackendBase):
         return await call
 
 
-def _kill_actor(actor: _Actor) -> None:
+def _kill_actor(actor: ActorView) -> None:
     """``ray.kill`` without restart (the actor stays dead)."""
     actor.alive = False
-    ray.kill(actor.handle, no_restart=True)  # type: ignore[arg-type]  # see _Actor.handle
-
-
-def _first_line(error: BaseException) -> str:
-    """Ray's error messages run over many lines; events and logs want the first."""
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
-
-
-def _nodes_on_this_machine() -> set[str]:
-    """Ids of the live Ray nodes at this machine's address (py-spy can read their processes;
-    several nodes share one machine in a local test cluster)."""
-    if not ray.is_initialized():
-        return set()
-    address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    return {node.node_id for node in live_nodes() if node.address == address}
+    ray.kill(actor.handle, no_restart=True)  # type: ignore[arg-type]  # see ActorView.handle

@@ -1,7 +1,8 @@
 """The Ray actor: a rollout worker in its own process, as the Ray backend's actors run it.
 
 Ray imports this module in every actor process; the backend (:mod:`._ray`) only holds
-handles. The actor's methods are what the backend calls: ``ready`` once it is built,
+handles (:class:`ActorView`, its view of one actor). The actor's methods are what the
+backend calls: ``ready`` once it is built,
 ``run`` or ``load_and_run`` for each piece of work, ``hang`` for the fault and as the probe
 that tells when a killed actor is really gone, and ``stacks`` (served by a second thread,
 the ``diagnose`` concurrency group) for a stall diagnosis that cannot use py-spy.
@@ -13,10 +14,11 @@ import functools
 import os
 import threading
 import typing
+from dataclasses import dataclass
 
 import ray
 import torch
-from ray.actor import ActorClass
+from ray.actor import ActorClass, ActorHandle
 
 from eventbus import ThreadStack
 from replay import RolloutResult
@@ -24,7 +26,7 @@ from replay import RolloutResult
 from ._stacks import own_stacks
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
-__all__ = ["RolloutActor", "remote_actor_class"]
+__all__ = ["ActorView", "RolloutActor", "first_line", "remote_actor_class"]
 
 
 class RolloutActor:
@@ -81,3 +83,23 @@ def remote_actor_class() -> ActorClass[RolloutActor]:
     # (Ray's stubs do not know the keyword.)
     decorate = ray.remote(concurrency_groups={"diagnose": 1})  # type: ignore[call-overload]
     return typing.cast("ActorClass[RolloutActor]", decorate(RolloutActor))
+
+
+@dataclass(eq=False)
+class ActorView:
+    """The driver's view of one actor."""
+
+    worker_id: str
+    # What ray's stubs make of ``ActorClass[T].remote()``: the union lets method access
+    # resolve to the typed remote methods of ``T``.
+    handle: ActorHandle[RolloutActor] | type[RolloutActor]
+    weights_serial: int  # which update_weights() call it has loaded (-1: reload)
+    alive: bool = True
+    node: str = ""  # the Ray node id it runs on (known once it answered)
+    pid: int = 0
+
+
+def first_line(error: BaseException) -> str:
+    """Ray's error messages run over many lines; events and logs want the first."""
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__

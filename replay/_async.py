@@ -207,7 +207,7 @@ class AsyncReplayBuffer(BufferBase):
                 settled = tracker._expire_locked(now)
             for group in tracker._groups.values():
                 spec = group.spec
-                if group.batch is not None or group.closed is not None:
+                if group.batch is not None or group.drop_reason is not None:
                     continue
                 if spec.partition != partition:
                     continue

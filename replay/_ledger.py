@@ -1,7 +1,7 @@
 """The tracker's bookkeeping records and the code that turns a closed batch into a report.
 
 Records are plain ``__slots__`` classes mutated only under the tracker's lock. A rollout is
-in one of six states; only the first two are unsettled:
+in one of six ``RolloutState`` members; only the first two are unsettled:
 
 * ``IN_FLIGHT``: no result yet.
 * ``PLACEHOLDER``: a retryable failure, waiting inside its grace window for a retry.
@@ -13,6 +13,7 @@ in one of six states; only the first two are unsettled:
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 
 from eventbus import BatchReport
@@ -38,16 +39,30 @@ __all__ = [
     "Counters",
     "Group",
     "Rollout",
+    "RolloutState",
     "apply_policy",
     "build_report",
 ]
 
-IN_FLIGHT = 0
-PLACEHOLDER = 1
-SUCCEEDED = 2
-FAILED = 3
-TIMED_OUT = 4
-MISSING = 5
+
+class RolloutState(enum.Enum):
+    """Where one registered rollout is (see the module docs); compare members with ``is``."""
+
+    IN_FLIGHT = "in_flight"
+    PLACEHOLDER = "placeholder"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    MISSING = "missing"
+
+
+# Module-level names for the hot path: a global lookup, not an enum class attribute.
+IN_FLIGHT = RolloutState.IN_FLIGHT
+PLACEHOLDER = RolloutState.PLACEHOLDER
+SUCCEEDED = RolloutState.SUCCEEDED
+FAILED = RolloutState.FAILED
+TIMED_OUT = RolloutState.TIMED_OUT
+MISSING = RolloutState.MISSING
 
 
 class Counters:
@@ -84,7 +99,7 @@ class Rollout:
         self.group = group
         self.step = step
         self.attempt = attempt
-        self.state = IN_FLIGHT
+        self.state: RolloutState = IN_FLIGHT
         self.result: RolloutResult | None = None
         self.since = 0.0  # clock time a placeholder was recorded
         self.since_poll = 0  # the tracker's poll count then
@@ -93,7 +108,16 @@ class Rollout:
 class Group:
     """One registered prompt group."""
 
-    __slots__ = ("batch", "closed", "failed", "order", "rollouts", "spec", "started", "unsettled")
+    __slots__ = (
+        "batch",
+        "drop_reason",
+        "failed",
+        "order",
+        "rollouts",
+        "spec",
+        "started",
+        "unsettled",
+    )
 
     def __init__(self, spec: PromptGroup, batch: Batch | None, order: int) -> None:
         self.spec = spec
@@ -103,7 +127,8 @@ class Group:
         self.unsettled = len(self.rollouts)  # in flight or placeholder
         self.failed = 0  # settled without success
         self.started = False
-        self.closed: Admission | None = None  # drop reason for results once closed
+        # What its results are dropped as once it is closed (finalized, handed out, evicted).
+        self.drop_reason: Admission | None = None
 
     def status(self) -> GroupStatus:
         """The group's status (a group with failures is FAILED only once all settled)."""
@@ -158,9 +183,9 @@ class Batch:
 
 
 def _failure_kind(rollout: Rollout) -> str:
-    if rollout.state == TIMED_OUT:
+    if rollout.state is TIMED_OUT:
         return "timed_out"
-    if rollout.state == MISSING:
+    if rollout.state is MISSING:
         return "missing"
     result = rollout.result
     return (result.error_kind if result is not None else "") or "error"
@@ -185,11 +210,11 @@ def build_report(
     for rollout in rollouts:
         registered += 1
         state = rollout.state
-        if state == SUCCEEDED:
+        if state is SUCCEEDED:
             succeeded += 1
-        elif state == TIMED_OUT:
+        elif state is TIMED_OUT:
             timed_out.append(rollout.rollout_id)
-        elif state in (MISSING, IN_FLIGHT):
+        elif state is MISSING or state is IN_FLIGHT:
             missing.append(rollout.rollout_id)
         else:  # FAILED or PLACEHOLDER: a failure result is in hand
             kind = _failure_kind(rollout)
@@ -254,7 +279,7 @@ def apply_policy(
         elif policy is FailurePolicy.DROP_ROLLOUT:
             good: list[RolloutResult] = []
             for r in group.rollouts:
-                if r.state == SUCCEEDED and r.result is not None:
+                if r.state is SUCCEEDED and r.result is not None:
                     good.append(r.result)
                 else:
                     removed.append(r.rollout_id)
@@ -265,7 +290,7 @@ def apply_policy(
         else:  # FILL, and RAISE (whose batch is still built for the report)
             results: list[RolloutResult] = []
             for r in group.rollouts:
-                if r.state == SUCCEEDED and r.result is not None:
+                if r.state is SUCCEEDED and r.result is not None:
                     results.append(r.result)
                 else:
                     results.append(_fill(r, spec, fill_reward))

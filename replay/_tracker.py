@@ -261,7 +261,7 @@ class RolloutTracker:
         with self._lock:
             for group_id in group_ids:
                 group = self._groups.get(group_id)
-                if group is not None and not group.started and group.closed is None:
+                if group is not None and not group.started and group.drop_reason is None:
                     self._start_locked(group)
                     started += 1
         return started
@@ -327,8 +327,8 @@ class RolloutTracker:
             verdict = _EARLIER_STEP if result.step < rollout.step else _UNREGISTERED
         elif result.group_id != group.spec.group_id:
             verdict = Admission.WRONG_GROUP
-        elif group.closed is not None:
-            verdict = group.closed
+        elif group.drop_reason is not None:
+            verdict = group.drop_reason
         elif result.attempt != rollout.attempt:
             if result.attempt < rollout.attempt:
                 verdict = Admission.SUPERSEDED_ATTEMPT
@@ -337,7 +337,7 @@ class RolloutTracker:
         else:
             state = rollout.state
             ok = result.status is _SUCCESS
-            if state == IN_FLIGHT:
+            if state is IN_FLIGHT:
                 if not group.started:
                     self._start_locked(group)
                 rollout.result = result
@@ -357,7 +357,7 @@ class RolloutTracker:
                     rollout.state = FAILED
                     group.failed += 1
                 return _ADMITTED, self._settle_locked(group)
-            if state == PLACEHOLDER:
+            if state is PLACEHOLDER:
                 if ok or not result.retryable:
                     del self._placeholders[rollout.rollout_id]
                     if batch is not None:
@@ -374,7 +374,7 @@ class RolloutTracker:
                         verdict = _ADMITTED
                     return verdict, self._settle_locked(group)
                 verdict = _DUPLICATE
-            elif state == FAILED:
+            elif state is FAILED:
                 if ok:
                     # A retry that landed after the grace window but before the batch closed
                     # is real data: keep it.
@@ -385,7 +385,7 @@ class RolloutTracker:
                     self._retry_overwrites += 1
                     return _UPGRADED, True
                 verdict = _DUPLICATE
-            elif state == SUCCEEDED:
+            elif state is SUCCEEDED:
                 verdict = _DUPLICATE if ok else Admission.ALREADY_SUCCEEDED
             else:  # timed out or missing: only in closed groups, caught above
                 verdict = Admission.FINALIZED
@@ -421,12 +421,6 @@ class RolloutTracker:
 
     # --- inspection ---------------------------------------------------------------------
 
-    def batch_step(self, partition: Partition = "train") -> int | None:
-        """The step of the current batch of ``partition``, or None before the first."""
-        with self._lock:
-            batch = self._batches.get(check_partition(partition))
-            return None if batch is None else batch.step
-
     def is_complete(self, partition: Partition = "train") -> bool:
         """Whether the current batch needs no more waiting (complete, timed out or closed)."""
         batch = self._current(partition)
@@ -442,9 +436,11 @@ class RolloutTracker:
             return tuple(
                 r.rollout_id
                 for g in self._groups.values()
-                if g.unsettled and g.closed is None and (part is None or g.spec.partition == part)
+                if g.unsettled
+                and g.drop_reason is None
+                and (part is None or g.spec.partition == part)
                 for r in g.rollouts
-                if r.state == IN_FLIGHT or r.state == PLACEHOLDER
+                if r.state is IN_FLIGHT or r.state is PLACEHOLDER
             )
 
     def in_flight(self, partition: Partition | None = None) -> tuple[PromptGroup, ...]:
@@ -457,14 +453,10 @@ class RolloutTracker:
             return tuple(
                 g.spec
                 for g in self._groups.values()
-                if g.unsettled and g.closed is None and (part is None or g.spec.partition == part)
+                if g.unsettled
+                and g.drop_reason is None
+                and (part is None or g.spec.partition == part)
             )
-
-    def group_status(self, group_id: str) -> GroupStatus | None:
-        """The status of an open group, or None if it is not open."""
-        with self._lock:
-            group = self._groups.get(group_id)
-            return None if group is None else group.status()
 
     # --- waiting ------------------------------------------------------------------------
 
@@ -569,7 +561,7 @@ class RolloutTracker:
         }
         with self._lock:
             for group in self._groups.values():
-                if group.closed is None:
+                if group.drop_reason is None:
                     counts[group.spec.partition][index[group.status()]] += 1
         return {
             p: PartitionCounts(pending=c[0], running=c[1], finished=c[2], failed=c[3])
@@ -737,7 +729,7 @@ class RolloutTracker:
             now = self.clock()
             cancelled: list[str] = []
             for group in targets:
-                if not group.unsettled or group.closed is not None:
+                if not group.unsettled or group.drop_reason is not None:
                     continue
                 if part is not None and group.spec.partition != part:
                     continue
@@ -746,12 +738,12 @@ class RolloutTracker:
                 batch = group.batch
                 rerun: list[str] = []
                 for rollout in group.rollouts:
-                    if rollout.state == PLACEHOLDER:
+                    if rollout.state is PLACEHOLDER:
                         del self._placeholders[rollout.rollout_id]
                         if batch is not None:
                             batch.placeholders -= 1
                             batch.in_flight += 1
-                    elif rollout.state != IN_FLIGHT:
+                    elif rollout.state is not IN_FLIGHT:
                         continue
                     rollout.state = IN_FLIGHT
                     rollout.result = None
@@ -824,7 +816,8 @@ class RolloutTracker:
                 outstanding=sum(
                     1
                     for r in self._rollouts.values()
-                    if (r.state == IN_FLIGHT or r.state == PLACEHOLDER) and r.group.closed is None
+                    if (r.state is IN_FLIGHT or r.state is PLACEHOLDER)
+                    and r.group.drop_reason is None
                 ),
             )
 
@@ -891,14 +884,14 @@ class RolloutTracker:
         state = TIMED_OUT if timed_out else MISSING
         abandoned: list[str] = []
         for group in batch.groups:
-            if group.closed is None:
-                group.closed = Admission.FINALIZED
+            if group.drop_reason is None:
+                group.drop_reason = Admission.FINALIZED
             for rollout in group.rollouts:
-                if rollout.state == IN_FLIGHT:
+                if rollout.state is IN_FLIGHT:
                     rollout.state = state
                     batch.in_flight -= 1
                     abandoned.append(rollout.rollout_id)
-                elif rollout.state == PLACEHOLDER:
+                elif rollout.state is PLACEHOLDER:
                     del self._placeholders[rollout.rollout_id]
                     rollout.state = FAILED
                     batch.placeholders -= 1
@@ -927,17 +920,17 @@ class RolloutTracker:
         """Forget ``group``; returns its rollouts that were still outstanding."""
         if self._groups.get(group.spec.group_id) is group:
             del self._groups[group.spec.group_id]
-        if group.closed is None:
-            group.closed = reason
+        if group.drop_reason is None:
+            group.drop_reason = reason
         outstanding: list[str] = []
         for rollout in group.rollouts:
             rollout_id = rollout.rollout_id
             if self._rollouts.get(rollout_id) is rollout:
                 del self._rollouts[rollout_id]
-            if rollout.state == PLACEHOLDER:
+            if rollout.state is PLACEHOLDER:
                 self._placeholders.pop(rollout_id, None)
                 outstanding.append(rollout_id)
-            elif rollout.state == IN_FLIGHT:
+            elif rollout.state is IN_FLIGHT:
                 outstanding.append(rollout_id)
         self._history.remember(group.spec.rollout_ids, group.spec.step, reason)
         return outstanding

@@ -30,12 +30,12 @@ from ._reasons import Admission as Admission
 from ._reasons import EvictionReason as EvictionReason
 from ._reasons import FailurePolicy as FailurePolicy
 from ._reasons import StalenessStrategy as StalenessStrategy
+from ._reissue import CancelHook as CancelHook
 from ._stats import PartitionCounts as PartitionCounts
 from ._stats import ReplayState as ReplayState
 from ._stats import ReplayStatistics as ReplayStatistics
 from ._stats import TrackerStatistics as TrackerStatistics
 from ._sync import ReplayBuffer as ReplayBuffer
-from ._tracker import CancelHook as CancelHook
 from ._tracker import RolloutTracker as RolloutTracker
 
 __all__ = (

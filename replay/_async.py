@@ -22,18 +22,17 @@ them in the tracker (late results for them are dropped as ``finalized``), then p
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterable
 
 from eventbus import BatchReconciled, EventBus
 
 from ._base import BufferBase
-from ._ledger import Counters, Group, build_report
 from ._model import GroupResult, GroupStatus, Partition, PromptGroup, check_partition
-from ._reasons import Admission, EvictionReason, StalenessStrategy
+from ._reasons import EvictionReason, StalenessStrategy
+from ._records import Group
 from ._tracker import RolloutTracker
 from ._validate import check_count
-from ._waiting import Poll, PollTimeout, poll_until
+from ._waiting import Poll, PollTimeout
 
 __all__ = ["AsyncReplayBuffer", "RefillCallback"]
 
@@ -155,29 +154,39 @@ class AsyncReplayBuffer(BufferBase):
         if isinstance(target, bool) or not isinstance(target, int) or target < 1:
             raise ValueError(f"the number of groups must be an int >= 1, got {target!r}")
         current = step if policy_version is None else policy_version
-        tracker = self._tracker
+        registry = self._tracker.registry
 
         def check(polled: bool) -> Poll[int | list[Group]]:
-            return self._check(part, current, target, polled=polled, take=take)
+            found = registry.sweep(
+                part,
+                policy_version=current,
+                max_off_policy=self.max_off_policy,
+                hold=self.strategy is StalenessStrategy.WAIT,
+                take=target if take else 0,
+                polled=polled,
+            )
+            if found.evicted:
+                self._handle_evictions(found.evicted)
+            value: int | list[Group] | None = found.taken
+            if not take and not found.blocked and found.available >= target:
+                value = found.available
+            return Poll(
+                value,
+                available=found.available,
+                pending=found.pending,
+                running=found.running,
+                wake_at=found.wake_at,
+            )
 
         first = check(False)
         if first.value is not None:
             return first.value
         self._waits += 1
-        started = tracker.clock()
-        outcome = await poll_until(
+        outcome = await registry.wait(
             check,
-            signal=tracker._signal,
-            clock=tracker.clock,
-            sleep=tracker.sleep,
-            poll_interval=tracker.poll_interval_s,
-            deadline_at=started + self.wait_timeout_s,
-            on_unsuccessful_poll=self._on_poll(step, part, target),
+            deadline_at=self._tracker.clock() + self.wait_timeout_s,
+            on_poll=self._reporter.on_poll(step, part, target),
         )
-        waited = tracker.clock() - started
-        with tracker._lock:
-            tracker._window.wait_s += waited
-            tracker._wait_total += waited
         if isinstance(outcome, PollTimeout):
             why = ""
             if self.strategy is StalenessStrategy.WAIT:
@@ -188,76 +197,9 @@ class AsyncReplayBuffer(BufferBase):
             raise self._deadline_error(outcome, step=step, partition=part, required=target, why=why)
         return outcome
 
-    def _check(
-        self, partition: Partition, current: int, target: int, *, polled: bool, take: bool
-    ) -> Poll[int | list[Group]]:
-        tracker = self._tracker
-        limit = self.max_off_policy
-        hold = self.strategy is StalenessStrategy.WAIT
-        evicted: list[tuple[Group, EvictionReason]] = []
-        sampleable: list[Group] = []
-        pending = running = 0
-        blocked = False
-        settled = False
-        with tracker._lock:
-            now = tracker.clock()
-            if polled:
-                tracker._polls += 1
-            if tracker._placeholders:
-                settled = tracker._expire_locked(now)
-            for group in tracker._groups.values():
-                spec = group.spec
-                if group.batch is not None or group.drop_reason is not None:
-                    continue
-                if spec.partition != partition:
-                    continue
-                behind = current - spec.policy_version
-                if group.unsettled:
-                    if group.started:
-                        running += 1
-                    else:
-                        pending += 1
-                    if hold and behind >= limit:
-                        blocked = True
-                elif group.failed:
-                    evicted.append((group, EvictionReason.FAILED))
-                elif behind > limit:
-                    evicted.append((group, EvictionReason.STALE))
-                else:
-                    sampleable.append(group)
-            cancelled: list[str] = []
-            for group, reason in evicted:
-                why = (
-                    Admission.EVICTED if reason is EvictionReason.FAILED else Admission.STALE_POLICY
-                )
-                cancelled.extend(tracker._retire_group_locked(group, why))
-            if cancelled:
-                tracker._to_cancel.append((tuple(cancelled), "evicted"))
-            value: int | list[Group] | None = None
-            if not blocked and len(sampleable) >= target:
-                if take:
-                    value = sampleable[:target]
-                    for group in value:
-                        tracker._retire_group_locked(group, Admission.FINALIZED)
-                else:
-                    value = len(sampleable)
-            wake_at = math.inf
-            if tracker._placeholders:
-                wake_at = tracker._grace_wake_locked(
-                    now, lambda g: g.batch is None and g.spec.partition == partition
-                )
-        if settled:
-            tracker._signal.notify()
-        if evicted:
-            tracker._flush_cancels()
-            self._handle_evictions(evicted)
-        return Poll(
-            value, available=len(sampleable), pending=pending, running=running, wake_at=wake_at
-        )
-
-    def _handle_evictions(self, evicted: list[tuple[Group, EvictionReason]]) -> None:
+    def _handle_evictions(self, evicted: list[tuple[PromptGroup, EvictionReason]]) -> None:
         for reason in (EvictionReason.FAILED, EvictionReason.STALE):
-            specs = tuple(g.spec for g, why in evicted if why is reason)
+            specs = tuple(spec for spec, why in evicted if why is reason)
             if not specs:
                 continue
             self._evicted(reason, len(specs))
@@ -269,16 +211,7 @@ class AsyncReplayBuffer(BufferBase):
             self._refill(specs, reason)
 
     def _publish_report(self, step: int, taken: list[Group]) -> None:
-        tracker = self._tracker
-        bus = tracker.bus if self._reporter.bus is None else self._reporter.bus
+        bus = self._tracker.bus if self._reporter.bus is None else self._reporter.bus
         if bus is None or not bus.wants(BatchReconciled):
             return
-        with tracker._lock:
-            counters, tracker._window = tracker._window, Counters()
-        report = build_report(
-            step,
-            (r for g in taken for r in g.rollouts),
-            counters,
-            policy="evict",
-        )
-        bus.publish(BatchReconciled(report=report))
+        bus.publish(BatchReconciled(report=self._tracker.registry.handout_report(step, taken)))

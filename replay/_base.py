@@ -20,7 +20,7 @@ from ._reasons import Admission, EvictionReason
 from ._stats import PartitionCounts, ReplayState, ReplayStatistics
 from ._tracker import RolloutTracker
 from ._validate import check_seconds
-from ._waiting import Poll, PollTimeout, WaitReporter
+from ._waiting import PollTimeout, WaitReporter
 
 __all__ = ["BufferBase"]
 
@@ -62,7 +62,6 @@ class BufferBase:
         self._refills = 0
         self._sampled = 0
         self._waits = 0
-        self._unsuccessful_polls = 0
         self._deadlines = 0
 
     @property
@@ -110,7 +109,7 @@ class BufferBase:
             refills=self._refills,
             sampled_groups=self._sampled,
             waits=self._waits,
-            unsuccessful_polls=self._unsuccessful_polls,
+            unsuccessful_polls=self._reporter.unsuccessful,
             reported_polls=self._reporter.reported,
             interrupted=self._reporter.interrupted,
             deadlines_exceeded=self._deadlines,
@@ -123,9 +122,6 @@ class BufferBase:
     def _evicted(self, reason: EvictionReason, n: int) -> None:
         if n:
             self._evictions[reason.value] = self._evictions.get(reason.value, 0) + n
-
-    def _on_poll(self, step: int, partition: Partition, required: int) -> _PollReporter:
-        return _PollReporter(self, step, partition, required)
 
     def _deadline_error(
         self,
@@ -150,27 +146,4 @@ class BufferBase:
             polls=timeout.polls,
             outstanding=self._tracker.outstanding(partition)[:10],
             detail="; ".join(filter(None, (why, f"wait_timeout_s={self.wait_timeout_s:g}"))),
-        )
-
-
-class _PollReporter:
-    """The ``on_unsuccessful_poll`` callback of one wait."""
-
-    __slots__ = ("buffer", "partition", "required", "step")
-
-    def __init__(self, buffer: BufferBase, step: int, partition: Partition, required: int) -> None:
-        self.buffer = buffer
-        self.step = step
-        self.partition = partition
-        self.required = required
-
-    async def __call__(self, poll: Poll[object], count: int, elapsed: float) -> None:
-        self.buffer._unsuccessful_polls += 1
-        await self.buffer._reporter.report(
-            step=self.step,
-            partition=self.partition,
-            required=self.required,
-            poll=poll,
-            count=count,
-            elapsed=elapsed,
         )

@@ -104,8 +104,7 @@ class ReplayBuffer(BufferBase):
             by_partition.setdefault(spec.partition, []).append(spec)
         leftovers = 0
         for partition, part_specs in by_partition.items():
-            with self._tracker._lock:
-                previous = self._tracker._batches.get(partition)
+            previous = self._tracker.batches.get(partition)
             leftovers += self._tracker.begin_batch(
                 part_specs[0].step, part_specs, partition=partition
             )
@@ -173,8 +172,8 @@ class ReplayBuffer(BufferBase):
         return groups
 
     async def _finalize(self, step: int, batch_size: int, partition: Partition) -> None:
-        tracker = self._tracker
-        batch = tracker._current(partition)
+        batches = self._tracker.batches
+        batch = batches.current(partition)
         if batch.step != step:
             raise RegistrationError(
                 f"no {partition} batch registered for step {step}; the current one is for "
@@ -185,18 +184,18 @@ class ReplayBuffer(BufferBase):
                 f"batch_size {batch_size} exceeds the {len(batch.groups)} groups registered "
                 f"for step {step} ({partition})"
             )
-        if tracker._check_batch(batch, polled=False).value is None:
+        if batches.check(batch, polled=False).value is None:
             self._waits += 1
-            outcome = await tracker._wait_batch(
+            outcome = await batches.wait(
                 batch,
-                deadline_at=tracker.clock() + self.wait_timeout_s,
-                on_poll=self._on_poll(step, partition, batch_size),
+                deadline_at=self._tracker.clock() + self.wait_timeout_s,
+                on_poll=self._reporter.on_poll(step, partition, batch_size),
             )
             if isinstance(outcome, PollTimeout):
                 raise self._deadline_error(
                     outcome, step=step, partition=partition, required=batch_size
                 )
-        reconciled = tracker.finalize(partition)
+        reconciled = batches.finalize(partition)
         ready = self._ready.get(partition)
         if ready is None or ready.step != step:  # a concurrent sample may have been first
             self._ready[partition] = _Ready(step, reconciled.groups)

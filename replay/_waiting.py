@@ -134,8 +134,26 @@ class WaitReporter:
         self.mode: Literal["sync", "async"] = mode
         self.poll_interval = poll_interval
         self.safe_point_timeout = safe_point_timeout
+        self.unsuccessful = 0
         self.reported = 0
         self.interrupted = 0
+
+    def on_poll(
+        self, step: int, partition: str, required: int
+    ) -> Callable[[Poll[object], int, float], Awaitable[None]]:
+        """The ``on_unsuccessful_poll`` callback of one wait."""
+
+        async def report(poll: Poll[object], count: int, elapsed: float) -> None:
+            await self.report(
+                step=step,
+                partition=partition,
+                required=required,
+                poll=poll,
+                count=count,
+                elapsed=elapsed,
+            )
+
+        return report
 
     async def report(
         self,
@@ -153,6 +171,7 @@ class WaitReporter:
             SampleWaitInterrupted: The safe point decided ``RESTART_REQUIRED``, ``STOP`` or
                 ``ABORT``.
         """
+        self.unsuccessful += 1
         bus = self.bus
         if bus is None:
             return

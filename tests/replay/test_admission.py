@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import replay._tracker as tracker_module
+import replay._admission as admission_module
 from eventbus import EventBus, RolloutRejected
 from eventbus.testing import record_events
 from replay import (
@@ -198,7 +198,7 @@ def test_no_rejection_event_is_built_when_nobody_listens(
         built.append(fields)
         return RolloutRejected(**fields)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tracker_module, "RolloutRejected", counting)
+    monkeypatch.setattr(admission_module, "RolloutRejected", counting)
     tracker = make_tracker(bus=EventBus())
     tracker.begin_batch(1, groups_for(1))
     tracker.record(RolloutResult(rollout_id="x", group_id="x", step=1))

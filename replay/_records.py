@@ -1,14 +1,22 @@
-"""The tracker's bookkeeping records and the code that turns a closed batch into a report.
+"""The tracker's bookkeeping records: one per registered rollout, group and sync batch.
 
-Records are plain ``__slots__`` classes mutated only under the tracker's lock. A rollout is
-in one of six ``RolloutState`` members; only the first two are unsettled:
+Records are plain ``__slots__`` classes, read and written only under the tracker's lock. A
+rollout is in one of six :class:`RolloutState` members; only the first two are unsettled:
 
 * ``IN_FLIGHT``: no result yet.
 * ``PLACEHOLDER``: a retryable failure, waiting inside its grace window for a retry.
 * ``SUCCEEDED``: terminal.
-* ``FAILED``: a failure that is final (non-retryable, or its grace window ran out).
+* ``FAILED``: a failure that is final (non-retryable, or its grace window ran out). A
+  successful retry may still replace it while its group is open.
 * ``TIMED_OUT`` / ``MISSING``: still unsettled when the batch deadline passed / when the
   batch was finalized early.
+
+Invariant: the counters mirror the states. ``Group.unsettled`` is the number of its
+rollouts in flight or placeholders, ``Group.failed`` the number settled without success;
+``Batch.in_flight`` and ``Batch.placeholders`` count its rollouts in those two states,
+``Batch.pending`` its groups neither started nor settled, ``Batch.settled_groups`` those
+with nothing unsettled. Every code path that moves a rollout between states moves the
+counters with it, under the same lock.
 """
 
 from __future__ import annotations
@@ -16,17 +24,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from eventbus import BatchReport
-
-from ._model import (
-    GroupResult,
-    GroupStatus,
-    PromptGroup,
-    ReconciledBatch,
-    RolloutResult,
-    RolloutStatus,
-)
-from ._reasons import Admission, FailurePolicy
+from ._model import GroupStatus, PromptGroup, ReconciledBatch, RolloutResult
+from ._reasons import Admission
 
 __all__ = [
     "FAILED",
@@ -40,8 +39,6 @@ __all__ = [
     "Group",
     "Rollout",
     "RolloutState",
-    "apply_policy",
-    "build_report",
 ]
 
 
@@ -180,120 +177,3 @@ class Batch:
         """Every rollout, in registration order."""
         for group in self.groups:
             yield from group.rollouts
-
-
-def _failure_kind(rollout: Rollout) -> str:
-    if rollout.state is TIMED_OUT:
-        return "timed_out"
-    if rollout.state is MISSING:
-        return "missing"
-    result = rollout.result
-    return (result.error_kind if result is not None else "") or "error"
-
-
-def build_report(
-    step: int,
-    rollouts: Iterable[Rollout],
-    counters: Counters,
-    *,
-    policy: str,
-    filled: int = 0,
-    removed: tuple[str, ...] = (),
-) -> BatchReport:
-    """The report of a batch: every registered id is exactly one of succeeded, failed,
-    timed out or missing (an open batch lists its in-flight ids as missing)."""
-    succeeded = 0
-    failed: dict[str, int] = {}
-    timed_out: list[str] = []
-    missing: list[str] = []
-    registered = 0
-    for rollout in rollouts:
-        registered += 1
-        state = rollout.state
-        if state is SUCCEEDED:
-            succeeded += 1
-        elif state is TIMED_OUT:
-            timed_out.append(rollout.rollout_id)
-        elif state is MISSING or state is IN_FLIGHT:
-            missing.append(rollout.rollout_id)
-        else:  # FAILED or PLACEHOLDER: a failure result is in hand
-            kind = _failure_kind(rollout)
-            failed[kind] = failed.get(kind, 0) + 1
-    return BatchReport(
-        step=step,
-        registered=registered,
-        succeeded=succeeded,
-        failed=failed,
-        timed_out=tuple(timed_out),
-        missing=tuple(missing),
-        dropped={reason.value: n for reason, n in counters.dropped.items()},
-        duplicates=counters.duplicates,
-        retry_overwrites=counters.retry_overwrites,
-        leftovers_drained=counters.leftovers,
-        grace_polls=counters.grace_polls,
-        wait_s=counters.wait_s,
-        failure_policy=policy,
-        filled=filled,
-        removed=removed,
-    )
-
-
-def _fill(rollout: Rollout, spec: PromptGroup, reward: float) -> RolloutResult:
-    kind = _failure_kind(rollout)
-    result = rollout.result
-    return RolloutResult(
-        rollout_id=rollout.rollout_id,
-        group_id=spec.group_id,
-        step=rollout.step,
-        attempt=rollout.attempt,
-        policy_version=spec.policy_version,
-        status=RolloutStatus.FAILED,
-        reward=reward,
-        error=(result.error if result is not None else None) or kind,
-        error_kind=kind,
-        retryable=False,
-    )
-
-
-def apply_policy(
-    groups: Iterable[Group], policy: FailurePolicy, fill_reward: float
-) -> tuple[tuple[GroupResult, ...], int, tuple[str, ...]]:
-    """Apply the failure policy to closed groups.
-
-    Returns:
-        The kept groups in registration order, the number of filled rollouts, and the ids
-        removed.
-    """
-    kept: list[GroupResult] = []
-    filled = 0
-    removed: list[str] = []
-    for group in groups:
-        spec = group.spec
-        if not group.failed:
-            kept.append(
-                GroupResult(group=spec, results=group.results(), status=GroupStatus.FINISHED)
-            )
-            continue
-        if policy is FailurePolicy.DROP_GROUP:
-            removed.extend(r.rollout_id for r in group.rollouts)
-        elif policy is FailurePolicy.DROP_ROLLOUT:
-            good: list[RolloutResult] = []
-            for r in group.rollouts:
-                if r.state is SUCCEEDED and r.result is not None:
-                    good.append(r.result)
-                else:
-                    removed.append(r.rollout_id)
-            if good:
-                kept.append(
-                    GroupResult(group=spec, results=tuple(good), status=GroupStatus.FINISHED)
-                )
-        else:  # FILL, and RAISE (whose batch is still built for the report)
-            results: list[RolloutResult] = []
-            for r in group.rollouts:
-                if r.state is SUCCEEDED and r.result is not None:
-                    results.append(r.result)
-                else:
-                    results.append(_fill(r, spec, fill_reward))
-                    filled += 1
-            kept.append(GroupResult(group=spec, results=tuple(results), status=GroupStatus.FAILED))
-    return tuple(kept), filled, tuple(removed)

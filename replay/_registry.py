@@ -1,0 +1,190 @@
+"""Async mode: groups registered one by one, outside any batch, until they are retired.
+
+Invariants:
+
+* An async group is open from :meth:`AsyncRegistry.register` until it is retired: handed
+  out (its late results become ``finalized``), evicted (``stale_policy`` or ``evicted``),
+  or retired by the caller. Retiring is the only way out, and it hands the group's
+  outstanding rollouts to the cancel hook.
+* A sweep looks at one partition's groups only, under one hold of the lock: what it
+  counts, evicts and hands out is one consistent picture, so a result landing meanwhile
+  can neither be lost nor be handed out twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
+
+from eventbus import BatchReport
+
+from ._model import Partition, PromptGroup
+from ._reasons import Admission, EvictionReason
+from ._records import Counters, Group
+from ._report import build_report
+from ._state import TrackerState
+from ._validate import check_groups
+from ._waiting import Poll, PollTimeout
+
+__all__ = ["AsyncRegistry", "Sweep"]
+
+T = TypeVar("T")
+
+
+class Sweep:
+    """What one sweep of a partition found (see :meth:`AsyncRegistry.sweep`).
+
+    Attributes:
+        available: Finished groups within the staleness bound.
+        taken: The oldest ``take`` of them, retired as handed out, when the sweep took
+            them; else None.
+        evicted: Groups evicted by this sweep, with the reason.
+        pending: Groups not yet started.
+        running: Groups with rollouts in flight or awaiting a retry.
+        blocked: An in-flight group has reached the staleness limit and ``hold`` was set.
+        wake_at: When the next grace window (in seconds) of the partition ends.
+        settled: A grace window expired and settled a group.
+    """
+
+    __slots__ = (
+        "available",
+        "blocked",
+        "evicted",
+        "pending",
+        "running",
+        "settled",
+        "taken",
+        "wake_at",
+    )
+
+    def __init__(self) -> None:
+        self.available = 0
+        self.taken: list[Group] | None = None
+        self.evicted: list[tuple[PromptGroup, EvictionReason]] = []
+        self.pending = 0
+        self.running = 0
+        self.blocked = False
+        self.wake_at = math.inf
+        self.settled = False
+
+
+class AsyncRegistry:
+    """The async-mode groups of one tracker.
+
+    Args:
+        state: The tracker's shared state.
+    """
+
+    def __init__(self, state: TrackerState) -> None:
+        self._state = state
+
+    def register(self, groups: Iterable[PromptGroup]) -> None:
+        """Open groups one by one (see :meth:`replay.RolloutTracker.register`)."""
+        specs = check_groups(groups)
+        state = self._state
+        with state.lock:
+            state.check_open(specs, replacing=None)
+            for spec in specs:
+                state.add_group(spec, None)
+
+    def retire(self, group_ids: Iterable[str], reason: Admission) -> int:
+        """Retire open groups (see :meth:`replay.RolloutTracker.retire`)."""
+        state = self._state
+        retired = 0
+        with state.lock:
+            given_up: list[str] = []
+            for group_id in group_ids:
+                group = state.groups.get(group_id)
+                if group is None:
+                    continue
+                given_up.extend(state.retire_group(group, reason))
+                retired += 1
+            state.cancels.add(given_up, reason.value)
+        state.cancels.flush()
+        return retired
+
+    def sweep(
+        self,
+        partition: Partition,
+        *,
+        policy_version: int,
+        max_off_policy: int,
+        hold: bool,
+        take: int,
+        polled: bool,
+    ) -> Sweep:
+        """Look at the open async groups of ``partition`` at ``policy_version``.
+
+        Settles placeholders whose grace window is over, evicts failed groups and finished
+        groups more than ``max_off_policy`` versions behind, and counts the rest. With
+        ``take`` > 0, when at least that many groups are sampleable and nothing blocks, it
+        retires the oldest ``take`` as handed out.
+        """
+        state = self._state
+        found = Sweep()
+        with state.lock:
+            now = state.clock()
+            if polled:
+                state.polls += 1
+            if state.placeholders:
+                found.settled = state.expire(now)
+            sampleable: list[Group] = []
+            given_up: list[str] = []
+            for group in list(state.groups.values()):
+                spec = group.spec
+                if group.batch is not None or group.drop_reason is not None:
+                    continue
+                if spec.partition != partition:
+                    continue
+                behind = policy_version - spec.policy_version
+                if group.unsettled:
+                    if group.started:
+                        found.running += 1
+                    else:
+                        found.pending += 1
+                    if hold and behind >= max_off_policy:
+                        found.blocked = True
+                elif group.failed:
+                    found.evicted.append((spec, EvictionReason.FAILED))
+                    given_up.extend(state.retire_group(group, Admission.EVICTED))
+                elif behind > max_off_policy:
+                    found.evicted.append((spec, EvictionReason.STALE))
+                    given_up.extend(state.retire_group(group, Admission.STALE_POLICY))
+                else:
+                    sampleable.append(group)
+            state.cancels.add(given_up, "evicted")
+            found.available = len(sampleable)
+            if take and not found.blocked and found.available >= take:
+                found.taken = sampleable[:take]
+                for group in found.taken:
+                    state.retire_group(group, Admission.FINALIZED)
+            if state.placeholders:
+                found.wake_at = state.grace_wake(
+                    now, lambda g: g.batch is None and g.spec.partition == partition
+                )
+        if found.settled:
+            state.signal.notify()
+        if found.evicted:
+            state.cancels.flush()
+        return found
+
+    async def wait(
+        self,
+        check: Callable[[bool], Poll[T]],
+        *,
+        deadline_at: float,
+        on_poll: Callable[[Poll[T], int, float], Awaitable[None]] | None = None,
+    ) -> T | PollTimeout[T]:
+        """Wait until ``check`` (which sweeps) finds a value, or ``deadline_at`` passes."""
+        return await self._state.wait(
+            check, deadline_at=deadline_at, on_poll=on_poll, counters=None
+        )
+
+    def handout_report(self, step: int, taken: Sequence[Group]) -> BatchReport:
+        """The report of a hand-out: the groups taken, and what was dropped since the
+        previous report."""
+        state = self._state
+        with state.lock:
+            counters, state.window = state.window, Counters()
+        return build_report(step, (r for g in taken for r in g.rollouts), counters, policy="evict")

@@ -1,0 +1,156 @@
+"""Turning a batch's records into its report, and applying the failure policy.
+
+Invariant: every registered rollout id appears in a report exactly once, as succeeded,
+failed (by error kind), timed out or missing; every result that did not count is in
+``dropped`` (by reason) or ``duplicates``. These functions only read the records; the
+tracker calls them under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from eventbus import BatchReport
+
+from ._model import GroupResult, GroupStatus, PromptGroup, RolloutResult, RolloutStatus
+from ._reasons import FailurePolicy
+from ._records import IN_FLIGHT, MISSING, SUCCEEDED, TIMED_OUT, Counters, Group, Rollout
+
+__all__ = ["apply_policy", "build_report", "judge"]
+
+
+def _failure_kind(rollout: Rollout) -> str:
+    if rollout.state is TIMED_OUT:
+        return "timed_out"
+    if rollout.state is MISSING:
+        return "missing"
+    result = rollout.result
+    return (result.error_kind if result is not None else "") or "error"
+
+
+def build_report(
+    step: int,
+    rollouts: Iterable[Rollout],
+    counters: Counters,
+    *,
+    policy: str,
+    filled: int = 0,
+    removed: tuple[str, ...] = (),
+) -> BatchReport:
+    """The report of a batch: every registered id is exactly one of succeeded, failed,
+    timed out or missing (an open batch lists its in-flight ids as missing)."""
+    succeeded = 0
+    failed: dict[str, int] = {}
+    timed_out: list[str] = []
+    missing: list[str] = []
+    registered = 0
+    for rollout in rollouts:
+        registered += 1
+        state = rollout.state
+        if state is SUCCEEDED:
+            succeeded += 1
+        elif state is TIMED_OUT:
+            timed_out.append(rollout.rollout_id)
+        elif state is MISSING or state is IN_FLIGHT:
+            missing.append(rollout.rollout_id)
+        else:  # FAILED or PLACEHOLDER: a failure result is in hand
+            kind = _failure_kind(rollout)
+            failed[kind] = failed.get(kind, 0) + 1
+    return BatchReport(
+        step=step,
+        registered=registered,
+        succeeded=succeeded,
+        failed=failed,
+        timed_out=tuple(timed_out),
+        missing=tuple(missing),
+        dropped={reason.value: n for reason, n in counters.dropped.items()},
+        duplicates=counters.duplicates,
+        retry_overwrites=counters.retry_overwrites,
+        leftovers_drained=counters.leftovers,
+        grace_polls=counters.grace_polls,
+        wait_s=counters.wait_s,
+        failure_policy=policy,
+        filled=filled,
+        removed=removed,
+    )
+
+
+def _fill(rollout: Rollout, spec: PromptGroup, reward: float) -> RolloutResult:
+    kind = _failure_kind(rollout)
+    result = rollout.result
+    return RolloutResult(
+        rollout_id=rollout.rollout_id,
+        group_id=spec.group_id,
+        step=rollout.step,
+        attempt=rollout.attempt,
+        policy_version=spec.policy_version,
+        status=RolloutStatus.FAILED,
+        reward=reward,
+        error=(result.error if result is not None else None) or kind,
+        error_kind=kind,
+        retryable=False,
+    )
+
+
+def apply_policy(
+    groups: Iterable[Group], policy: FailurePolicy, fill_reward: float
+) -> tuple[tuple[GroupResult, ...], int, tuple[str, ...]]:
+    """Apply the failure policy to closed groups.
+
+    Returns:
+        The kept groups in registration order, the number of filled rollouts, and the ids
+        removed.
+    """
+    kept: list[GroupResult] = []
+    filled = 0
+    removed: list[str] = []
+    for group in groups:
+        spec = group.spec
+        if not group.failed:
+            kept.append(
+                GroupResult(group=spec, results=group.results(), status=GroupStatus.FINISHED)
+            )
+            continue
+        if policy is FailurePolicy.DROP_GROUP:
+            removed.extend(r.rollout_id for r in group.rollouts)
+        elif policy is FailurePolicy.DROP_ROLLOUT:
+            good: list[RolloutResult] = []
+            for r in group.rollouts:
+                if r.state is SUCCEEDED and r.result is not None:
+                    good.append(r.result)
+                else:
+                    removed.append(r.rollout_id)
+            if good:
+                kept.append(
+                    GroupResult(group=spec, results=tuple(good), status=GroupStatus.FINISHED)
+                )
+        else:  # FILL, and RAISE (whose batch is still built for the report)
+            results: list[RolloutResult] = []
+            for r in group.rollouts:
+                if r.state is SUCCEEDED and r.result is not None:
+                    results.append(r.result)
+                else:
+                    results.append(_fill(r, spec, fill_reward))
+                    filled += 1
+            kept.append(GroupResult(group=spec, results=tuple(results), status=GroupStatus.FAILED))
+    return tuple(kept), filled, tuple(removed)
+
+
+def judge(report: BatchReport, policy: FailurePolicy, max_failed_fraction: float) -> str | None:
+    """Why finalizing this batch must raise :class:`~replay.BatchFailedError`, or None."""
+    failures = report.registered - report.succeeded
+    if not failures:
+        return None
+    if policy is FailurePolicy.RAISE:
+        return (
+            f"{failures} of {report.registered} rollouts did not succeed "
+            f"(failed {report.failed}, {len(report.timed_out)} timed out, "
+            f"{len(report.missing)} missing) under failure policy 'raise'"
+        )
+    fraction = failures / report.registered
+    if fraction > max_failed_fraction:
+        return (
+            f"{failures} of {report.registered} rollouts did not succeed ({fraction:.1%}), "
+            f"above max_failed_fraction {max_failed_fraction:.1%}"
+        )
+    return None

@@ -1,0 +1,260 @@
+"""The state the pieces of one :class:`~replay.RolloutTracker` share, and the transitions
+they all make.
+
+The tracker is split by job (admission, sync batches, the async registry, reissue), and
+the pieces do not call into each other: each holds this one :class:`TrackerState`, the way
+a trio memory channel's two ends share one state object.
+
+Invariants, whenever :attr:`TrackerState.lock` is free:
+
+* ``groups`` and ``rollouts`` hold exactly the open records: an id maps to the group (or
+  rollout of a group) registered under it and not yet retired. ``history`` remembers the
+  retired ones, bounded.
+* Every rollout in the ``PLACEHOLDER`` state is in ``placeholders``, and nothing else is.
+* The records' counters mirror their states (see :mod:`replay._records`); the methods
+  here are the transitions more than one piece makes, and they keep it so.
+* Nothing blocks or calls out under the lock: give-ups queue in ``cancels`` and reach the
+  hook, like bus events, after the lock is released.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from eventbus import EventBus
+
+from ._errors import RegistrationError
+from ._history import RetiredIds
+from ._model import PromptGroup
+from ._reasons import Admission
+from ._records import FAILED, IN_FLIGHT, PLACEHOLDER, Batch, Counters, Group, Rollout
+from ._reissue import CancelHook, CancelQueue
+from ._signal import ChangeSignal, Sleep
+from ._waiting import Poll, PollTimeout, poll_until
+
+__all__ = ["Totals", "TrackerState"]
+
+T = TypeVar("T")
+
+
+class Totals:
+    """Counters since the tracker was created (what ``statistics()`` reports)."""
+
+    __slots__ = (
+        "finalized",
+        "grace_polls",
+        "invalid_logged",
+        "leftovers",
+        "max_attempt",
+        "received",
+        "reissued",
+        "retry_overwrites",
+        "verdicts",
+        "wait_s",
+    )
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.verdicts: dict[Admission, int] = {}
+        self.retry_overwrites = 0
+        self.grace_polls = 0
+        self.wait_s = 0.0
+        self.finalized = 0
+        self.leftovers = 0
+        self.reissued = 0
+        self.max_attempt = 0
+        self.invalid_logged = 0
+
+
+class TrackerState:
+    """Everything mutable of one tracker, behind one lock.
+
+    Args:
+        bus: Where the pieces publish (each event built only when ``bus.wants`` it).
+        grace_s: Seconds a retryable failure waits for its retry.
+        grace_polls: Polls it waits for its retry (both must pass).
+        batch_timeout_s: A sync batch's deadline, from its registration or last reissue.
+        poll_interval_s: The longest sleep of a wait between two checks.
+        history_size: Retired rollout ids remembered.
+        on_cancel: The cancel hook.
+        clock: Monotonic seconds.
+        sleep: ``await sleep(seconds)``; a wake-up cancels it.
+    """
+
+    def __init__(
+        self,
+        *,
+        bus: EventBus | None,
+        grace_s: float,
+        grace_polls: int,
+        batch_timeout_s: float,
+        poll_interval_s: float,
+        history_size: int,
+        on_cancel: CancelHook | None,
+        clock: Callable[[], float],
+        sleep: Sleep,
+    ) -> None:
+        self.bus = bus
+        self.grace_s = float(grace_s)
+        self.grace_polls = grace_polls
+        self.grace = grace_s > 0 or grace_polls > 0
+        self.batch_timeout_s = float(batch_timeout_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self.clock = clock
+        self.sleep = sleep
+
+        self.lock = threading.Lock()
+        self.signal = ChangeSignal()
+        self.cancels = CancelQueue(on_cancel, self.lock)
+        self.rollouts: dict[str, Rollout] = {}
+        self.groups: dict[str, Group] = {}  # insertion order is registration order
+        self.history = RetiredIds(history_size)
+        self.placeholders: dict[str, Rollout] = {}
+        self.window = Counters()  # results no open batch owns, until the next report
+        self.totals = Totals()
+        self.polls = 0
+        self._order = 0
+
+    # --- registration (lock held) -------------------------------------------------------
+
+    def check_open(self, specs: Sequence[PromptGroup], *, replacing: Batch | None) -> None:
+        """Raise :class:`~replay.RegistrationError` if an id of ``specs`` is open already
+        (outside the batch ``replacing``, which is about to be retired)."""
+        clashes: list[str] = []
+        for spec in specs:
+            group = self.groups.get(spec.group_id)
+            if group is not None and (replacing is None or group.batch is not replacing):
+                clashes.append(f"group {spec.group_id!r}")
+            for rollout_id in spec.rollout_ids:
+                rollout = self.rollouts.get(rollout_id)
+                if rollout is not None and (
+                    replacing is None or rollout.group.batch is not replacing
+                ):
+                    clashes.append(f"rollout {rollout_id!r}")
+        if clashes:
+            shown = ", ".join(clashes[:5]) + (" ..." if len(clashes) > 5 else "")
+            raise RegistrationError(f"already open (retire or finish them first): {shown}")
+
+    def add_group(self, spec: PromptGroup, batch: Batch | None) -> Group:
+        """Open a group (of ``batch``, or of the async registry)."""
+        self._order += 1
+        group = Group(spec, batch, self._order)
+        self.groups[spec.group_id] = group
+        rollouts = self.rollouts
+        for rollout in group.rollouts:
+            rollouts[rollout.rollout_id] = rollout
+        if batch is not None:
+            batch.groups.append(group)
+            batch.in_flight += len(group.rollouts)
+            batch.pending += 1
+        if spec.attempt > self.totals.max_attempt:
+            self.totals.max_attempt = spec.attempt
+        return group
+
+    def retire_group(self, group: Group, reason: Admission) -> list[str]:
+        """Forget ``group``: its late results get ``reason``. Returns its rollouts that were
+        still outstanding (for the cancel hook)."""
+        if self.groups.get(group.spec.group_id) is group:
+            del self.groups[group.spec.group_id]
+        if group.drop_reason is None:
+            group.drop_reason = reason
+        outstanding: list[str] = []
+        for rollout in group.rollouts:
+            rollout_id = rollout.rollout_id
+            if self.rollouts.get(rollout_id) is rollout:
+                del self.rollouts[rollout_id]
+            if rollout.state is PLACEHOLDER:
+                self.placeholders.pop(rollout_id, None)
+                outstanding.append(rollout_id)
+            elif rollout.state is IN_FLIGHT:
+                outstanding.append(rollout_id)
+        self.history.remember(group.spec.rollout_ids, group.spec.step, reason)
+        return outstanding
+
+    # --- group transitions (lock held) --------------------------------------------------
+
+    def start(self, group: Group) -> None:
+        """``pending -> running``."""
+        group.started = True
+        if group.batch is not None and group.unsettled:
+            group.batch.pending -= 1
+
+    def settle(self, group: Group) -> bool:
+        """One rollout of ``group`` settled; True when that settled the whole group."""
+        group.unsettled -= 1
+        if group.unsettled:
+            return False
+        batch = group.batch
+        if batch is not None:
+            batch.settled_groups += 1
+            if not group.started:
+                batch.pending -= 1
+        return True
+
+    # --- the grace window (lock held) ---------------------------------------------------
+
+    def expire(self, now: float) -> bool:
+        """Settle placeholders whose grace window is over; True if a group settled."""
+        grace_s, grace_polls, polls = self.grace_s, self.grace_polls, self.polls
+        expired = [
+            r
+            for r in self.placeholders.values()
+            if now - r.since >= grace_s and polls - r.since_poll >= grace_polls
+        ]
+        settled = False
+        for rollout in expired:
+            del self.placeholders[rollout.rollout_id]
+            rollout.state = FAILED
+            group = rollout.group
+            group.failed += 1
+            if group.batch is not None:
+                group.batch.placeholders -= 1
+            settled = self.settle(group) or settled
+        return settled
+
+    def grace_wake(
+        self, now: float, belongs: Callable[[Group], bool], latest: float = math.inf
+    ) -> float:
+        """When the first grace window (in seconds) of a matching placeholder ends."""
+        wake_at = latest
+        if self.grace_s:
+            grace_s = self.grace_s
+            for rollout in self.placeholders.values():
+                ends = rollout.since + grace_s
+                if now < ends < wake_at and belongs(rollout.group):
+                    wake_at = ends
+        return wake_at
+
+    # --- waiting (lock free) ------------------------------------------------------------
+
+    async def wait(
+        self,
+        check: Callable[[bool], Poll[T]],
+        *,
+        deadline_at: float,
+        on_poll: Callable[[Poll[T], int, float], Awaitable[None]] | None,
+        counters: Counters | None,
+    ) -> T | PollTimeout[T]:
+        """Run one wait (:func:`~replay._waiting.poll_until` on this tracker's signal,
+        clock and sleep) and book its time, into ``counters`` (a batch's; None: the window
+        as it is when the wait ends) and into the totals."""
+        started = self.clock()
+        try:
+            return await poll_until(
+                check,
+                signal=self.signal,
+                clock=self.clock,
+                sleep=self.sleep,
+                poll_interval=self.poll_interval_s,
+                deadline_at=deadline_at,
+                on_unsuccessful_poll=on_poll,
+            )
+        finally:
+            waited = self.clock() - started
+            with self.lock:
+                (self.window if counters is None else counters).wait_s += waited
+                self.totals.wait_s += waited
+            self.cancels.flush()

@@ -29,6 +29,7 @@ from ._model import RolloutStatus as RolloutStatus
 from ._reasons import Admission as Admission
 from ._reasons import EvictionReason as EvictionReason
 from ._reasons import FailurePolicy as FailurePolicy
+from ._reasons import GraceMode as GraceMode
 from ._reasons import StalenessStrategy as StalenessStrategy
 from ._reissue import CancelHook as CancelHook
 from ._stats import PartitionCounts as PartitionCounts
@@ -47,6 +48,7 @@ __all__ = (
     "EvictionReason",
     "FailurePolicy",
     "GroupResult",
+    "GraceMode",
     "GroupStatus",
     "Partition",
     "PartitionCounts",

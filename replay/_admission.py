@@ -54,7 +54,7 @@ class AdmissionGate:
         state: The tracker's shared state.
     """
 
-    __slots__ = ("_grace", "_history", "_lock", "_placeholders", "_rollouts", "_state")
+    __slots__ = ("_grace", "_history", "_lock", "_rollouts", "_state")
 
     def __init__(self, state: TrackerState) -> None:
         self._state = state
@@ -63,7 +63,6 @@ class AdmissionGate:
         self._lock = state.lock
         self._rollouts = state.rollouts
         self._history = state.history
-        self._placeholders = state.placeholders
         self._grace = state.grace
 
     def record(self, result: RolloutResult) -> Admission:
@@ -152,27 +151,26 @@ class AdmissionGate:
                 if not group.started:
                     state.start(group)
                 rollout.result = result
-                if batch is not None:
-                    batch.in_flight -= 1
+                tally = group.tally
+                tally.in_flight -= 1
                 if ok:
                     rollout.state = SUCCEEDED
-                elif result.retryable and self._grace:
+                elif result.retryable and self._grace.enabled:
                     rollout.state = PLACEHOLDER
-                    rollout.since = state.clock()
-                    rollout.since_poll = state.polls
-                    self._placeholders[rollout.rollout_id] = rollout
-                    if batch is not None:
-                        batch.placeholders += 1
+                    self._grace.hold(tally, rollout, state.clock())
                     return _ADMITTED, False
                 else:
                     rollout.state = FAILED
                     group.failed += 1
+                if not tally.in_flight and tally.placeholders:
+                    self._grace.start(tally, state.clock())  # the rest settled
                 return _ADMITTED, state.settle(group)
             if current is PLACEHOLDER:
                 if ok or not result.retryable:
-                    del self._placeholders[rollout.rollout_id]
-                    if batch is not None:
-                        batch.placeholders -= 1
+                    placeholders = group.tally.placeholders
+                    del placeholders[rollout.rollout_id]
+                    if not placeholders:
+                        self._grace.stop(group.tally)
                     rollout.result = result
                     if ok:
                         rollout.state = SUCCEEDED

@@ -156,14 +156,13 @@ class AsyncReplayBuffer(BufferBase):
         current = step if policy_version is None else policy_version
         registry = self._tracker.registry
 
-        def check(polled: bool) -> Poll[int | list[Group]]:
+        def check() -> Poll[int | list[Group]]:
             found = registry.sweep(
                 part,
                 policy_version=current,
                 max_off_policy=self.max_off_policy,
                 hold=self.strategy is StalenessStrategy.WAIT,
                 take=target if take else 0,
-                polled=polled,
             )
             if found.evicted:
                 self._handle_evictions(found.evicted)
@@ -178,7 +177,7 @@ class AsyncReplayBuffer(BufferBase):
                 wake_at=found.wake_at,
             )
 
-        first = check(False)
+        first = check()
         if first.value is not None:
             return first.value
         self._waits += 1

@@ -111,29 +111,24 @@ class SyncBatches:
 
     # --- completion ---------------------------------------------------------------------
 
-    def check(self, batch: Batch, polled: bool) -> Poll[bool]:
-        """One check of ``batch``: expire grace windows, time out stragglers at the
+    def check(self, batch: Batch) -> Poll[bool]:
+        """One check of ``batch``: advance its grace window, time out stragglers at the
         deadline. Its value is None while the batch needs waiting, else True (every
         rollout settled) or False (the deadline timed out stragglers)."""
         state = self._state
         settled = False
         with state.lock:
             now = state.clock()
-            if polled:
-                state.polls += 1
-                if batch.in_flight == 0 and batch.placeholders:
-                    batch.counters.grace_polls += 1
-                    state.totals.grace_polls += 1
             wake_at = batch.deadline_at
             if not batch.closed:
-                if state.placeholders:
-                    settled = state.expire(now)
+                if batch.placeholders:
+                    settled = state.check_grace(batch, now, batch.counters)
                 if batch.in_flight or batch.placeholders:
                     if now >= batch.deadline_at:
                         self._close_locked(batch, timed_out=True)
                         settled = True
                     elif batch.placeholders:
-                        wake_at = state.grace_wake(now, lambda g: g.batch is batch, wake_at)
+                        wake_at = min(wake_at, state.grace.wake_at(batch, now))
             done = batch.closed or not (batch.in_flight or batch.placeholders)
             poll: Poll[bool] = Poll(
                 (not batch.timed_out) if done else None,
@@ -148,7 +143,7 @@ class SyncBatches:
 
     def is_complete(self, partition: Partition) -> bool:
         """Whether the current batch needs no more waiting."""
-        poll = self.check(self.current(partition), polled=False)
+        poll = self.check(self.current(partition))
         self._state.cancels.flush()
         return poll.value is not None
 
@@ -161,7 +156,7 @@ class SyncBatches:
     ) -> bool | PollTimeout[bool]:
         """Wait until ``batch`` is complete (see :meth:`check`) or ``deadline_at`` passes."""
         return await self._state.wait(
-            lambda polled: self.check(batch, polled),
+            lambda: self.check(batch),
             deadline_at=deadline_at,
             on_poll=on_poll,
             counters=batch.counters,
@@ -270,13 +265,13 @@ class SyncBatches:
                     batch.in_flight -= 1
                     abandoned.append(rollout.rollout_id)
                 elif rollout.state is PLACEHOLDER:
-                    del state.placeholders[rollout.rollout_id]
+                    del batch.placeholders[rollout.rollout_id]
                     rollout.state = FAILED
-                    batch.placeholders -= 1
                 else:
                     continue
                 group.failed += 1
                 state.settle(group)
+        state.grace.stop(batch)
         state.cancels.add(abandoned, final.value)
 
     def _retire_locked(self, batch: Batch) -> int:

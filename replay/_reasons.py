@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Admission", "EvictionReason", "FailurePolicy", "StalenessStrategy"]
+__all__ = ["Admission", "EvictionReason", "FailurePolicy", "GraceMode", "StalenessStrategy"]
 
 
 class Admission(enum.StrEnum):
@@ -67,6 +67,19 @@ class FailurePolicy(enum.StrEnum):
     """Remove every group that has one."""
     RAISE = "raise"
     """Raise :class:`~replay.BatchFailedError` if there is any."""
+
+
+class GraceMode(enum.StrEnum):
+    """When the grace window of a retryable failure ends (``RolloutTracker(grace_mode=)``).
+
+    A limit of 0 (``grace_s=0`` or ``grace_polls=0``) is no condition in either mode; with
+    both at 0 there is no window at all.
+    """
+
+    BOTH = "both"
+    """Once both ``grace_s`` seconds and ``grace_polls`` grace polls have passed."""
+    EITHER = "either"
+    """Once either of them has."""
 
 
 class StalenessStrategy(enum.StrEnum):

@@ -11,17 +11,22 @@ rollout is in one of six :class:`RolloutState` members; only the first two are u
 * ``TIMED_OUT`` / ``MISSING``: still unsettled when the batch deadline passed / when the
   batch was finalized early.
 
+A :class:`Tally` is what a placeholder holds up: its sync batch (a :class:`Batch` is one),
+or in async mode its own group. It holds the scope's in-flight count, its placeholders and
+its grace-poll clock (see :mod:`replay._grace`).
+
 Invariant: the counters mirror the states. ``Group.unsettled`` is the number of its
 rollouts in flight or placeholders, ``Group.failed`` the number settled without success;
-``Batch.in_flight`` and ``Batch.placeholders`` count its rollouts in those two states,
-``Batch.pending`` its groups neither started nor settled, ``Batch.settled_groups`` those
-with nothing unsettled. Every code path that moves a rollout between states moves the
-counters with it, under the same lock.
+``Tally.in_flight`` counts the scope's rollouts in flight and ``Tally.placeholders`` holds
+exactly its placeholders; ``Batch.pending`` counts its groups neither started nor
+settled, ``Batch.settled_groups`` those with nothing unsettled. Every code path that moves
+a rollout between states moves the counters with it, under the same lock.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 
 from ._model import GroupStatus, PromptGroup, ReconciledBatch, RolloutResult
@@ -39,6 +44,7 @@ __all__ = [
     "Group",
     "Rollout",
     "RolloutState",
+    "Tally",
 ]
 
 
@@ -89,7 +95,7 @@ class Counters:
 class Rollout:
     """One registered rollout id."""
 
-    __slots__ = ("attempt", "group", "result", "rollout_id", "since", "since_poll", "state", "step")
+    __slots__ = ("attempt", "group", "result", "rollout_id", "since", "state", "step")
 
     def __init__(self, rollout_id: str, group: Group, step: int, attempt: int) -> None:
         self.rollout_id = rollout_id
@@ -99,7 +105,6 @@ class Rollout:
         self.state: RolloutState = IN_FLIGHT
         self.result: RolloutResult | None = None
         self.since = 0.0  # clock time a placeholder was recorded
-        self.since_poll = 0  # the tracker's poll count then
 
 
 class Group:
@@ -113,6 +118,7 @@ class Group:
         "rollouts",
         "spec",
         "started",
+        "tally",
         "unsettled",
     )
 
@@ -121,6 +127,8 @@ class Group:
         self.batch = batch
         self.order = order
         self.rollouts = [Rollout(rid, self, spec.step, spec.attempt) for rid in spec.rollout_ids]
+        self.tally: Tally = batch if batch is not None else Tally()
+        self.tally.in_flight += len(self.rollouts)
         self.unsettled = len(self.rollouts)  # in flight or placeholder
         self.failed = 0  # settled without success
         self.started = False
@@ -138,7 +146,21 @@ class Group:
         return tuple(r.result for r in self.rollouts if r.result is not None)
 
 
-class Batch:
+class Tally:
+    """What a placeholder holds up: a sync batch, or an async group on its own."""
+
+    __slots__ = ("grace_due", "grace_polls", "in_flight", "placeholders")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.placeholders: dict[str, Rollout] = {}
+        # The grace-poll clock: counted since the rest of the scope settled, the next one
+        # due at grace_due (infinity while anything else is in flight).
+        self.grace_polls = 0
+        self.grace_due = math.inf
+
+
+class Batch(Tally):
     """The groups registered for one step of one partition (sync mode)."""
 
     __slots__ = (
@@ -147,10 +169,8 @@ class Batch:
         "deadline_at",
         "error",
         "groups",
-        "in_flight",
         "partition",
         "pending",
-        "placeholders",
         "reconciled",
         "settled_groups",
         "step",
@@ -158,13 +178,12 @@ class Batch:
     )
 
     def __init__(self, step: int, partition: str, deadline_at: float) -> None:
+        super().__init__()
         self.step = step
         self.partition = partition
         self.deadline_at = deadline_at
         self.groups: list[Group] = []
         self.counters = Counters()
-        self.in_flight = 0
-        self.placeholders = 0
         self.pending = 0  # groups not started (and not settled)
         self.settled_groups = 0
         self.closed = False

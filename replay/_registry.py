@@ -43,7 +43,7 @@ class Sweep:
         pending: Groups not yet started.
         running: Groups with rollouts in flight or awaiting a retry.
         blocked: An in-flight group has reached the staleness limit and ``hold`` was set.
-        wake_at: When the next grace window (in seconds) of the partition ends.
+        wake_at: When the next grace poll or grace window end of the partition is due.
         settled: A grace window expired and settled a group.
     """
 
@@ -112,11 +112,10 @@ class AsyncRegistry:
         max_off_policy: int,
         hold: bool,
         take: int,
-        polled: bool,
     ) -> Sweep:
         """Look at the open async groups of ``partition`` at ``policy_version``.
 
-        Settles placeholders whose grace window is over, evicts failed groups and finished
+        Advances the grace windows of its groups, evicts failed groups and finished
         groups more than ``max_off_policy`` versions behind, and counts the rest. With
         ``take`` > 0, when at least that many groups are sampleable and nothing blocks, it
         retires the oldest ``take`` as handed out.
@@ -125,10 +124,7 @@ class AsyncRegistry:
         found = Sweep()
         with state.lock:
             now = state.clock()
-            if polled:
-                state.polls += 1
-            if state.placeholders:
-                found.settled = state.expire(now)
+            grace, window = state.grace, state.window
             sampleable: list[Group] = []
             given_up: list[str] = []
             for group in list(state.groups.values()):
@@ -138,6 +134,10 @@ class AsyncRegistry:
                 if spec.partition != partition:
                     continue
                 behind = policy_version - spec.policy_version
+                tally = group.tally
+                if tally.placeholders:
+                    found.settled = state.check_grace(tally, now, window) or found.settled
+                    found.wake_at = min(found.wake_at, grace.wake_at(tally, now))
                 if group.unsettled:
                     if group.started:
                         found.running += 1
@@ -159,10 +159,6 @@ class AsyncRegistry:
                 found.taken = sampleable[:take]
                 for group in found.taken:
                     state.retire_group(group, Admission.FINALIZED)
-            if state.placeholders:
-                found.wake_at = state.grace_wake(
-                    now, lambda g: g.batch is None and g.spec.partition == partition
-                )
         if found.settled:
             state.signal.notify()
         if found.evicted:
@@ -171,7 +167,7 @@ class AsyncRegistry:
 
     async def wait(
         self,
-        check: Callable[[bool], Poll[T]],
+        check: Callable[[], Poll[T]],
         *,
         deadline_at: float,
         on_poll: Callable[[Poll[T], int, float], Awaitable[None]] | None = None,

@@ -105,14 +105,12 @@ def reissue(
                 continue
             attempt = group.spec.attempt + 1
             group.spec = msgspec.structs.replace(group.spec, attempt=attempt)
-            batch = group.batch
+            batch, tally = group.batch, group.tally
             rerun: list[str] = []
             for rollout in group.rollouts:
                 if rollout.state is PLACEHOLDER:
-                    del state.placeholders[rollout.rollout_id]
-                    if batch is not None:
-                        batch.placeholders -= 1
-                        batch.in_flight += 1
+                    del tally.placeholders[rollout.rollout_id]
+                    tally.in_flight += 1
                 elif rollout.state is not IN_FLIGHT:
                     continue
                 rollout.state = IN_FLIGHT
@@ -123,6 +121,7 @@ def reissue(
                 group.started = False  # fresh workers have not picked it up yet
                 if batch is not None:
                     batch.pending += 1
+            state.grace.stop(tally)  # in flight again: grace polls count afresh once settled
             if batch is not None:
                 batch.deadline_at = now + state.batch_timeout_s
             totals.max_attempt = max(totals.max_attempt, attempt)

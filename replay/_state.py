@@ -10,7 +10,8 @@ Invariants, whenever :attr:`TrackerState.lock` is free:
 * ``groups`` and ``rollouts`` hold exactly the open records: an id maps to the group (or
   rollout of a group) registered under it and not yet retired. ``history`` remembers the
   retired ones, bounded.
-* Every rollout in the ``PLACEHOLDER`` state is in ``placeholders``, and nothing else is.
+* Every rollout in the ``PLACEHOLDER`` state is in its tally's ``placeholders`` (its
+  batch's, or its async group's own), and nothing else is.
 * The records' counters mirror their states (see :mod:`replay._records`); the methods
   here are the transitions more than one piece makes, and they keep it so.
 * Nothing blocks or calls out under the lock: give-ups queue in ``cancels`` and reach the
@@ -19,7 +20,6 @@ Invariants, whenever :attr:`TrackerState.lock` is free:
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -27,10 +27,11 @@ from typing import TypeVar
 from eventbus import EventBus
 
 from ._errors import RegistrationError
+from ._grace import GraceWindow
 from ._history import RetiredIds
 from ._model import PromptGroup
 from ._reasons import Admission
-from ._records import FAILED, IN_FLIGHT, PLACEHOLDER, Batch, Counters, Group, Rollout
+from ._records import FAILED, IN_FLIGHT, PLACEHOLDER, Batch, Counters, Group, Rollout, Tally
 from ._reissue import CancelHook, CancelQueue
 from ._signal import ChangeSignal, Sleep
 from ._waiting import Poll, PollTimeout, poll_until
@@ -74,8 +75,7 @@ class TrackerState:
 
     Args:
         bus: Where the pieces publish (each event built only when ``bus.wants`` it).
-        grace_s: Seconds a retryable failure waits for its retry.
-        grace_polls: Polls it waits for its retry (both must pass).
+        grace: The grace window of retryable failures.
         batch_timeout_s: A sync batch's deadline, from its registration or last reissue.
         poll_interval_s: The longest sleep of a wait between two checks.
         history_size: Retired rollout ids remembered.
@@ -88,8 +88,7 @@ class TrackerState:
         self,
         *,
         bus: EventBus | None,
-        grace_s: float,
-        grace_polls: int,
+        grace: GraceWindow,
         batch_timeout_s: float,
         poll_interval_s: float,
         history_size: int,
@@ -98,9 +97,7 @@ class TrackerState:
         sleep: Sleep,
     ) -> None:
         self.bus = bus
-        self.grace_s = float(grace_s)
-        self.grace_polls = grace_polls
-        self.grace = grace_s > 0 or grace_polls > 0
+        self.grace = grace
         self.batch_timeout_s = float(batch_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self.clock = clock
@@ -112,10 +109,8 @@ class TrackerState:
         self.rollouts: dict[str, Rollout] = {}
         self.groups: dict[str, Group] = {}  # insertion order is registration order
         self.history = RetiredIds(history_size)
-        self.placeholders: dict[str, Rollout] = {}
         self.window = Counters()  # results no open batch owns, until the next report
         self.totals = Totals()
-        self.polls = 0
         self._order = 0
 
     # --- registration (lock held) -------------------------------------------------------
@@ -148,7 +143,6 @@ class TrackerState:
             rollouts[rollout.rollout_id] = rollout
         if batch is not None:
             batch.groups.append(group)
-            batch.in_flight += len(group.rollouts)
             batch.pending += 1
         if spec.attempt > self.totals.max_attempt:
             self.totals.max_attempt = spec.attempt
@@ -167,7 +161,7 @@ class TrackerState:
             if self.rollouts.get(rollout_id) is rollout:
                 del self.rollouts[rollout_id]
             if rollout.state is PLACEHOLDER:
-                self.placeholders.pop(rollout_id, None)
+                group.tally.placeholders.pop(rollout_id, None)
                 outstanding.append(rollout_id)
             elif rollout.state is IN_FLIGHT:
                 outstanding.append(rollout_id)
@@ -196,43 +190,30 @@ class TrackerState:
 
     # --- the grace window (lock held) ---------------------------------------------------
 
-    def expire(self, now: float) -> bool:
-        """Settle placeholders whose grace window is over; True if a group settled."""
-        grace_s, grace_polls, polls = self.grace_s, self.grace_polls, self.polls
-        expired = [
-            r
-            for r in self.placeholders.values()
-            if now - r.since >= grace_s and polls - r.since_poll >= grace_polls
-        ]
+    def check_grace(self, tally: Tally, now: float, counters: Counters) -> bool:
+        """One check of ``tally``'s grace window (it has placeholders): count a grace poll
+        if one is due, into ``counters`` and the totals, and settle the placeholders whose
+        window is over as failed. True if that settled a group."""
+        grace = self.grace
+        if grace.poll(tally, now):
+            counters.grace_polls += 1
+            self.totals.grace_polls += 1
         settled = False
-        for rollout in expired:
-            del self.placeholders[rollout.rollout_id]
+        for rollout in grace.expired(tally, now):
+            del tally.placeholders[rollout.rollout_id]
             rollout.state = FAILED
             group = rollout.group
             group.failed += 1
-            if group.batch is not None:
-                group.batch.placeholders -= 1
             settled = self.settle(group) or settled
+        if not tally.placeholders:
+            grace.stop(tally)
         return settled
-
-    def grace_wake(
-        self, now: float, belongs: Callable[[Group], bool], latest: float = math.inf
-    ) -> float:
-        """When the first grace window (in seconds) of a matching placeholder ends."""
-        wake_at = latest
-        if self.grace_s:
-            grace_s = self.grace_s
-            for rollout in self.placeholders.values():
-                ends = rollout.since + grace_s
-                if now < ends < wake_at and belongs(rollout.group):
-                    wake_at = ends
-        return wake_at
 
     # --- waiting (lock free) ------------------------------------------------------------
 
     async def wait(
         self,
-        check: Callable[[bool], Poll[T]],
+        check: Callable[[], Poll[T]],
         *,
         deadline_at: float,
         on_poll: Callable[[Poll[T], int, float], Awaitable[None]] | None,

@@ -184,7 +184,7 @@ class ReplayBuffer(BufferBase):
                 f"batch_size {batch_size} exceeds the {len(batch.groups)} groups registered "
                 f"for step {step} ({partition})"
             )
-        if batches.check(batch, polled=False).value is None:
+        if batches.check(batch).value is None:
             self._waits += 1
             outcome = await batches.wait(
                 batch,

@@ -31,6 +31,7 @@ from eventbus import BatchReport, EventBus
 
 from ._admission import AdmissionGate
 from ._batches import SyncBatches
+from ._grace import GraceWindow
 from ._model import (
     PARTITIONS,
     GroupStatus,
@@ -40,7 +41,7 @@ from ._model import (
     RolloutResult,
     check_partition,
 )
-from ._reasons import Admission, FailurePolicy
+from ._reasons import Admission, FailurePolicy, GraceMode
 from ._records import IN_FLIGHT, PLACEHOLDER
 from ._registry import AsyncRegistry
 from ._reissue import CancelHook, reissue
@@ -82,9 +83,13 @@ class RolloutTracker:
     Args:
         bus: Where ``RolloutRejected`` and ``BatchReconciled`` go (each built only when
             ``bus.wants`` it).
-        grace_s: Seconds a retryable failure waits for its retry.
-        grace_polls: Polls a retryable failure waits for its retry. The window ends when
-            both have passed; 0 and 0 turn it off.
+        grace_s: Seconds a retryable failure waits for its retry, from the failure.
+        grace_polls: Grace polls it waits for its retry: checks made after the rest of its
+            batch (async mode: its group) settled, each at least ``poll_interval_s`` after
+            the previous, so a wait really sleeps before each. Other partitions' waits and
+            wake-ups caused by other results do not count; ``is_complete()`` does.
+        grace_mode: The window ends when ``both`` limits have passed (default) or when
+            ``either`` has. A limit of 0 is no condition; 0 and 0 turn the window off.
         batch_timeout_s: A batch's deadline, from :meth:`begin_batch` (a reissue restarts
             it). Stragglers then count as timed out.
         poll_interval_s: The longest sleep of a wait between two checks.
@@ -106,6 +111,7 @@ class RolloutTracker:
         bus: EventBus | None = None,
         grace_s: float = 1.0,
         grace_polls: int = 1,
+        grace_mode: GraceMode | str = GraceMode.BOTH,
         batch_timeout_s: float = 300.0,
         poll_interval_s: float = 0.25,
         failure_policy: FailurePolicy | str = FailurePolicy.FILL,
@@ -123,10 +129,10 @@ class RolloutTracker:
         check_count("history_size", history_size)
         if isinstance(max_failed_fraction, bool) or not 0.0 <= max_failed_fraction <= 1.0:
             raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction!r}")
+        grace = GraceWindow(grace_s, grace_polls, GraceMode(grace_mode), float(poll_interval_s))
         state = TrackerState(
             bus=bus,
-            grace_s=grace_s,
-            grace_polls=grace_polls,
+            grace=grace,
             batch_timeout_s=batch_timeout_s,
             poll_interval_s=poll_interval_s,
             history_size=history_size,

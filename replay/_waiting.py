@@ -66,7 +66,7 @@ class PollTimeout(Generic[T_co]):
 
 
 async def poll_until(
-    check: Callable[[bool], Poll[T]],
+    check: Callable[[], Poll[T]],
     *,
     signal: ChangeSignal,
     clock: Callable[[], float],
@@ -79,7 +79,7 @@ async def poll_until(
     ``poll_interval`` seconds.
 
     Args:
-        check: Called with False first, then with True after every wake-up.
+        check: Called now, then after every wake-up.
         signal: Notified whenever the condition may have changed.
         clock: Monotonic seconds.
         sleep: Sleeps (cancellable); a wake-up cancels it.
@@ -96,7 +96,7 @@ async def poll_until(
     polls = 0
     while True:
         version = signal.version
-        poll = check(polls > 0)
+        poll = check()
         if poll.value is not None:
             return poll.value
         if polls and on_unsuccessful_poll is not None:

@@ -2,7 +2,10 @@
 
 Rules, in the order they apply (the first that matches decides):
 
-1. not a :class:`~replay.RolloutResult` -> ``invalid``;
+1. not a :class:`~replay.RolloutResult` -> ``invalid``; a field of the wrong type or an
+   impossible value -> ``invalid_<field>`` (a NaN reward, a string status, a step below 0,
+   an attempt below 1, ...); a payload over ``max_payload_bytes`` -> ``payload_too_large``.
+   Such a result is never looked up, so nothing it carries can raise further in;
 2. not registered (for that step) -> ``unregistered``; registered for a later step or
    retired with an earlier batch -> ``earlier_step`` (a bounded history of retired ids
    tells a late result from an unknown one); evicted groups answer ``stale_policy`` or
@@ -25,8 +28,12 @@ of the next report). Groups move ``pending -> running`` with their first result 
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from collections.abc import Iterable
-from typing import cast
+from typing import TypeGuard, cast
+
+import msgspec
 
 from eventbus import RolloutRejected
 
@@ -35,11 +42,12 @@ from ._reasons import Admission
 from ._records import FAILED, IN_FLIGHT, PLACEHOLDER, SUCCEEDED, Rollout
 from ._state import TrackerState
 
-__all__ = ["AdmissionGate"]
+__all__ = ["AdmissionGate", "malformed"]
 
 logger = logging.getLogger("replay")
 
 _SUCCESS = RolloutStatus.SUCCEEDED
+_FAILURE = RolloutStatus.FAILED
 _ADMITTED = Admission.ADMITTED
 _UPGRADED = Admission.UPGRADED
 _DUPLICATE = Admission.DUPLICATE
@@ -52,12 +60,15 @@ class AdmissionGate:
 
     Args:
         state: The tracker's shared state.
+        max_payload_bytes: Drop results whose payload encodes (msgpack) to more bytes than
+            this; None: no bound, and payloads are not looked at.
     """
 
-    __slots__ = ("_grace", "_history", "_lock", "_rollouts", "_state")
+    __slots__ = ("_grace", "_history", "_lock", "_max_payload", "_rollouts", "_state")
 
-    def __init__(self, state: TrackerState) -> None:
+    def __init__(self, state: TrackerState, *, max_payload_bytes: int | None = None) -> None:
         self._state = state
+        self._max_payload = max_payload_bytes
         # The hot path reads these once per result: keep them one attribute away. They
         # are the state's own objects, never rebound.
         self._lock = state.lock
@@ -71,7 +82,10 @@ class AdmissionGate:
         if result.__class__ is not RolloutResult and not isinstance(
             cast(object, result), RolloutResult
         ):
-            return self._record_invalid(result)
+            return self._drop_unread(result, Admission.INVALID)
+        bad = malformed(result, self._max_payload)
+        if bad is not None:
+            return self._drop_unread(result, bad)
         state = self._state
         with self._lock:
             totals = state.totals
@@ -204,28 +218,134 @@ class AdmissionGate:
             counters.dropped[verdict] = counters.dropped.get(verdict, 0) + 1
         return verdict, False
 
-    def _record_invalid(self, result: object) -> Admission:
+    def _drop_unread(self, result: object, reason: Admission) -> Admission:
+        """Drop what cannot be classified (rule 1): counted, logged (rate-limited) and
+        published with only the fields that are well formed."""
         state = self._state
         with self._lock:
             totals = state.totals
             totals.received += 1
-            totals.verdicts[Admission.INVALID] = totals.verdicts.get(Admission.INVALID, 0) + 1
+            totals.verdicts[reason] = totals.verdicts.get(reason, 0) + 1
             dropped = state.window.dropped
-            dropped[Admission.INVALID] = dropped.get(Admission.INVALID, 0) + 1
+            dropped[reason] = dropped.get(reason, 0) + 1
             totals.invalid_logged += 1
             n = totals.invalid_logged
+        rollout_id: object = getattr(result, "rollout_id", "")
+        shown = rollout_id if isinstance(rollout_id, str) else repr(rollout_id)
         if n <= 10 or n % 1000 == 0:
-            logger.warning(
-                "dropped a %s offered as a rollout result (%d so far): expected RolloutResult",
-                type(result).__name__,
-                n,
-            )
+            if reason is Admission.INVALID:
+                logger.warning(
+                    "dropped a %s offered as a rollout result (%d so far): expected RolloutResult",
+                    type(result).__name__,
+                    n,
+                )
+            else:
+                logger.warning(
+                    "dropped a malformed rollout result for %r: %s (%d so far)",
+                    shown,
+                    reason.value,
+                    n,
+                )
         bus = state.bus
         if bus is not None and bus.wants(RolloutRejected):
+            attempt: object = getattr(result, "attempt", 0)
+            step: object = getattr(result, "step", None)
             bus.publish(
                 RolloutRejected(
-                    rollout_id=str(getattr(result, "rollout_id", "")),
-                    reason=Admission.INVALID.value,
+                    rollout_id=shown,
+                    attempt=attempt if _is_count(attempt, 1) else 0,
+                    step=step if _is_count(step, 0) else None,
+                    reason=reason.value,
                 )
             )
-        return Admission.INVALID
+        return reason
+
+
+def _is_count(value: object, least: int) -> TypeGuard[int]:
+    """``value`` is an int (not a bool) >= ``least``."""
+    if type(value) is int:
+        return value >= least
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _is_str(value: object) -> bool:
+    return type(value) is str or isinstance(value, str)
+
+
+def _is_finite_real(value: object) -> bool:
+    if type(value) is float:
+        return value - value == 0.0  # False for NaN and the infinities
+    if isinstance(value, bool):  # an int, but no reward
+        return False
+    return isinstance(value, numbers.Real) and math.isfinite(value)
+
+
+def malformed(result: RolloutResult, max_payload_bytes: int | None = None) -> Admission | None:
+    """The drop reason naming the first malformed field of ``result``, or None.
+
+    Constructing a msgspec Struct does not check types, so a worker can put anything in
+    any field (a result decoded by msgspec is type-checked already, and passes).
+    """
+    # The hot path: every field of its exact builtin type, checked in one expression.
+    step, attempt, reward, error = result.step, result.attempt, result.reward, result.error
+    status: object = result.status
+    retryable: object = result.retryable
+    if (
+        max_payload_bytes is None
+        and type(result.rollout_id) is str
+        and result.rollout_id
+        and type(result.group_id) is str
+        and type(step) is int
+        and step >= 0
+        and type(attempt) is int
+        and attempt >= 1
+        and type(result.policy_version) is int
+        and (status is _SUCCESS or status is _FAILURE)
+        and type(reward) is float
+        and reward - reward == 0.0  # False for NaN and the infinities
+        and (retryable is True or retryable is False)
+        and (error is None or type(error) is str)
+        and type(result.error_kind) is str
+    ):
+        return None
+    return _first_malformed(result, max_payload_bytes)
+
+
+def _first_malformed(result: RolloutResult, max_payload_bytes: int | None) -> Admission | None:
+    """:func:`malformed`, field by field, allowing subclasses and ints as rewards."""
+    rollout_id = result.rollout_id
+    if not _is_str(rollout_id) or not rollout_id:
+        return Admission.INVALID_ROLLOUT_ID
+    if not _is_str(result.group_id):
+        return Admission.INVALID_GROUP_ID
+    if not _is_count(result.step, 0):
+        return Admission.INVALID_STEP
+    if not _is_count(result.attempt, 1):
+        return Admission.INVALID_ATTEMPT
+    if not _is_int(result.policy_version):
+        return Admission.INVALID_POLICY_VERSION
+    status: object = result.status
+    if status is not _SUCCESS and status is not _FAILURE:
+        return Admission.INVALID_STATUS
+    if not _is_finite_real(result.reward):
+        return Admission.INVALID_REWARD
+    retryable: object = result.retryable
+    if retryable is not True and retryable is not False:
+        return Admission.INVALID_RETRYABLE
+    error = result.error
+    if error is not None and not _is_str(error):
+        return Admission.INVALID_ERROR
+    if not _is_str(result.error_kind):
+        return Admission.INVALID_ERROR_KIND
+    if max_payload_bytes is not None and result.payload is not None:
+        try:
+            size = len(msgspec.msgpack.encode(result.payload))
+        except (TypeError, ValueError, OverflowError):  # what msgspec raises for the unencodable
+            return Admission.INVALID_PAYLOAD
+        if size > max_payload_bytes:
+            return Admission.PAYLOAD_TOO_LARGE
+    return None

@@ -12,10 +12,15 @@ __all__ = ["Admission", "EvictionReason", "FailurePolicy", "GraceMode", "Stalene
 
 
 class Admission(enum.StrEnum):
-    """What :meth:`replay.RolloutTracker.record` did with a result.
+    """What :meth:`replay.RolloutTracker.record` did with a result: the verdicts and drop
+    reasons it returns, also the keys of ``BatchReport.dropped``,
+    ``TrackerStatistics.dropped`` and the ``reason`` of ``RolloutRejected``.
 
     ``ADMITTED`` and ``UPGRADED`` count; ``DUPLICATE`` is a no-op; everything else is a
-    drop, named for its reason.
+    drop, named for its reason. A result is checked in this order: is it a result at all
+    (``INVALID``), is each field well formed (``INVALID_<FIELD>``, ``PAYLOAD_TOO_LARGE``),
+    is it registered, for which step and group, is its group still open, of which attempt,
+    and what does it change.
     """
 
     ADMITTED = "admitted"
@@ -44,6 +49,31 @@ class Admission(enum.StrEnum):
     """The group was evicted (it failed, or it was discarded unsampled)."""
     INVALID = "invalid"
     """Not a :class:`~replay.RolloutResult` at all."""
+    INVALID_ROLLOUT_ID = "invalid_rollout_id"
+    """``rollout_id`` is not a non-empty string."""
+    INVALID_GROUP_ID = "invalid_group_id"
+    """``group_id`` is not a string."""
+    INVALID_STEP = "invalid_step"
+    """``step`` is not an int >= 0."""
+    INVALID_ATTEMPT = "invalid_attempt"
+    """``attempt`` is not an int >= 1 (no attempt below 1 is ever issued)."""
+    INVALID_POLICY_VERSION = "invalid_policy_version"
+    """``policy_version`` is not an int."""
+    INVALID_STATUS = "invalid_status"
+    """``status`` is not a :class:`~replay.RolloutStatus` (the string ``"succeeded"`` is
+    not one either)."""
+    INVALID_REWARD = "invalid_reward"
+    """``reward`` is not a finite real number (NaN, infinite, a string, None, a bool)."""
+    INVALID_ERROR = "invalid_error"
+    """``error`` is neither a string nor None."""
+    INVALID_ERROR_KIND = "invalid_error_kind"
+    """``error_kind`` is not a string."""
+    INVALID_RETRYABLE = "invalid_retryable"
+    """``retryable`` is not a bool."""
+    INVALID_PAYLOAD = "invalid_payload"
+    """With ``max_payload_bytes`` set: the payload cannot be encoded (msgpack) to be measured."""
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    """With ``max_payload_bytes`` set: the payload encodes to more bytes than that."""
 
     @property
     def admitted(self) -> bool:

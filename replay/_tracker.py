@@ -99,6 +99,9 @@ class RolloutTracker:
             when more than this fraction of the batch did not succeed.
         fill_reward: The reward of a fill under the ``fill`` policy.
         history_size: Retired rollout ids remembered, to classify late results.
+        max_payload_bytes: Drop results whose payload encodes (msgpack) to more than this
+            many bytes as ``payload_too_large`` (``invalid_payload`` if it cannot be
+            encoded). None: no bound, payloads are not looked at.
         on_cancel: Called with ``(rollout_ids, reason)`` for rollouts the tracker gave up
             on. Its errors are logged and counted, never raised.
         clock: Monotonic seconds.
@@ -118,6 +121,7 @@ class RolloutTracker:
         max_failed_fraction: float = 1.0,
         fill_reward: float = 0.0,
         history_size: int = 262_144,
+        max_payload_bytes: int | None = None,
         on_cancel: CancelHook | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Sleep = anyio.sleep,
@@ -127,6 +131,10 @@ class RolloutTracker:
         check_seconds("batch_timeout_s", batch_timeout_s)
         check_seconds("poll_interval_s", poll_interval_s)
         check_count("history_size", history_size)
+        if max_payload_bytes is not None:
+            check_count("max_payload_bytes", max_payload_bytes)
+            if not max_payload_bytes:
+                raise ValueError("max_payload_bytes must be None or an int >= 1, got 0")
         if isinstance(max_failed_fraction, bool) or not 0.0 <= max_failed_fraction <= 1.0:
             raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction!r}")
         grace = GraceWindow(grace_s, grace_polls, GraceMode(grace_mode), float(poll_interval_s))
@@ -141,7 +149,7 @@ class RolloutTracker:
             sleep=sleep,
         )
         self._state = state
-        self._gate = AdmissionGate(state)
+        self._gate = AdmissionGate(state, max_payload_bytes=max_payload_bytes)
         # The pieces the buffers drive (package interface, not for users).
         self.batches = SyncBatches(
             state,
@@ -227,9 +235,32 @@ class RolloutTracker:
     def record(self, result: RolloutResult) -> Admission:
         """Offer one result. Thread-safe, non-blocking, never raises on bad or late input.
 
+        The rules, in the order they apply (the first that matches decides):
+
+        1. not a :class:`~replay.RolloutResult` -> ``invalid``; a malformed field ->
+           ``invalid_rollout_id``, ``invalid_group_id``, ``invalid_step`` (not an int >= 0),
+           ``invalid_attempt`` (not an int >= 1), ``invalid_policy_version``,
+           ``invalid_status`` (not a :class:`~replay.RolloutStatus`), ``invalid_reward``
+           (not a finite real number), ``invalid_error``, ``invalid_error_kind``,
+           ``invalid_retryable``; a payload over ``max_payload_bytes`` ->
+           ``payload_too_large`` (``invalid_payload`` if it cannot be measured);
+        2. not registered (for that step) -> ``unregistered``; registered for a later step
+           or retired with an earlier batch -> ``earlier_step``; a group evicted by a
+           buffer -> ``stale_policy`` or ``evicted``;
+        3. naming another group than the registered one -> ``wrong_group``;
+        4. its batch finalized or its group handed out -> ``finalized``;
+        5. an older attempt than the current one -> ``superseded_attempt``; a newer one
+           -> ``unknown_attempt``;
+        6. the same kind of result again -> ``duplicate`` (a no-op);
+        7. a success for a failed placeholder -> ``upgraded`` (once); a failure after a
+           success -> ``already_succeeded``.
+
+        Every drop is counted (:meth:`statistics`, the batch report) and published as
+        ``RolloutRejected`` with its reason when someone listens.
+
         Returns:
             ``ADMITTED`` or ``UPGRADED`` when it counts, ``DUPLICATE`` for a no-op, or the
-            drop reason (every value is listed in :class:`~replay.Admission`).
+            drop reason (each one documented in :class:`~replay.Admission`).
         """
         return self._gate.record(result)
 

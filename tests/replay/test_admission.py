@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import replay._admission as admission_module
-from eventbus import EventBus, RolloutRejected
+from eventbus import EventBus, RolloutRejected, decode_event, encode_event
 from eventbus.testing import record_events
 from replay import (
     Admission,
@@ -281,3 +282,125 @@ def test_group_ids_in_reissued_groups_keep_the_prompt(make_tracker: MakeTracker)
     tracker.begin_batch(3, [group])
     (again,) = tracker.reissue()
     assert (again.group_id, again.prompt, again.step) == ("prompt-9", {"text": "abc"}, 3)
+
+
+# --- malformed results (issue 10 §2.3, §2.4) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"reward": float("nan")}, "invalid_reward"),
+        ({"reward": float("inf")}, "invalid_reward"),
+        ({"reward": "1.0"}, "invalid_reward"),
+        ({"reward": None}, "invalid_reward"),
+        ({"reward": True}, "invalid_reward"),
+        ({"status": "succeeded"}, "invalid_status"),
+        ({"rollout_id": ["p0#0"]}, "invalid_rollout_id"),
+        ({"rollout_id": ""}, "invalid_rollout_id"),
+        ({"group_id": 0}, "invalid_group_id"),
+        ({"step": "1"}, "invalid_step"),
+        ({"step": None}, "invalid_step"),
+        ({"step": -1}, "invalid_step"),
+        ({"attempt": "1"}, "invalid_attempt"),
+        ({"attempt": None}, "invalid_attempt"),
+        ({"attempt": 0}, "invalid_attempt"),  # was reported as superseded_attempt
+        ({"attempt": -2}, "invalid_attempt"),
+        ({"policy_version": 1.5}, "invalid_policy_version"),
+        ({"error": 404}, "invalid_error"),
+        ({"error_kind": ["timeout"]}, "invalid_error_kind"),
+        ({"retryable": "no"}, "invalid_retryable"),
+    ],
+)
+def test_a_malformed_result_is_dropped_with_a_reason_naming_the_field(
+    make_tracker: MakeTracker, fields: dict[str, object], reason: str
+) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    bad = msgspec.structs.replace(group.result(0, reward=1.0), **fields)
+    assert tracker.record(bad) == reason
+    assert tracker.outstanding() == group.rollout_ids  # nothing counted
+    assert tracker.statistics().dropped == {reason: 1}
+    assert tracker.record(group.result(0, reward=1.0)) is Admission.ADMITTED
+    assert tracker.finalize().report.dropped == {reason: 1}
+
+
+def test_a_malformed_failure_is_dropped_before_it_can_break_the_report(
+    make_tracker: MakeTracker,
+) -> None:
+    tracker = make_tracker()
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    bad = msgspec.structs.replace(group.failure(0, "x", retryable=False), error_kind={"a": 1})
+    assert tracker.record(bad) == "invalid_error_kind"
+    assert tracker.finalize().report.missing == group.rollout_ids
+
+
+async def test_malformed_results_are_published_with_sanitised_fields(fake_time: FakeTime) -> None:
+    bus = EventBus()
+    tracker = RolloutTracker(bus=bus, clock=fake_time.clock, sleep=fake_time.sleep)
+    (group,) = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, [group])
+    good = group.result(0)
+    async with record_events(bus, RolloutRejected) as recorder:
+        tracker.record(msgspec.structs.replace(good, step="1"))
+        tracker.record(msgspec.structs.replace(good, rollout_id=["p0#0"], attempt=None))
+        events = await recorder.wait_for(RolloutRejected, count=2)
+    assert [(e.rollout_id, e.attempt, e.step, e.reason) for e in events] == [  # type: ignore[attr-defined]
+        ("p0#0", 1, None, "invalid_step"),
+        ("['p0#0']", 0, 1, "invalid_rollout_id"),  # the well-formed step is kept
+    ]
+    for event in events:  # what is published is well formed itself
+        assert decode_event(encode_event(event)) == event
+    bus.close()
+
+
+def test_payload_larger_than_the_bound_is_dropped(make_tracker: MakeTracker) -> None:
+    tracker = make_tracker(max_payload_bytes=64)
+    (group,) = groups_for(1, count=1, n=2)
+    tracker.begin_batch(1, [group])
+    assert tracker.record(group.result(0, payload=b"x" * 100)) == "payload_too_large"
+    assert tracker.record(group.result(0, payload={"unencodable": object()})) == "invalid_payload"
+    assert tracker.record(group.result(0, payload=b"x" * 10)) is Admission.ADMITTED
+    assert tracker.record(group.result(1)) is Admission.ADMITTED  # no payload at all
+    with pytest.raises(ValueError, match="max_payload_bytes"):
+        RolloutTracker(max_payload_bytes=0)
+
+
+_junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+    st.sampled_from(list(RolloutStatus)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.fixed_dictionaries(
+        {}, optional={name: _junk for name in RolloutResult.__struct_fields__ if name != "payload"}
+    )
+)
+def test_record_never_raises_and_admits_only_well_formed_results(
+    fields: dict[str, object],
+) -> None:
+    time = FakeTime()
+    tracker = RolloutTracker(clock=time.clock, sleep=time.sleep, failure_policy="fill")
+    (group,) = groups_for(0, count=1, n=1)
+    tracker.begin_batch(0, [group])
+    result = msgspec.structs.replace(group.result(0, reward=0.5), **fields)
+    verdict = tracker.record(result)
+    assert isinstance(verdict, Admission)
+    if verdict.admitted:
+        # what counts survives a typed round trip (msgspec checks every field's type on
+        # decode, and encodes a NaN or infinite reward as null, which it then rejects)
+        decoded = msgspec.json.decode(msgspec.json.encode(result), type=RolloutResult)
+        assert decoded == result
+        assert result.step >= 0
+        assert result.attempt >= 1
+    batch = tracker.finalize()  # the report and the policy never trip over what came in
+    assert batch.report.registered == 1

@@ -34,7 +34,7 @@ import anyio.to_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eventbus import EventBus, RolloutRejected
+from eventbus import Decision, EventBus, RolloutRejected
 from replay import (
     AsyncReplayBuffer,
     PromptGroup,
@@ -44,6 +44,13 @@ from replay import (
 )
 
 REFERENCE_POLL_S = 2.0
+
+
+def _interrupts(decision: Decision) -> bool:
+    """No bus, no safe point: the host's table never comes into play here."""
+    return decision >= Decision.RESTART_REQUIRED
+
+
 RESULTS = Path(__file__).resolve().parent / "results" / "replay.json"
 
 
@@ -111,7 +118,10 @@ async def notified_latency(mode: str, trials: int, groups: int, n: int) -> dict[
     # The poll interval is the reference's 2 s: only the notification can be fast.
     tracker = RolloutTracker(poll_interval_s=REFERENCE_POLL_S)
     buffer: ReplayBuffer | AsyncReplayBuffer
-    buffer = ReplayBuffer(tracker) if mode == "sync" else AsyncReplayBuffer(tracker)
+    if mode == "sync":
+        buffer = ReplayBuffer(tracker, interrupts=_interrupts)
+    else:
+        buffer = AsyncReplayBuffer(tracker, interrupts=_interrupts)
     latencies: list[float] = []
     for step in range(1, trials + 1):
         specs = batch(step, groups, n)
@@ -269,7 +279,7 @@ def throughput_threads(
 def throughput_buffer(specs: list[PromptGroup], stream: list[RolloutResult], repeats: int) -> float:
     best = 0.0
     for _ in range(repeats):
-        buffer = ReplayBuffer(_fresh_tracker(specs))
+        buffer = ReplayBuffer(_fresh_tracker(specs), interrupts=_interrupts)
         add = buffer.add
         start = time.perf_counter()
         for result in stream:

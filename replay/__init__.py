@@ -38,6 +38,7 @@ from ._stats import ReplayStatistics as ReplayStatistics
 from ._stats import TrackerStatistics as TrackerStatistics
 from ._sync import ReplayBuffer as ReplayBuffer
 from ._tracker import RolloutTracker as RolloutTracker
+from ._waiting import WaitInterrupts as WaitInterrupts
 
 __all__ = (
     "PARTITIONS",
@@ -67,4 +68,5 @@ __all__ = (
     "SampleWaitInterrupted",
     "StalenessStrategy",
     "TrackerStatistics",
+    "WaitInterrupts",
 )

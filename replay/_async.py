@@ -32,7 +32,7 @@ from ._reasons import EvictionReason, StalenessStrategy
 from ._records import Group
 from ._tracker import RolloutTracker
 from ._validate import check_count
-from ._waiting import Poll, PollTimeout
+from ._waiting import Poll, PollTimeout, WaitInterrupts
 
 __all__ = ["AsyncReplayBuffer", "RefillCallback"]
 
@@ -46,37 +46,34 @@ class AsyncReplayBuffer(BufferBase):
     """Off-policy replay buffer with bounded staleness.
 
     Args:
-        tracker: The admission gate (its clock, sleep, poll interval and grace window
-            apply). Default: ``RolloutTracker(bus=bus)``.
-        bus: Where ``SampleWait``, ``SAMPLE_WAIT`` and ``BatchReconciled`` go.
         max_off_policy: How many policy versions old a sample may be (8 in the
             reference).
         strategy: ``"drop"`` or ``"wait"`` (see the module docs).
         refill: Called with evicted groups and the reason, to dispatch replacements.
             Called from the sampling task; an exception it raises ends that call.
-        wait_timeout_s: The deadline of every wait
-            (:class:`~replay.SampleDeadlineExceeded` after it).
-        safe_point_timeout_s: Seconds a ``SAMPLE_WAIT`` safe point waits for votes.
+        tracker: As for :class:`~replay.ReplayBuffer` (its batch deadline and failure
+            policy do not apply here).
+        interrupts: As for :class:`~replay.ReplayBuffer`.
+        bus: As for :class:`~replay.ReplayBuffer`; ``BatchReconciled`` goes there too.
+        wait_timeout_s: As for :class:`~replay.ReplayBuffer`.
+        safe_point_timeout_s: As for :class:`~replay.ReplayBuffer`.
     """
+
+    _mode = "async"
 
     def __init__(
         self,
         tracker: RolloutTracker | None = None,
         *,
-        bus: EventBus | None = None,
         max_off_policy: int = 8,
         strategy: StalenessStrategy | str = StalenessStrategy.DROP,
         refill: RefillCallback | None = None,
+        interrupts: WaitInterrupts,
+        bus: EventBus | None = None,
         wait_timeout_s: float = 600.0,
         safe_point_timeout_s: float | None = None,
     ) -> None:
-        super().__init__(
-            "async",
-            tracker=tracker,
-            bus=bus,
-            wait_timeout_s=wait_timeout_s,
-            safe_point_timeout_s=safe_point_timeout_s,
-        )
+        super().__init__(tracker, interrupts, bus, wait_timeout_s, safe_point_timeout_s)
         check_count("max_off_policy", max_off_policy)
         self.max_off_policy = max_off_policy
         self.strategy = StalenessStrategy(strategy)

@@ -10,7 +10,7 @@ reporting and deadlines.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import ClassVar, Literal
 
 from eventbus import EventBus
 
@@ -20,7 +20,7 @@ from ._reasons import Admission, EvictionReason
 from ._stats import PartitionCounts, ReplayState, ReplayStatistics
 from ._tracker import RolloutTracker
 from ._validate import check_seconds
-from ._waiting import PollTimeout, WaitReporter
+from ._waiting import PollTimeout, WaitInterrupts, WaitReporter
 
 __all__ = ["BufferBase"]
 
@@ -28,35 +28,37 @@ __all__ = ["BufferBase"]
 class BufferBase:
     """Common parts of :class:`~replay.ReplayBuffer` and :class:`~replay.AsyncReplayBuffer`.
 
-    Args:
-        mode: ``"sync"`` or ``"async"``.
-        tracker: The admission gate (a default one is created on ``bus``).
-        bus: Where ``SampleWait``, safe points and the tracker's events go (default: the
-            tracker's bus).
-        wait_timeout_s: The deadline of every sample wait.
-        safe_point_timeout_s: Seconds a ``SAMPLE_WAIT`` safe point waits for votes (None:
-            the bus default).
+    The arguments every buffer takes are documented once, on :class:`~replay.ReplayBuffer`.
     """
+
+    _mode: ClassVar[Literal["sync", "async"]]
 
     def __init__(
         self,
-        mode: Literal["sync", "async"],
-        *,
         tracker: RolloutTracker | None,
+        interrupts: WaitInterrupts,
         bus: EventBus | None,
         wait_timeout_s: float,
         safe_point_timeout_s: float | None,
     ) -> None:
         check_seconds("wait_timeout_s", wait_timeout_s)
+        if not callable(interrupts):
+            raise TypeError(
+                "interrupts must be a callable Decision -> bool (which SAMPLE_WAIT decisions "
+                f"end a wait), got {interrupts!r}"
+            )
         if tracker is None:
             tracker = RolloutTracker(bus=bus)
         elif bus is not None and tracker.bus is None:
             tracker.bus = bus
         self._tracker = tracker
-        self._mode: Literal["sync", "async"] = mode
         self.wait_timeout_s = float(wait_timeout_s)
         self._reporter = WaitReporter(
-            tracker.bus if bus is None else bus, mode, tracker.poll_interval_s, safe_point_timeout_s
+            tracker.bus if bus is None else bus,
+            self._mode,
+            tracker.poll_interval_s,
+            safe_point_timeout_s,
+            interrupts,
         )
         self._evictions: dict[str, int] = {}
         self._refills = 0

@@ -32,7 +32,7 @@ from ._model import (
 from ._reasons import EvictionReason
 from ._stats import PartitionCounts
 from ._tracker import RolloutTracker
-from ._waiting import PollTimeout
+from ._waiting import PollTimeout, WaitInterrupts
 
 __all__ = ["ReplayBuffer"]
 
@@ -52,30 +52,36 @@ class _Ready:
 class ReplayBuffer(BufferBase):
     """On-policy replay buffer: each step samples exactly that step's groups.
 
+    These arguments are those of every buffer (:class:`~replay.AsyncReplayBuffer` adds
+    its own):
+
     Args:
         tracker: The admission gate; its clock, sleep, poll interval, grace window, batch
             deadline and failure policy apply. Default: ``RolloutTracker(bus=bus)``.
-        bus: Where ``SampleWait`` events and ``SAMPLE_WAIT`` safe points go.
-        wait_timeout_s: The deadline of a :meth:`sample` wait
-            (:class:`~replay.SampleDeadlineExceeded` after it).
-        safe_point_timeout_s: Seconds a ``SAMPLE_WAIT`` safe point waits for votes.
+        interrupts: Which decisions of a ``SAMPLE_WAIT`` safe point end a wait with
+            :class:`~replay.SampleWaitInterrupted`: the host's decision table, as a
+            predicate (``frozenset({...}).__contains__`` will do). The trainer's says
+            ``RESTART_REQUIRED``, ``STOP`` and ``ABORT``.
+        bus: Where ``SampleWait`` events and ``SAMPLE_WAIT`` safe points go (default: the
+            tracker's bus).
+        wait_timeout_s: The deadline of every wait (:class:`~replay.SampleDeadlineExceeded`
+            after it).
+        safe_point_timeout_s: Seconds a ``SAMPLE_WAIT`` safe point waits for votes (None:
+            the bus default).
     """
+
+    _mode = "sync"
 
     def __init__(
         self,
         tracker: RolloutTracker | None = None,
         *,
+        interrupts: WaitInterrupts,
         bus: EventBus | None = None,
         wait_timeout_s: float = 600.0,
         safe_point_timeout_s: float | None = None,
     ) -> None:
-        super().__init__(
-            "sync",
-            tracker=tracker,
-            bus=bus,
-            wait_timeout_s=wait_timeout_s,
-            safe_point_timeout_s=safe_point_timeout_s,
-        )
+        super().__init__(tracker, interrupts, bus, wait_timeout_s, safe_point_timeout_s)
         self._ready: dict[str, _Ready] = {}
 
     def register(self, groups: Iterable[PromptGroup]) -> int:

@@ -18,7 +18,7 @@ from eventbus import Decision, EventBus, SafePoint, SampleWait, SampleWaitState
 from ._errors import SampleWaitInterrupted
 from ._signal import ChangeSignal, Sleep
 
-__all__ = ["Poll", "PollTimeout", "WaitReporter", "poll_until"]
+__all__ = ["WaitInterrupts", "Poll", "PollTimeout", "WaitReporter", "poll_until"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -109,7 +109,10 @@ async def poll_until(
         polls += 1
 
 
-_INTERRUPTING = Decision.RESTART_REQUIRED
+WaitInterrupts = Callable[[Decision], bool]
+"""``interrupts(decision)``: whether a ``SAMPLE_WAIT`` decision ends the wait. The host's
+decision table says so (the trainer's: restart, stop and abort do); the buffers hold no
+table of their own."""
 
 
 class WaitReporter:
@@ -121,6 +124,7 @@ class WaitReporter:
         poll_interval: Reported as ``poll_interval_s``.
         safe_point_timeout: Seconds the ``SAMPLE_WAIT`` safe point waits for votes (None:
             the bus default).
+        interrupts: Which decisions of the safe point end the wait.
     """
 
     def __init__(
@@ -129,11 +133,13 @@ class WaitReporter:
         mode: Literal["sync", "async"],
         poll_interval: float,
         safe_point_timeout: float | None,
+        interrupts: WaitInterrupts,
     ) -> None:
         self.bus = bus
         self.mode: Literal["sync", "async"] = mode
         self.poll_interval = poll_interval
         self.safe_point_timeout = safe_point_timeout
+        self.interrupts = interrupts
         self.unsuccessful = 0
         self.reported = 0
         self.interrupted = 0
@@ -168,8 +174,7 @@ class WaitReporter:
         """Publish ``SampleWait`` and reach ``SAMPLE_WAIT`` for one unsuccessful poll.
 
         Raises:
-            SampleWaitInterrupted: The safe point decided ``RESTART_REQUIRED``, ``STOP`` or
-                ``ABORT``.
+            SampleWaitInterrupted: The safe point's decision is one that ``interrupts``.
         """
         self.unsuccessful += 1
         bus = self.bus
@@ -210,6 +215,6 @@ class WaitReporter:
                 poll_interval_s=state.poll_interval_s,
                 poll_count=state.poll_count,
             )
-            if outcome.decision >= _INTERRUPTING:
+            if self.interrupts(outcome.decision):
                 self.interrupted += 1
                 raise SampleWaitInterrupted(outcome, state)

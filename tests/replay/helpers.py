@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio.lowlevel
 
+from eventbus import Decision
 from replay import PromptGroup, RolloutResult
 
 
@@ -31,6 +32,12 @@ class FakeTime:
             self.during_sleep(len(self.sleeps))
         self.now += seconds
         await anyio.lowlevel.checkpoint()
+
+
+def interrupts(decision: Decision) -> bool:
+    """The tests' host table: DESIGN's SAMPLE_WAIT column (restart, stop and abort end a
+    wait; continue and checkpoint keep waiting)."""
+    return decision >= Decision.RESTART_REQUIRED
 
 
 def groups_for(

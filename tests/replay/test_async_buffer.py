@@ -24,7 +24,7 @@ from replay import (
     StalenessStrategy,
 )
 
-from .helpers import FakeTime, succeed_all
+from .helpers import FakeTime, interrupts, succeed_all
 
 
 def make_buffer(
@@ -43,7 +43,13 @@ def make_buffer(
         grace_s=grace_s,
         grace_polls=grace_polls,
     )
-    return AsyncReplayBuffer(tracker, bus=bus, wait_timeout_s=wait_timeout_s, **options)  # type: ignore[arg-type]
+    return AsyncReplayBuffer(
+        tracker,
+        interrupts=interrupts,
+        bus=bus,
+        wait_timeout_s=wait_timeout_s,
+        **options,  # type: ignore[arg-type]
+    )
 
 
 def dispatched(version: int, count: int = 1, n: int = 2, prefix: str = "g") -> list[PromptGroup]:
@@ -176,7 +182,7 @@ async def test_placeholder_without_retry_fails_the_group_after_the_window(
 
 
 async def test_a_result_from_another_thread_wakes_the_wait() -> None:
-    buffer = AsyncReplayBuffer(RolloutTracker(poll_interval_s=3600.0))
+    buffer = AsyncReplayBuffer(RolloutTracker(poll_interval_s=3600.0), interrupts=interrupts)
     (group,) = dispatched(0, n=1)
     buffer.register([group])
     waiting = threading.Event()
@@ -258,6 +264,6 @@ async def test_bad_arguments(fake_time: FakeTime) -> None:
     with pytest.raises(ValueError, match="partition"):
         await buffer.wait_for_sampleable(0, 1, "tests")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_off_policy"):
-        AsyncReplayBuffer(max_off_policy=-1)
+        AsyncReplayBuffer(max_off_policy=-1, interrupts=interrupts)
     with pytest.raises(ValueError, match="StalenessStrategy"):
-        AsyncReplayBuffer(strategy="hold")
+        AsyncReplayBuffer(strategy="hold", interrupts=interrupts)

@@ -11,7 +11,7 @@ import anyio.to_thread
 
 from replay import Admission, PromptGroup, ReplayBuffer, RolloutResult, RolloutTracker
 
-from .helpers import groups_for
+from .helpers import groups_for, interrupts
 
 
 def _results(groups: list[PromptGroup], copies: int) -> list[RolloutResult]:
@@ -47,7 +47,7 @@ def test_threads_recording_the_same_results_admit_each_exactly_once() -> None:
 
 
 async def test_tasks_and_threads_feed_a_waiting_sample_at_once() -> None:
-    buffer = ReplayBuffer(RolloutTracker(poll_interval_s=0.05))
+    buffer = ReplayBuffer(RolloutTracker(poll_interval_s=0.05), interrupts=interrupts)
     groups = groups_for(3, count=32, n=4)
     buffer.register(groups)
     results = _results(groups, copies=2)

@@ -9,7 +9,7 @@ import pytest
 
 from replay import Admission, AsyncReplayBuffer, PromptGroup, RolloutTracker
 
-from .helpers import FakeTime, groups_for
+from .helpers import FakeTime, groups_for, interrupts
 
 MakeTracker = Callable[..., RolloutTracker]
 
@@ -209,7 +209,7 @@ async def test_async_grace_polls_count_after_the_rest_of_the_group_settled(
     tracker = RolloutTracker(
         clock=fake_time.clock, sleep=fake_time.sleep, poll_interval_s=0.25, grace_s=0, grace_polls=2
     )
-    buffer = AsyncReplayBuffer(tracker, wait_timeout_s=5.0)
+    buffer = AsyncReplayBuffer(tracker, interrupts=interrupts, wait_timeout_s=5.0)
     group = PromptGroup.create("g", 2)
     buffer.register([group])
     buffer.add(group.failure(0, "agent raised"))

@@ -32,7 +32,7 @@ from replay import (
     SampleWaitInterrupted,
 )
 
-from .helpers import FakeTime, groups_for, succeed_all
+from .helpers import FakeTime, groups_for, interrupts, succeed_all
 
 
 def make_buffer(
@@ -40,7 +40,7 @@ def make_buffer(
 ) -> ReplayBuffer:
     options: dict[str, object] = {"poll_interval_s": 0.25, **kw}
     tracker = RolloutTracker(clock=fake_time.clock, sleep=fake_time.sleep, **options)  # type: ignore[arg-type]
-    return ReplayBuffer(tracker, bus=bus, wait_timeout_s=wait_timeout_s)
+    return ReplayBuffer(tracker, interrupts=interrupts, bus=bus, wait_timeout_s=wait_timeout_s)
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ async def test_sample_hands_out_the_steps_groups_in_registration_order(
 
 async def test_a_result_from_another_thread_wakes_the_wait() -> None:
     # An hour-long poll interval: only the notification can end this wait in time.
-    buffer = ReplayBuffer(RolloutTracker(poll_interval_s=3600.0))
+    buffer = ReplayBuffer(RolloutTracker(poll_interval_s=3600.0), interrupts=interrupts)
     (group,) = groups_for(1, count=1, n=1)
     buffer.register([group])
     waiting = threading.Event()
@@ -146,6 +146,24 @@ async def test_an_interrupting_decision_ends_the_wait_with_the_outcome(
     assert details["poll_count"] == 2
     assert set(details) == set(SampleWaitState.__struct_fields__) - {"step"}
     assert buffer.statistics().interrupted == 1
+
+
+async def test_the_host_says_which_decisions_interrupt_a_wait(
+    fake_time: FakeTime, bus: EventBus
+) -> None:
+    # A host whose table ends a wait on CHECKPOINT only: RESTART_REQUIRED keeps it waiting.
+    voter = ScriptedVoter([Decision.RESTART_REQUIRED, Decision.CHECKPOINT], sample_wait=True)
+    bus.register_extension(voter)
+    tracker = RolloutTracker(clock=fake_time.clock, sleep=fake_time.sleep, poll_interval_s=0.25)
+    buffer = ReplayBuffer(tracker, bus=bus, interrupts=lambda d: d is Decision.CHECKPOINT)
+    buffer.register(groups_for(2, count=1, n=1))
+    async with bus.running():
+        with pytest.raises(SampleWaitInterrupted) as caught:
+            await buffer.sample(2, 1)
+    assert caught.value.decision is Decision.CHECKPOINT
+    assert caught.value.state.poll_count == 2
+    with pytest.raises(TypeError, match="interrupts must be a callable"):
+        ReplayBuffer(interrupts=None)  # type: ignore[arg-type]
 
 
 async def test_checkpoint_and_continue_keep_waiting(fake_time: FakeTime, bus: EventBus) -> None:
@@ -276,7 +294,7 @@ async def test_bad_requests_get_clear_errors(fake_time: FakeTime) -> None:
     with pytest.raises(RegistrationError, match="one step"):
         buffer.register([*groups_for(3, count=1), *groups_for(4, count=1, prefix="q")])
     with pytest.raises(ValueError, match="wait_timeout_s"):
-        ReplayBuffer(wait_timeout_s=0)
+        ReplayBuffer(wait_timeout_s=0, interrupts=interrupts)
 
 
 async def test_partitions_are_separate_batches(fake_time: FakeTime) -> None:

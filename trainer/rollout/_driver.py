@@ -35,6 +35,7 @@ from replay import (
     RolloutResult,
     RolloutTracker,
     TrackerStatistics,
+    WaitInterrupts,
 )
 
 from ..config._schema import TrainerConfig
@@ -60,6 +61,8 @@ class RolloutDriver(ABC):
         stream: The training prompt stream (its position is the run's data position).
         backend: The rollout workers.
         bus: Where rollout events go.
+        interrupts: Which ``SAMPLE_WAIT`` decisions end a sample wait (given to the buffer;
+            the trainer's decision table says).
         attempt_floor: Attempt number of newly registered groups. After a checkpoint is
             restored it is raised above every earlier attempt, so results still arriving
             from before the restore are dropped as superseded.
@@ -72,9 +75,11 @@ class RolloutDriver(ABC):
         backend: RolloutBackend,
         bus: EventBus,
         *,
+        interrupts: WaitInterrupts,
         attempt_floor: int = 1,
     ) -> None:
         self.config = config
+        self.interrupts = interrupts
         self.stream = stream
         self.backend = backend
         self.bus = bus
@@ -281,6 +286,7 @@ class SyncDriver(RolloutDriver):
     def _new_buffer(self, tracker: RolloutTracker) -> ReplayBuffer:
         return ReplayBuffer(
             tracker,
+            interrupts=self.interrupts,
             bus=self.bus,
             wait_timeout_s=self.config.rollout.wait_timeout_s,
             safe_point_timeout_s=self.config.safe_point_timeout_s,
@@ -321,6 +327,7 @@ class AsyncDriver(RolloutDriver):
         rollout = self.config.rollout
         return AsyncReplayBuffer(
             tracker,
+            interrupts=self.interrupts,
             bus=self.bus,
             max_off_policy=rollout.max_off_policy,
             strategy=rollout.staleness,
@@ -375,8 +382,13 @@ class AsyncDriver(RolloutDriver):
 
 
 def make_driver(
-    config: TrainerConfig, stream: PromptSource, backend: RolloutBackend, bus: EventBus
+    config: TrainerConfig,
+    stream: PromptSource,
+    backend: RolloutBackend,
+    bus: EventBus,
+    *,
+    interrupts: WaitInterrupts,
 ) -> RolloutDriver:
     """The driver of ``config.run.mode``."""
     driver = SyncDriver if config.run.mode == "sync" else AsyncDriver
-    return driver(config, stream, backend, bus)
+    return driver(config, stream, backend, bus, interrupts=interrupts)

@@ -53,7 +53,7 @@ from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
 from ..rollout._stacks import StackReader
 from ._checkpoint import CheckpointStore
-from ._decisions import Action, RunAborted, StopRequested, action_for
+from ._decisions import Action, RunAborted, StopRequested, action_for, interrupts_sample_wait
 from ._diagnosis import StallDiagnoser
 from ._extload import load_extension
 from ._learner import Learner
@@ -191,7 +191,9 @@ class PPOTrainer:
             keep=config.checkpoint.keep,
             before_rename=faults.before_checkpoint_rename if faults else None,
         )
-        self.driver = make_driver(config, self.stream, self.backend, self.bus)
+        self.driver = make_driver(
+            config, self.stream, self.backend, self.bus, interrupts=interrupts_sample_wait
+        )
         # What the configuration asks to register (the same for the CLI and for Python).
         self.registrations: list[Registration] = []
         if config.self_heal.enabled:

@@ -200,20 +200,10 @@ class WaitReporter:
         if publish:
             bus.publish(SampleWait(state=state))
         if vote:
-            # `step` is safe_point's own keyword, so the details carry every other field.
+            # The state travels whole, as the one detail `wait` (participants read
+            # `safe_point.details["wait"]`, a SampleWaitState).
             outcome = await bus.safe_point(
-                SafePoint.SAMPLE_WAIT,
-                step=step,
-                timeout=self.safe_point_timeout,
-                mode=state.mode,
-                partition=state.partition,
-                required=state.required,
-                available=state.available,
-                pending_groups=state.pending_groups,
-                running_groups=state.running_groups,
-                elapsed_s=state.elapsed_s,
-                poll_interval_s=state.poll_interval_s,
-                poll_count=state.poll_count,
+                SafePoint.SAMPLE_WAIT, step=step, timeout=self.safe_point_timeout, wait=state
             )
             if self.interrupts(outcome.decision):
                 self.interrupted += 1

@@ -221,7 +221,8 @@ async def test_sample_wait_restart_abandons_the_wait_and_waits_again() -> None:
         ) -> tuple[Decision, str]:
             self.safe_points.append(safe_point)
             # Only the hung step waits with groups running and nothing arriving for long.
-            if safe_point.point is SafePoint.SAMPLE_WAIT and safe_point.details["elapsed_s"] > 1.0:
+            wait = safe_point.details.get("wait")
+            if safe_point.point is SafePoint.SAMPLE_WAIT and wait.elapsed_s > 1.0:
                 return Decision.RESTART_REQUIRED, "no progress"
             return Decision.CONTINUE, ""
 

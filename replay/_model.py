@@ -28,7 +28,10 @@ __all__ = [
 ]
 
 Partition = Literal["train", "val"]
+"""A partition of the groups: ``"train"`` (training batches) or ``"val"`` (validation)."""
+
 PARTITIONS: Final[tuple[Partition, ...]] = ("train", "val")
+"""Every :data:`Partition`, in the order statistics list them."""
 
 
 def check_partition(partition: object) -> Partition:

@@ -46,14 +46,14 @@ class AsyncReplayBuffer(BufferBase):
     """Off-policy replay buffer with bounded staleness.
 
     Args:
+        tracker: As for :class:`~replay.ReplayBuffer` (its batch deadline and failure
+            policy do not apply here).
+        interrupts: As for :class:`~replay.ReplayBuffer`.
         max_off_policy: How many policy versions old a sample may be (8 in the
             reference).
         strategy: ``"drop"`` or ``"wait"`` (see the module docs).
         refill: Called with evicted groups and the reason, to dispatch replacements.
             Called from the sampling task; an exception it raises ends that call.
-        tracker: As for :class:`~replay.ReplayBuffer` (its batch deadline and failure
-            policy do not apply here).
-        interrupts: As for :class:`~replay.ReplayBuffer`.
         bus: As for :class:`~replay.ReplayBuffer`; ``BatchReconciled`` goes there too.
         wait_timeout_s: As for :class:`~replay.ReplayBuffer`.
         safe_point_timeout_s: As for :class:`~replay.ReplayBuffer`.
@@ -65,10 +65,10 @@ class AsyncReplayBuffer(BufferBase):
         self,
         tracker: RolloutTracker | None = None,
         *,
+        interrupts: WaitInterrupts,
         max_off_policy: int = 8,
         strategy: StalenessStrategy | str = StalenessStrategy.DROP,
         refill: RefillCallback | None = None,
-        interrupts: WaitInterrupts,
         bus: EventBus | None = None,
         wait_timeout_s: float = 600.0,
         safe_point_timeout_s: float | None = None,

@@ -139,15 +139,7 @@ class PromptGroup(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         attempt: int | None = None,
     ) -> RolloutResult:
         """A successful result for rollout ``index`` of this group (handy for workers)."""
-        return RolloutResult(
-            rollout_id=self.rollout_ids[index],
-            group_id=self.group_id,
-            step=self.step,
-            attempt=self.attempt if attempt is None else attempt,
-            policy_version=self.policy_version,
-            reward=reward,
-            payload=payload,
-        )
+        return self._result(index, attempt, reward=reward, payload=payload)
 
     def failure(
         self,
@@ -159,16 +151,24 @@ class PromptGroup(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         attempt: int | None = None,
     ) -> RolloutResult:
         """A failed result (an empty placeholder) for rollout ``index`` of this group."""
+        return self._result(
+            index,
+            attempt,
+            status=RolloutStatus.FAILED,
+            error=error,
+            error_kind=kind,
+            retryable=retryable,
+        )
+
+    def _result(self, index: int, attempt: int | None, **outcome: Any) -> RolloutResult:
+        """A result for rollout ``index``, its identity taken from this group."""
         return RolloutResult(
             rollout_id=self.rollout_ids[index],
             group_id=self.group_id,
             step=self.step,
             attempt=self.attempt if attempt is None else attempt,
             policy_version=self.policy_version,
-            status=RolloutStatus.FAILED,
-            error=error,
-            error_kind=kind,
-            retryable=retryable,
+            **outcome,
         )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import anyio
 
@@ -42,7 +42,7 @@ from ._model import (
     check_partition,
 )
 from ._reasons import Admission, FailurePolicy, GraceMode
-from ._records import IN_FLIGHT, PLACEHOLDER
+from ._records import IN_FLIGHT, PLACEHOLDER, Group
 from ._registry import AsyncRegistry
 from ._reissue import CancelHook, reissue
 from ._signal import Sleep
@@ -273,15 +273,10 @@ class RolloutTracker:
     def outstanding(self, partition: Partition | None = None) -> tuple[str, ...]:
         """Ids of open rollouts without a final result (in flight or awaiting a retry),
         in registration order."""
-        part = None if partition is None else check_partition(partition)
-        state = self._state
-        with state.lock:
+        with self._state.lock:
             return tuple(
                 r.rollout_id
-                for g in state.groups.values()
-                if g.unsettled
-                and g.drop_reason is None
-                and (part is None or g.spec.partition == part)
+                for g in self._unsettled_locked(partition)
                 for r in g.rollouts
                 if r.state is IN_FLIGHT or r.state is PLACEHOLDER
             )
@@ -291,16 +286,16 @@ class RolloutTracker:
 
         These are the prompts a checkpoint must remember and a restart must reissue.
         """
+        with self._state.lock:
+            return tuple(g.spec for g in self._unsettled_locked(partition))
+
+    def _unsettled_locked(self, partition: Partition | None) -> Iterator[Group]:
+        """Open groups with rollouts outstanding, oldest first (of ``partition``, or all)."""
         part = None if partition is None else check_partition(partition)
-        state = self._state
-        with state.lock:
-            return tuple(
-                g.spec
-                for g in state.groups.values()
-                if g.unsettled
-                and g.drop_reason is None
-                and (part is None or g.spec.partition == part)
-            )
+        for group in self._state.groups.values():
+            wanted = part is None or group.spec.partition == part
+            if wanted and group.unsettled and group.drop_reason is None:
+                yield group
 
     def group_counts(self) -> dict[str, PartitionCounts]:
         """Open groups that are not closed (finalized or handed out), by partition and

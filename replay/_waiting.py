@@ -9,6 +9,7 @@ listens: with no observer it builds nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, TypeVar
@@ -148,22 +149,10 @@ class WaitReporter:
         self, step: int, partition: str, required: int
     ) -> Callable[[Poll[object], int, float], Awaitable[None]]:
         """The ``on_unsuccessful_poll`` callback of one wait."""
-
-        async def report(poll: Poll[object], count: int, elapsed: float) -> None:
-            await self.report(
-                step=step,
-                partition=partition,
-                required=required,
-                poll=poll,
-                count=count,
-                elapsed=elapsed,
-            )
-
-        return report
+        return functools.partial(self.report, step, partition, required)
 
     async def report(
         self,
-        *,
         step: int,
         partition: str,
         required: int,

@@ -1,9 +1,9 @@
-"""Batch completion: the set check, the grace window, the deadline, failure policies,
-finalize and reconcile, leftovers, reissue and the cancel hook."""
+"""Sync batches: completion as a set check, the deadline, failure policies, finalize and
+reconcile, leftovers, registration errors. (The grace window: test_grace.py; reissue and
+the cancel hook: test_reissue.py.)"""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import pytest
@@ -86,18 +86,6 @@ def test_finalizing_early_reports_missing_rollouts(make_tracker: MakeTracker) ->
     assert report.missing == (group.rollout_ids[1],)
     assert report.timed_out == ()
     assert cancelled == [((group.rollout_ids[1],), "missing")]
-
-
-async def test_reissue_restarts_the_batch_deadline(
-    make_tracker: MakeTracker, fake_time: FakeTime
-) -> None:
-    tracker = make_tracker(batch_timeout_s=5.0, poll_interval_s=10.0)
-    groups = groups_for(1, count=1, n=1)
-    tracker.begin_batch(1, groups)
-    fake_time.now = 4.0
-    tracker.reissue()
-    assert await tracker.wait_for_completion() is False
-    assert fake_time.now == pytest.approx(9.0)
 
 
 # --- failure policies -------------------------------------------------------------------
@@ -285,47 +273,3 @@ def test_bad_settings_are_rejected() -> None:
         RolloutTracker(poll_interval_s=float("inf"))
     with pytest.raises(ValueError, match="is not a valid FailurePolicy"):
         RolloutTracker(failure_policy="ignore")
-
-
-# --- reissue and cancel hook ------------------------------------------------------------
-
-
-def test_reissue_moves_placeholders_and_in_flight_rollouts_to_a_new_attempt(
-    make_tracker: MakeTracker,
-) -> None:
-    cancelled: list[tuple[tuple[str, ...], str]] = []
-    tracker = make_tracker(on_cancel=lambda ids, reason: cancelled.append((ids, reason)))
-    a, b = groups_for(1, count=2, n=3)
-    tracker.begin_batch(1, [a, b])
-    succeed_all(tracker.record, [b])
-    tracker.record(a.result(0))
-    tracker.record(a.failure(1, "flaky"))
-    assert tracker.in_flight() == (a,)
-    (again,) = tracker.reissue()
-    assert (again.group_id, again.attempt, again.rollout_ids) == ("p0", 2, a.rollout_ids[1:])
-    (open_group,) = tracker.in_flight()
-    assert (open_group.attempt, open_group.rollout_ids) == (2, a.rollout_ids)  # the whole group
-    assert cancelled == [(a.rollout_ids[1:], "superseded")]
-    assert tracker.record(a.result(1)) is Admission.SUPERSEDED_ATTEMPT
-    assert tracker.record(again.result(0)) is Admission.ADMITTED
-    assert tracker.record(again.result(1)) is Admission.ADMITTED
-    report = tracker.finalize().report
-    assert (report.succeeded, report.dropped) == (6, {"superseded_attempt": 1})
-    stats = tracker.statistics()
-    assert (stats.reissued, stats.max_attempt) == (2, 2)
-
-
-def test_a_failing_cancel_hook_is_logged_and_counted(
-    make_tracker: MakeTracker, caplog: pytest.LogCaptureFixture
-) -> None:
-    def hook(ids: tuple[str, ...], reason: str) -> None:
-        raise RuntimeError("backend gone")
-
-    tracker = make_tracker(on_cancel=hook)
-    tracker.begin_batch(1, groups_for(1))
-    with caplog.at_level(logging.ERROR, logger="replay"):
-        report = tracker.finalize().report  # does not raise
-    assert len(report.missing) == 4
-    assert "cancel hook failed" in caplog.text
-    stats = tracker.statistics()
-    assert (stats.cancel_hook_errors, stats.cancelled) == (1, 4)

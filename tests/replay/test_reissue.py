@@ -1,0 +1,67 @@
+"""Reissue under a new attempt, and the cancel hook."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+
+from replay import Admission, RolloutTracker
+
+from .helpers import FakeTime, groups_for, succeed_all
+
+MakeTracker = Callable[..., RolloutTracker]
+
+
+async def test_reissue_restarts_the_batch_deadline(
+    make_tracker: MakeTracker, fake_time: FakeTime
+) -> None:
+    tracker = make_tracker(batch_timeout_s=5.0, poll_interval_s=10.0)
+    groups = groups_for(1, count=1, n=1)
+    tracker.begin_batch(1, groups)
+    fake_time.now = 4.0
+    tracker.reissue()
+    assert await tracker.wait_for_completion() is False
+    assert fake_time.now == pytest.approx(9.0)
+
+
+def test_reissue_moves_placeholders_and_in_flight_rollouts_to_a_new_attempt(
+    make_tracker: MakeTracker,
+) -> None:
+    cancelled: list[tuple[tuple[str, ...], str]] = []
+    tracker = make_tracker(on_cancel=lambda ids, reason: cancelled.append((ids, reason)))
+    a, b = groups_for(1, count=2, n=3)
+    tracker.begin_batch(1, [a, b])
+    succeed_all(tracker.record, [b])
+    tracker.record(a.result(0))
+    tracker.record(a.failure(1, "flaky"))
+    assert tracker.in_flight() == (a,)
+    (again,) = tracker.reissue()
+    assert (again.group_id, again.attempt, again.rollout_ids) == ("p0", 2, a.rollout_ids[1:])
+    (open_group,) = tracker.in_flight()
+    assert (open_group.attempt, open_group.rollout_ids) == (2, a.rollout_ids)  # the whole group
+    assert cancelled == [(a.rollout_ids[1:], "superseded")]
+    assert tracker.record(a.result(1)) is Admission.SUPERSEDED_ATTEMPT
+    assert tracker.record(again.result(0)) is Admission.ADMITTED
+    assert tracker.record(again.result(1)) is Admission.ADMITTED
+    report = tracker.finalize().report
+    assert (report.succeeded, report.dropped) == (6, {"superseded_attempt": 1})
+    stats = tracker.statistics()
+    assert (stats.reissued, stats.max_attempt) == (2, 2)
+
+
+def test_a_failing_cancel_hook_is_logged_and_counted(
+    make_tracker: MakeTracker, caplog: pytest.LogCaptureFixture
+) -> None:
+    def hook(ids: tuple[str, ...], reason: str) -> None:
+        raise RuntimeError("backend gone")
+
+    tracker = make_tracker(on_cancel=hook)
+    tracker.begin_batch(1, groups_for(1))
+    with caplog.at_level(logging.ERROR, logger="replay"):
+        report = tracker.finalize().report  # does not raise
+    assert len(report.missing) == 4
+    assert "cancel hook failed" in caplog.text
+    stats = tracker.statistics()
+    assert (stats.cancel_hook_errors, stats.cancelled) == (1, 4)

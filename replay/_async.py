@@ -107,8 +107,8 @@ class AsyncReplayBuffer(BufferBase):
             The number of sampleable groups (>= ``target_count``).
 
         Raises:
-            SampleWaitInterrupted: A ``SAMPLE_WAIT`` safe point decided to restart, stop or
-                abort.
+            SampleWaitInterrupted: A ``SAMPLE_WAIT`` safe point reached a decision that
+                ``interrupts`` says ends the wait.
             SampleDeadlineExceeded: ``wait_timeout_s`` passed.
         """
         available = await self._wait(step, target_count, partition, policy_version, take=False)

@@ -75,7 +75,8 @@ class SampleDeadlineExceeded(ReplayError, TimeoutError):
 
 
 class SampleWaitInterrupted(ReplayError):
-    """A ``SAMPLE_WAIT`` safe point decided to end the wait (restart, stop or abort).
+    """A ``SAMPLE_WAIT`` safe point reached a decision that ends the wait: one the
+    buffer's ``interrupts`` (the host's decision table) says does.
 
     Attributes:
         outcome: The safe point's outcome (decision and every vote).
@@ -92,7 +93,8 @@ class SampleWaitInterrupted(ReplayError):
 
     @property
     def decision(self) -> Decision:
-        """The combined decision: ``RESTART_REQUIRED``, ``STOP`` or ``ABORT``."""
+        """The combined decision (with the trainer's table: ``RESTART_REQUIRED``, ``STOP``
+        or ``ABORT``)."""
         return self.outcome.decision
 
 

@@ -147,8 +147,9 @@ class ReplayBuffer(BufferBase):
             ValueError: ``batch_size`` < 1 or larger than the batch, or a bad partition.
             RegistrationError: No batch registered for ``step`` in ``partition``, or the
                 batch was already handed out.
-            SampleWaitInterrupted: A ``SAMPLE_WAIT`` safe point decided to restart, stop
-                or abort; the batch stays open (reissue, then sample again).
+            SampleWaitInterrupted: A ``SAMPLE_WAIT`` safe point reached a decision that
+                ``interrupts`` says ends the wait; the batch stays open (reissue, then
+                sample again).
             SampleDeadlineExceeded: ``wait_timeout_s`` passed.
             BatchFailedError: The failure policy rejected the batch.
         """

@@ -53,7 +53,7 @@ class SyncBatches:
         fill_reward: float,
     ) -> None:
         self._state = state
-        self.policy = failure_policy
+        self._policy = failure_policy
         self._max_failed_fraction = max_failed_fraction
         self._fill_reward = fill_reward
         self._batches: dict[str, Batch] = {}
@@ -180,19 +180,19 @@ class SyncBatches:
                 counters = batch.counters
                 counters.merge(state.window)
                 state.window = Counters()
-                kept, filled, removed = apply_policy(batch.groups, self.policy, self._fill_reward)
+                kept, filled, removed = apply_policy(batch.groups, self._policy, self._fill_reward)
                 report = build_report(
                     batch.step,
                     batch.rollouts,
                     counters,
-                    policy=self.policy.value,
+                    policy=self._policy.value,
                     filled=filled,
                     removed=removed,
                 )
                 batch.reconciled = ReconciledBatch(
                     step=batch.step, partition=part, groups=kept, report=report
                 )
-                batch.error = judge(report, self.policy, self._max_failed_fraction)
+                batch.error = judge(report, self._policy, self._max_failed_fraction)
                 state.totals.finalized += 1
             reconciled = batch.reconciled
             reason = batch.error
@@ -218,7 +218,7 @@ class SyncBatches:
             counters = Counters()
             counters.merge(batch.counters)
             counters.merge(state.window)
-            return build_report(batch.step, batch.rollouts, counters, policy=self.policy.value)
+            return build_report(batch.step, batch.rollouts, counters, policy=self._policy.value)
 
     def steps(self) -> dict[str, int]:
         """The step of each partition's current batch."""

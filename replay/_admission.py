@@ -312,6 +312,8 @@ def malformed(result: RolloutResult, max_payload_bytes: int | None = None) -> Ad
         and (retryable is True or retryable is False)
         and (error is None or error.__class__ is str)
         and result.error_kind.__class__ is str
+        and result.worker_id.__class__ is str
+        and result.node.__class__ is str
     ):
         return None
     return _first_malformed(result, max_payload_bytes)
@@ -343,6 +345,10 @@ def _first_malformed(result: RolloutResult, max_payload_bytes: int | None) -> Ad
         return Admission.INVALID_ERROR
     if not _is_str(result.error_kind):
         return Admission.INVALID_ERROR_KIND
+    if not _is_str(result.worker_id):
+        return Admission.INVALID_WORKER_ID
+    if not _is_str(result.node):
+        return Admission.INVALID_NODE
     if max_payload_bytes is not None and result.payload is not None:
         try:
             size = len(msgspec.msgpack.encode(result.payload))

@@ -242,8 +242,9 @@ class RolloutTracker:
            ``invalid_attempt`` (not an int >= 1), ``invalid_policy_version``,
            ``invalid_status`` (not a :class:`~replay.RolloutStatus`), ``invalid_reward``
            (not a finite real number), ``invalid_error``, ``invalid_error_kind``,
-           ``invalid_retryable``; a payload over ``max_payload_bytes`` ->
-           ``payload_too_large`` (``invalid_payload`` if it cannot be measured);
+           ``invalid_retryable``, ``invalid_worker_id``, ``invalid_node``; a payload over
+           ``max_payload_bytes`` -> ``payload_too_large`` (``invalid_payload`` if it cannot
+           be measured);
         2. not registered (for that step) -> ``unregistered``; registered for a later step
            or retired with an earlier batch -> ``earlier_step``; a group evicted by a
            buffer -> ``stale_policy`` or ``evicted``;

@@ -310,6 +310,8 @@ def test_group_ids_in_reissued_groups_keep_the_prompt(make_tracker: MakeTracker)
         ({"error": 404}, "invalid_error"),
         ({"error_kind": ["timeout"]}, "invalid_error_kind"),
         ({"retryable": "no"}, "invalid_retryable"),
+        ({"worker_id": None}, "invalid_worker_id"),
+        ({"node": 3}, "invalid_node"),
     ],
 )
 def test_a_malformed_result_is_dropped_with_a_reason_naming_the_field(

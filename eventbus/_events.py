@@ -288,11 +288,22 @@ class CheckpointSaved(Event, frozen=True):
 
 
 class CheckpointRestored(Event, frozen=True):
-    """The run was restored from the checkpoint at ``path`` (resume or recovery)."""
+    """The run was restored from the checkpoint at ``path`` (resume or recovery).
+
+    Attributes:
+        step: The step the checkpoint holds (training goes on from the next one).
+        path: The checkpoint file.
+        reason: ``"resume"`` for a new process continuing the run; otherwise why a failed
+            step was recovered from (the decision's summary).
+        failed_step: A recovery: the step that failed.
+        error: A recovery: ``Type: message`` of the error that failed it.
+    """
 
     step: int
     path: str
     reason: str = ""
+    failed_step: int | None = None
+    error: str = ""
 
 
 class WeightsSynced(Event, frozen=True):

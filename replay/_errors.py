@@ -64,8 +64,8 @@ class SampleDeadlineExceeded(ReplayError, TimeoutError):
         self.outstanding = outstanding
         message = (
             f"{mode} sample wait for step {step} (partition {partition!r}) gave up after "
-            f"{elapsed_s:.3f} s and {polls} polls: required {required} groups, "
-            f"{available} available; {pending_groups} pending and {running_groups} running"
+            f"{elapsed_s:.3f} s and {polls} polls: {available} of {required} prompt groups "
+            f"ready, {running_groups} running, {pending_groups} pending"
         )
         if outstanding:
             message += f"; outstanding rollouts include {', '.join(outstanding)}"

@@ -43,7 +43,8 @@ if _typing.TYPE_CHECKING:
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
     from .runtime._decisions import RunAborted as RunAborted
-    from .runtime._run import FitSummary as FitSummary
+    from .runtime._fold import AttemptSummary as AttemptSummary
+    from .runtime._fold import FitSummary as FitSummary
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
     from .runtime._trainer import PPOTrainer as PPOTrainer
     from .runtime._trainer import TrainerView as TrainerView

@@ -119,7 +119,7 @@ async def test_each_unsuccessful_poll_publishes_sample_wait(
     assert [s.poll_count for s in states] == [1, 2, 3, 4]
     assert [s.elapsed_s for s in states] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     message = str(caught.value)
-    for part in ("step 4", "'train'", "required 3", "1 available", "1 pending", "1 running"):
+    for part in ("step 4", "'train'", "1 of 3 prompt groups ready", "1 pending", "1 running"):
         assert part in message
     assert "1.000 s" in message
     assert caught.value.outstanding == (*groups[1].rollout_ids, *groups[2].rollout_ids)

@@ -1,7 +1,7 @@
 """``trainbus events``: a run's event log, decoded into typed events, one readable line each.
 
 Each line shows ``seq``, the time since the first event of the log, the event type and its
-key fields in a compact form (``StepFinished step=3 reward=0.734 ...``). ``--type`` and
+event in the words every view uses (``StepFinished step 3/60: reward 0.734, ...``). ``--type`` and
 ``--step`` filter, ``--json`` passes the matching lines through unchanged, and ``--follow``
 keeps printing lines as the trainer appends them until the fit finishes or fails.
 
@@ -16,41 +16,23 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-import msgspec
-
 from eventbus import (
     BatchReconciled,
-    CheckpointRestored,
-    CheckpointSaved,
     Event,
     EventDecodeError,
-    ExtensionFailed,
-    FaultInjected,
-    FitFailed,
-    FitFinished,
     FitStarted,
-    Lagged,
-    RolloutRejected,
-    RolloutRestarted,
-    SafePointReached,
     SafePointResolved,
     SampleWait,
-    StallDiagnosed,
-    StepFinished,
-    StepStarted,
-    WeightsSynced,
-    WorkerLost,
-    WorkerRestarted,
     decode_event,
     event_types,
 )
 
-from ..runtime._metrics import named
+from ..runtime._describe import Context, describe
 from ._errors import UsageError
 
 __all__ = [
@@ -59,7 +41,6 @@ __all__ = [
     "LogView",
     "Selection",
     "decode_line",
-    "describe",
     "entry_step",
     "entry_type",
     "events_path",
@@ -263,6 +244,7 @@ class LogView:
         self.flush = flush
         self.out = out
         self.origin: float | None = None
+        self.context = Context()
         self._last_lifecycle = ""
 
     def fit_over(self) -> bool:
@@ -280,9 +262,15 @@ class LogView:
             self._last_lifecycle = name
         if self.origin is None:
             self.origin = _time(entry) or None
+        if isinstance(entry, FitStarted):
+            self.context = Context(total_steps=entry.total_steps)
         if not self.selection.matches(entry):
             return
-        text = line.decode(errors="replace") if self.as_json else format_entry(entry, self.origin)
+        text = (
+            line.decode(errors="replace")
+            if self.as_json
+            else format_entry(entry, self.origin, self.context)
+        )
         print(text, file=self.out or sys.stdout, flush=self.flush)
 
 
@@ -324,8 +312,9 @@ def _time(entry: Entry) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 
 
-def format_entry(entry: Entry, origin: float | None = None) -> str:
-    """One line: ``seq``, ``+seconds`` since ``origin``, type and key fields.
+def format_entry(entry: Entry, origin: float | None = None, context: Context | None = None) -> str:
+    """One line: ``seq``, ``+seconds`` since ``origin``, the type, and the event in words
+    (:func:`~trainer.runtime._describe.describe`, the wording every view uses).
 
     ``Lagged`` notices carry no ``seq`` (they are per subscriber): it shows as ``-``. An
     event whose description has more lines (a ``StallDiagnosed``'s stacks) continues on
@@ -334,226 +323,13 @@ def format_entry(entry: Entry, origin: float | None = None) -> str:
     seq = entry.get("seq", 0) if isinstance(entry, dict) else entry.seq
     stamp = _time(entry)
     clock = f"+{stamp - origin:.3f}s" if origin is not None and stamp else ""
-    first, *more = describe(entry).split("\n")
+    first, *more = describe(entry, context or Context()).split("\n")
     line = f"{seq or '-':>6} {clock:>10}  {entry_type(entry)} {first}".rstrip()
     return "\n".join([line, *(CONTINUATION + text for text in more)])
 
 
 CONTINUATION = " " * 19
 """What lines after an event's first line start with (the width of seq and time)."""
-
-
-def describe(entry: Entry) -> str:
-    """The key fields of an event in a compact human form (no seq, time or type)."""
-    describer = _DESCRIBERS.get(type(entry)) if isinstance(entry, Event) else None
-    return describer(entry) if describer is not None else _generic(entry)
-
-
-# --- one describer per event type -------------------------------------------------------
-
-
-def _fit_started(e: FitStarted) -> str:
-    text = f"run={e.run_id} steps={e.total_steps} mode={e.mode} backend={e.backend}"
-    return text + (f" resumed at step {e.start_step}" if e.resumed else "")
-
-
-def _fit_finished(e: FitFinished) -> str:
-    text = f"step={e.step} after {e.duration_s:.1f} s"
-    return text + (f", stopped early: {e.reason}" if e.stopped_early else "")
-
-
-def _fit_failed(e: FitFailed) -> str:
-    return f"step={e.step} {e.error_type}: {e.message}"
-
-
-def _step_started(e: StepStarted) -> str:
-    return f"step={e.step}"
-
-
-# (metrics key, how it is shown): the ones a user watches, in the progress line's order.
-_STEP_METRICS = (
-    ("reward/mean", "reward={:.3f}"),
-    ("actor/kl", "kl={:.4f}"),
-    ("actor/approx_kl", "approx_kl={:.4f}"),
-    ("actor/clip_frac", "clip={:.3f}"),
-    ("actor/entropy", "entropy={:.3f}"),
-    ("perf/samples_per_s", "samples/s={:.0f}"),
-    ("timing_s/wait", "wait={:.2f}s"),
-)
-
-
-def _step_finished(e: StepFinished) -> str:
-    metrics = named(e.metrics)  # an older log has the short keys (reward_mean)
-    shown = [form.format(metrics[key]) for key, form in _STEP_METRICS if key in metrics]
-    return " ".join([f"step={e.step}", *shown, f"time={e.duration_s:.2f}s"])
-
-
-def _sample_wait(e: SampleWait) -> str:
-    s = e.state
-    notes = [f"poll {s.poll_count}"]
-    notes += ["async"] if s.mode == "async" else []
-    notes += [s.partition] if s.partition != "train" else []
-    return (
-        f"step={s.step} waiting {s.available}/{s.required} samples, {s.running_groups} "
-        f"running, {s.pending_groups} pending, {s.elapsed_s:.1f} s ({', '.join(notes)})"
-    )
-
-
-def _safe_point_reached(e: SafePointReached) -> str:
-    step = f" step={e.step}" if e.step is not None else ""
-    return f"{e.point.value}{step} participants={','.join(e.participants) or 'none'}"
-
-
-def _safe_point_resolved(e: SafePointResolved) -> str:
-    o = e.outcome
-    step = f" step={o.step}" if o.step is not None else ""
-    text = f"{o.point.value}{step} -> {o.summary()}"
-    timed_out = [v.participant for v in o.votes if v.timed_out]
-    errors = [f"{v.participant}: {v.error}" for v in o.votes if v.error and not v.timed_out]
-    text += f" [timed out: {', '.join(timed_out)}]" if timed_out else ""
-    return text + (f" [failed: {'; '.join(errors)}]" if errors else "")
-
-
-def _checkpoint_saved(e: CheckpointSaved) -> str:
-    return f"step={e.step} {Path(e.path).name} {_size(e.size_bytes)} in {e.duration_s:.3f} s"
-
-
-def _checkpoint_restored(e: CheckpointRestored) -> str:
-    return f"step={e.step} {Path(e.path).name}" + (f" ({e.reason})" if e.reason else "")
-
-
-def _weights_synced(e: WeightsSynced) -> str:
-    return f"step={e.step} version={e.policy_version} in {e.duration_s:.3f} s"
-
-
-def _rollout_rejected(e: RolloutRejected) -> str:
-    step = f" step={e.step}" if e.step is not None else ""
-    return f"{e.rollout_id} attempt {e.attempt} {e.reason or 'no reason'}{step}"
-
-
-def _batch_reconciled(e: BatchReconciled) -> str:
-    r = e.report
-    parts = [f"step={r.step}", f"registered={r.registered}", f"succeeded={r.succeeded}"]
-    parts += [f"failed={_mapping(r.failed)}"] if r.failed else []
-    parts += [f"dropped={_mapping(r.dropped)}"]
-    counts = {
-        "timed_out": len(r.timed_out),
-        "missing": len(r.missing),
-        "duplicates": r.duplicates,
-        "retry_overwrites": r.retry_overwrites,
-        "leftovers_drained": r.leftovers_drained,
-        "filled": r.filled,
-        "removed": len(r.removed),
-    }
-    parts += [f"{name}={n}" for name, n in counts.items() if n]
-    return " ".join([*parts, f"wait={r.wait_s:.2f}s"])
-
-
-def _rollout_restarted(e: RolloutRestarted) -> str:
-    return (
-        f"step={e.step} attempt={e.attempt} workers={e.workers} "
-        f"reissued={len(e.reissued)}: {e.reason or 'no reason'}"
-    )
-
-
-def _worker_lost(e: WorkerLost) -> str:
-    return f"{e.worker_id} in_flight={e.in_flight}: {e.reason or 'no reason'}"
-
-
-def _worker_restarted(e: WorkerRestarted) -> str:
-    return f"{e.worker_id}: {e.reason or 'no reason'}"
-
-
-def _fault_injected(e: FaultInjected) -> str:
-    return f"{e.fault} step={e.step}" + (f": {e.detail}" if e.detail else "")
-
-
-def _extension_failed(e: ExtensionFailed) -> str:
-    during = f" ({e.event_type})" if e.event_type else ""
-    return f"{e.extension} {e.hook}{during}: {e.error_type}: {e.message}"
-
-
-def _lagged(e: Lagged) -> str:
-    return f"missed={e.missed}"
-
-
-def _stall_diagnosed(e: StallDiagnosed) -> str:
-    """The headline, then what is held by whom and each stack, indented (several lines)."""
-    again = f", diagnosis {e.repeat + 1}" if e.repeat else ""
-    lines = [
-        f"step={e.step} {e.stage} stalled {e.stalled_s:.1f} s (waited {e.waited_s:.1f} s"
-        f"{again}): {e.headline()}"
-    ]
-    held: dict[str, list[str]] = {}
-    for rollout in e.stuck:
-        held.setdefault(rollout.worker_id, []).append(rollout.group_id)
-    for worker_id, groups in held.items():
-        names = list(dict.fromkeys(groups))
-        shown = ", ".join(names[:6]) + (f", ... ({len(names)} groups)" if len(names) > 6 else "")
-        lines.append(f"    {worker_id} holds {len(groups)} rollouts of groups {shown}")
-    for stack in e.stacks:
-        how = f"{stack.source}" + (f", pid {stack.pid}" if stack.pid else "")
-        lines.append(f"    {stack.owner} [{stack.thread or '?'}] ({how or 'unread'}):")
-        lines += [f"        {frame.location()}" for frame in stack.frames]
-        if stack.note:
-            lines.append(f"        note: {stack.note}")
-    lines += [f"    note: {note}" for note in e.notes]
-    return "\n".join(lines)
-
-
-_DESCRIBERS: dict[type[Event], Callable[[Any], str]] = {
-    FitStarted: _fit_started,
-    FitFinished: _fit_finished,
-    FitFailed: _fit_failed,
-    StepStarted: _step_started,
-    StepFinished: _step_finished,
-    SampleWait: _sample_wait,
-    SafePointReached: _safe_point_reached,
-    SafePointResolved: _safe_point_resolved,
-    CheckpointSaved: _checkpoint_saved,
-    CheckpointRestored: _checkpoint_restored,
-    WeightsSynced: _weights_synced,
-    RolloutRejected: _rollout_rejected,
-    BatchReconciled: _batch_reconciled,
-    RolloutRestarted: _rollout_restarted,
-    WorkerLost: _worker_lost,
-    WorkerRestarted: _worker_restarted,
-    FaultInjected: _fault_injected,
-    ExtensionFailed: _extension_failed,
-    Lagged: _lagged,
-    StallDiagnosed: _stall_diagnosed,
-}
-
-
-def _generic(entry: Entry) -> str:
-    # Any other event (a user's type): its fields as key=value, long values shortened.
-    fields = entry if isinstance(entry, dict) else msgspec.structs.asdict(entry)
-    shown = {k: v for k, v in fields.items() if k not in ("type", "seq", "time")}
-    return " ".join(f"{key}={_value(value)}" for key, value in shown.items())
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list | tuple) and len(value) > 4:
-        return f"[{len(value)} items]"
-    if isinstance(value, dict):
-        text = _mapping(value)
-    else:
-        text = str(msgspec.to_builtins(value)) if isinstance(value, msgspec.Struct) else str(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _mapping(values: dict[str, Any]) -> str:
-    return "{" + ", ".join(f"{key}: {value}" for key, value in values.items()) + "}"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}"
-        n //= 1024
-    return f"{n} GiB"
 
 
 def _quiet_stdout() -> None:

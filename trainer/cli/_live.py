@@ -1,11 +1,13 @@
 """The live view: a progress bar of the run and, while the trainer waits, what it waits for.
 
 An ordinary subscriber on the bus (an extension with ``EVENTS`` and ``SAMPLE_WAIT``), like
-any user's. It redraws on events only (no refresh thread), so it costs nothing between
-events and leaves nothing running when the run ends. Restarts, recoveries, faults and
-dropped rollouts are printed above the bar as they happen, using the same lines as the plain
-view (:class:`~trainer.cli._progress.PlainProgress`), which the CLI uses when stdout is not a
-terminal or with ``--no-progress``.
+any user's. It draws its first frame as soon as it is started, before the trainer is even
+built (importing torch and starting workers takes seconds), then redraws on events only (no
+refresh thread), so it costs nothing between events and leaves nothing running when the run
+ends. Restarts, recoveries, faults and dropped rollouts are printed above the bar as they
+happen, in the words of :func:`~trainer.runtime._describe.describe`, like every other view.
+While it waits, it names the workers holding work they have not delivered (the silent ones)
+and, with self-healing on, counts down to the stall timeout.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from eventbus import (
 )
 
 from ..rollout._backend import Holding
+from ..runtime._describe import Context, describe
 from ..runtime._selfheal import WaitProgress
-from ._progress import PlainProgress, describe_wait
+from ._progress import is_notice
 
 __all__ = ["LiveProgress", "describe_silence"]
 
@@ -87,7 +90,6 @@ class LiveProgress:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console if console is not None else Console()
-        self._lines = PlainProgress()  # the same words for the notices above the bar
         self._progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -96,31 +98,38 @@ class LiveProgress:
             TimeElapsedColumn(),
             console=self.console,
         )
-        self._task = self._progress.add_task("steps", total=None, vitals="starting")
+        self._task = self._progress.add_task("steps", total=None, vitals="")
         self._status = Text("")
+        self._context = Context()
         self._live: Live | None = None
         self._progress_fold = WaitProgress()
         self._clock: Callable[[], float] = time.monotonic
 
+    def start(self, status: str = "starting") -> None:
+        """Draw the first frame now, with ``status`` under the bar. Idempotent."""
+        self._status = Text(status, style="dim")
+        if self._live is None:
+            self._live = Live(self._render(), console=self.console, auto_refresh=False)
+            self._live.start()
+        self._refresh()
+
     def on_event(self, context: ExtensionContext, event: Event) -> None:
         """Update the bar, the wait line, or print a notice above them."""
         if isinstance(event, FitStarted):
-            self._start(event)
-        if isinstance(event, StepFinished):
+            self._begin(event)
+        elif isinstance(event, StepFinished):
             self._step(event)
         elif isinstance(event, StepStarted):
-            self._status = Text(f"step {event.step}: collecting rollouts", style="dim")
+            self._status = Text(describe(event, self._context), style="dim")
         elif isinstance(event, SampleWait):
-            waiting = describe_wait(event)
+            waiting = describe(event, self._context)
             silence = self._silence(context.host, self._progress_fold.observe(event.state))
             text = f"{waiting}\n{silence}" if silence else waiting
             self._status = Text(text, style="yellow")
-        elif not isinstance(event, FitStarted):
+        elif is_notice(event):
             if isinstance(event, FitFinished | FitFailed):
                 self.close()  # the last frame first, then the closing line below it
-            line = self._lines.describe(event)
-            if line and not line.startswith("step "):
-                self.console.print(line.strip(), highlight=False)
+            self.console.print(describe(event, self._context), highlight=False, markup=False)
         self._refresh()
 
     def _silence(self, host: Any, stalled_s: float) -> str:
@@ -131,18 +140,11 @@ class LiveProgress:
         held: tuple[Holding, ...] = holdings() if holdings is not None else ()
         return describe_silence(held, self._clock(), stalled_s, timeout)
 
-    def _start(self, event: FitStarted) -> None:
-        self._lines.describe(event)  # keeps its step total in step
+    def _begin(self, event: FitStarted) -> None:
+        self._context = Context(total_steps=event.total_steps)
         self._progress.update(self._task, total=event.total_steps, completed=event.start_step)
-        resumed = f", resumed at step {event.start_step}" if event.resumed else ""
-        self.console.print(
-            f"run {event.run_id}: {event.total_steps} steps, {event.mode} mode, "
-            f"{event.backend} backend{resumed}",
-            highlight=False,
-        )
-        if self._live is None:
-            self._live = Live(self._render(), console=self.console, auto_refresh=False)
-            self._live.start()
+        self.console.print(describe(event, self._context), highlight=False, markup=False)
+        self.start("")
 
     def _step(self, event: StepFinished) -> None:
         m = event.metrics

@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="summary table and plots of a run")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder")
     report.add_argument("--no-plots", action="store_true", help="only print the table")
+    report.add_argument(
+        "--json", action="store_true", help="print the summary and the table's facts as JSON"
+    )
 
     events = commands.add_parser("events", help="print a run's event log, typed and readable")
     events.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or an events.jsonl)")

@@ -6,8 +6,8 @@ hook. The request is only written down (thread-safe, at once); the trainer appli
 latest one after the next ``STEP_BOUNDARY`` safe point has resolved, never in the middle of
 a batch: new workers take work from the next step on, and workers that leave first deliver
 the work they hold. Several requests before one boundary: the last one wins (each is logged).
-Every applied change is published (``WorkerJoined`` / ``WorkerLeft``, one per worker) and
-recorded in the summary's ``membership`` list.
+Every applied change is published (``WorkerJoined`` / ``WorkerLeft``, one per worker); the
+summary's ``membership`` list is folded from those events.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..rollout._driver import RolloutDriver
-    from ._run import RunRecord
 
 __all__ = ["MAX_WORKERS", "MembershipRequests", "WorkerRequest"]
 
@@ -44,7 +43,8 @@ class WorkerRequest:
     reason: str = ""
 
     def describe(self) -> str:
-        """``requester: reason`` (the reason the events and the summary carry)."""
+        """``requester: reason``: the reason the events carry (the summary's ``membership``
+        splits it back into its two parts)."""
         who = self.requester or "a membership request"
         return f"{who}: {self.reason}" if self.reason else who
 
@@ -78,20 +78,12 @@ class MembershipRequests:
             request, self._pending = self._pending, None
         return request
 
-    async def apply(self, step: int, driver: RolloutDriver, record: RunRecord) -> None:
+    async def apply(self, step: int, driver: RolloutDriver) -> None:
         """At the boundary after ``step``: resize the rollout side if a request is pending
-        and asks for a different number, and record the change."""
+        and asks for a different number (the driver publishes who joined and left)."""
         request = self.take()
         before = driver.backend.workers
         if request is None or request.workers == before:
             return
         reason = request.describe()
         await driver.resize(step, request.workers, reason)
-        change: dict[str, Any] = {
-            "step": step,
-            "workers_before": before,
-            "workers": request.workers,
-            "requester": request.requester,
-            "reason": request.reason,
-        }
-        record.membership(change)

@@ -1,10 +1,11 @@
 """Recovery from a terminal failure: restore the last checkpoint and resume, within a budget.
 
 When a step raises and ``TERMINAL_FAILURE`` decides ``RESTART_REQUIRED`` (the table's
-``RESTORE``), the run goes back to its last checkpoint in-process: the learner, the data
-position and the run record are restored, the rollout side forgets every open group and
-restarts, and the prompts that were in flight at the checkpoint are reissued under attempts
-above every earlier one (late results from before the restore are dropped as superseded).
+``RESTORE``), the run goes back to its last checkpoint in-process: the learner and the data
+position are restored (and ``metrics.jsonl`` cut back), the rollout side forgets every open
+group and restarts, and the prompts that were in flight at the checkpoint are reissued under
+attempts above every earlier one (late results from before the restore are dropped as
+superseded).
 """
 
 from __future__ import annotations
@@ -70,21 +71,14 @@ class Recovery:
             )
         driver.resubmit(in_flight, learner.step + 1, learner.policy_version)
         await self.backend.update_weights(learner.weights(), learner.policy_version)
-        state.record.restart(
-            "recovery",
-            {
-                "step": failed_step,
-                "restored_step": stored.step,
-                "reason": reason,
-                "error": f"{type(error).__name__}: {error}",
-                "workers": workers,
-            },
-        )
         logger.warning(
-            "recovered from %s at step %d: restored the checkpoint of step %d",
+            "recovered from %s at step %d: restored the checkpoint of step %d (%d workers)",
             type(error).__name__,
             failed_step,
             stored.step,
+            workers,
         )
-        state.announce_restored(stored, reason)
+        state.announce_restored(
+            stored, reason, failed_step=failed_step, error=f"{type(error).__name__}: {error}"
+        )
         return True

@@ -163,8 +163,8 @@ class SelfHealingExtension:
         if outstanding and stalled_for >= self.stall_timeout_s and self._stall is None:
             self._stall = (
                 f"no progress for {stalled_for:.1f} s at step {state.step} "
-                f"({state.available}/{state.required} samples, {state.running_groups} groups "
-                f"running, {state.pending_groups} pending)"
+                f"({state.available}/{state.required} prompt groups ready, "
+                f"{state.running_groups} running, {state.pending_groups} pending)"
             )
 
     # --- voting ---------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 A checkpoint is one plain dict (``CHECKPOINT_FORMAT`` 1): the run id, the learner's share
 (policy, reference, optimizer, RNGs, step, policy version), the data position, the prompts in
-flight (reissued on resume), every ``STATE`` extension's ``state_dict()`` under its name, the
-configuration and the run record. Extension state is checked to be plain data before it is
-written, since checkpoints load with ``weights_only=True``.
+flight (reissued on resume), every ``STATE`` extension's ``state_dict()`` under its name and
+the configuration. The run's record is not in it: the summary is folded from the run's
+events, and a resumed process folds the earlier attempts' log. Extension state is checked to
+be plain data before it is written, since checkpoints load with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..rl._tasks import Prompt, PromptSource
 from ..rollout._driver import RolloutDriver
 from ._checkpoint import CheckpointStore, StoredCheckpoint
 from ._learner import Learner
-from ._run import RunRecord
+from ._run import RunFolder
 from ._stall import Stages
 
 __all__ = ["CHECKPOINT_FORMAT", "RunState"]
@@ -50,7 +51,7 @@ class RunState:
         stream: The training prompt stream (its position is the data position).
         driver: The rollout side (the prompts in flight).
         bus: The bus (``STATE`` extensions, ``CheckpointSaved``/``CheckpointRestored``).
-        record: The run record.
+        files: The run folder's files (``metrics.jsonl`` is cut back on a restore).
         store: Where checkpoints are written.
         export: Called after each checkpoint is written, on the same thread (writes the
             run folder's ``model/`` for a Hugging Face model).
@@ -63,7 +64,7 @@ class RunState:
     stream: PromptSource
     driver: RolloutDriver
     bus: EventBus
-    record: RunRecord
+    files: RunFolder
     store: CheckpointStore
     export: Callable[[], None] | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -81,7 +82,6 @@ class RunState:
             write = self.stages.in_thread(self._write)
             stored = await anyio.to_thread.run_sync(write, self.gather())
         elapsed = time.perf_counter() - began
-        self.record.checkpoints += 1
         if self.bus.wants(CheckpointSaved):
             self.bus.publish(
                 CheckpointSaved(
@@ -109,15 +109,14 @@ class RunState:
             "in_flight": [msgspec.to_builtins(p) for p in self.driver.in_flight_prompts()],
             "extensions": self._extension_states(),
             "config": self.config.to_dict(),
-            "record": self.record.state_dict(),
         }
 
     def apply(self, state: dict[str, Any], *, resuming: bool) -> list[Prompt]:
         """Restore a checkpoint; returns the prompts that were in flight (to reissue).
 
-        When resuming in a new process the run's history and the extensions' state come
-        from the checkpoint; when recovering in-process both are kept as they are (they
-        include the failure).
+        When resuming in a new process the extensions' state comes from the checkpoint (the
+        run's history from its event log); when recovering in-process it is kept as it is
+        (it includes the failure).
         """
         if state.get("format") != CHECKPOINT_FORMAT:
             raise RuntimeError(f"unsupported checkpoint format {state.get('format')!r}")
@@ -126,18 +125,20 @@ class RunState:
         self.stream.position = state["stream_position"]
         if resuming:
             self._load_extension_states(state.get("extensions", {}))
-            self.record.load_state_dict(state.get("record", {}))
         else:
             # In-process recovery keeps the extensions' live state: rewinding it would, for
             # one, hand the self-healing extension its spent restart budget back.
-            self.record.rewind(self.learner.step)
+            self.files.rewind_metrics(self.learner.step)
         return [decode_prompt(p) for p in state.get("in_flight", [])]
 
-    def resume(self, out_dir: Path | None) -> list[Prompt] | None:
+    def resume(self, out_dir: Path | None) -> tuple[StoredCheckpoint, list[Prompt]] | None:
         """Continue from the run folder's last checkpoint, if asked and there is one.
 
+        Nothing is published: the caller announces the resume (after ``FitStarted``, so an
+        attempt's events begin with its start).
+
         Returns:
-            The prompts in flight at that checkpoint, or None when nothing was resumed.
+            The checkpoint and the prompts in flight at it, or None when nothing was resumed.
 
         Raises:
             RuntimeError: The folder holds another run (resume off) or one of another model.
@@ -165,14 +166,27 @@ class RunState:
             )
         in_flight = self.apply(state, resuming=True)
         logger.info("resuming run %s from the checkpoint of step %d", self.run_id, stored.step)
-        self.announce_restored(stored, "resume")
-        return in_flight
+        return stored, in_flight
 
-    def announce_restored(self, stored: StoredCheckpoint, reason: str) -> None:
-        """Publish ``CheckpointRestored`` (if anyone listens)."""
+    def announce_restored(
+        self,
+        stored: StoredCheckpoint,
+        reason: str,
+        *,
+        failed_step: int | None = None,
+        error: str = "",
+    ) -> None:
+        """Publish ``CheckpointRestored`` (if anyone listens): a resume (``reason``
+        ``"resume"``), or the recovery of ``failed_step`` from ``error``."""
         if self.bus.wants(CheckpointRestored):
             self.bus.publish(
-                CheckpointRestored(step=stored.step, path=str(stored.path), reason=reason)
+                CheckpointRestored(
+                    step=stored.step,
+                    path=str(stored.path),
+                    reason=reason,
+                    failed_step=failed_step,
+                    error=error,
+                )
             )
 
     def _extension_states(self) -> dict[str, Any]:

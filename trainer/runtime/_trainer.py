@@ -40,6 +40,7 @@ from eventbus import (
     SafePointOutcome,
     StepFinished,
     StepStarted,
+    Subscription,
     WeightsSynced,
 )
 from replay import GroupResult, SampleWaitInterrupted
@@ -56,11 +57,12 @@ from ._checkpoint import CheckpointStore
 from ._decisions import Action, RunAborted, StopRequested, action_for, interrupts_sample_wait
 from ._diagnosis import StallDiagnoser
 from ._extload import load_extension
+from ._fold import LIVE_EVENTS, FitSummary, RunFold, fold_events
 from ._learner import Learner
 from ._membership import MembershipRequests
 from ._metrics import named
 from ._recovery import Recovery
-from ._run import FitSummary, RunRecord
+from ._run import EVENTS_FILE, RunFolder
 from ._stall import StallWatch
 from ._state import RunState
 from ._workload import RunWorkload
@@ -213,14 +215,16 @@ class PPOTrainer:
 
             for exporter in build_exporters(config.export, self.out_dir):
                 self.registrations.append(self.bus.register_extension(exporter))
-        self.record = RunRecord(self.out_dir)
+        self.files = RunFolder(self.out_dir)
+        self.record = RunFold()  # what the run did: folded from its events
+        self._tap: Subscription | None = None
         self.state = RunState(
             config=config,
             learner=self.learner,
             stream=self.stream,
             driver=self.driver,
             bus=self.bus,
-            record=self.record,
+            files=self.files,
             store=self.checkpoints,
             export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
@@ -314,11 +318,21 @@ class PPOTrainer:
         try:
             if self.out_dir is not None:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
-                jsonl = JsonlSink(self.out_dir / "events.jsonl", name="trainbus.events-log")
+                self.files.repair()
+                # The summary is the whole run's: the earlier attempts' events first.
+                self.record = fold_events(self.files.earlier_events())
+                jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
                 sink = self.bus.register_extension(jsonl)
+            # The live fold reads the events its summary depends on, as the log does.
+            self._tap = self.bus.subscribe(
+                *LIVE_EVENTS, maxsize=100_000, name="trainbus.run-record"
+            )
             async with self.bus.running():
                 return await self._fit()
         finally:
+            if self._tap is not None:
+                self._tap.close()
+                self._tap = None
             if sink is not None:
                 sink.close()
             if jsonl is not None:
@@ -334,13 +348,11 @@ class PPOTrainer:
         began = time.perf_counter()
         resumed = self.state.resume(self.out_dir)
         start_step = self.step
-        self.record.begin(self.run_id, start_step, config.to_dict())
+        self.files.rewind_metrics(start_step)
         await self.driver.start(self.learner.weights(), self.policy_version)
         error: BaseException | None = None
         stop_reason = ""
         try:
-            if resumed is not None:
-                self.driver.resubmit(resumed, self.step + 1, self.policy_version)
             if bus.wants(FitStarted):
                 bus.publish(
                     FitStarted(
@@ -352,6 +364,10 @@ class PPOTrainer:
                         resumed=start_step > 0,
                     )
                 )
+            if resumed is not None:
+                stored, in_flight = resumed
+                self.state.announce_restored(stored, "resume")
+                self.driver.resubmit(in_flight, self.step + 1, self.policy_version)
             if not self.checkpoints.list() and (
                 self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
             ):
@@ -379,7 +395,7 @@ class PPOTrainer:
             raise
         finally:
             await self._finish(error, began, stop_reason)
-        return self.record.summary
+        return self.record.summary()
 
     async def _finish(self, error: BaseException | None, began: float, stop_reason: str) -> None:
         """Shut the rollout side down, reach AFTER_FIT, publish the end, write summary.json.
@@ -396,12 +412,8 @@ class PPOTrainer:
                 logger.exception("closing the rollout backend failed while handling an error")
             try:
                 outcome = await self._safe_point(SafePoint.AFTER_FIT, failed=error is not None)
-                if outcome is not None:
-                    failures = [v for v in outcome.votes if v.error]
-                    self.record.after_fit_errors.extend(
-                        f"{v.participant}: {v.error}" for v in failures
-                    )
-                    for vote in failures:
+                for vote in outcome.votes if outcome is not None else ():
+                    if vote.error:
                         logger.error(
                             "extension %s failed at AFTER_FIT: %s", vote.participant, vote.error
                         )
@@ -410,16 +422,8 @@ class PPOTrainer:
                     raise
                 logger.exception("AFTER_FIT failed while handling an error")
             duration = time.perf_counter() - began
-            self.record.finish(
-                steps=self.step,
-                duration_s=duration,
-                error=error,
-                stopped_early=bool(stop_reason),
-                stop_reason=stop_reason,
-                trackers=self.driver.tracker_statistics(),
-                backend=self.backend.statistics(),
-                extension_failures=self.bus.statistics().extension_failures,
-            )
+            if stop_reason:
+                logger.info("run stopped early: %s", stop_reason)
             if error is None and self.bus.wants(FitFinished):
                 self.bus.publish(
                     FitFinished(
@@ -429,7 +433,17 @@ class PPOTrainer:
                         reason=stop_reason,
                     )
                 )
-            self.record.write_summary()
+            await self._drain_record()
+            self.files.write_summary(self.record.summary())
+
+    async def _drain_record(self) -> None:
+        """Fold what the live fold's subscription holds (it never waits: only what is
+        queued now is taken)."""
+        tap = self._tap
+        if tap is None:
+            return
+        while tap.statistics().queued:
+            self.record.apply(await anext(tap))
 
     def _report_failure(self, error: BaseException) -> None:
         try:
@@ -482,13 +496,14 @@ class PPOTrainer:
         )
         metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
         self._active_step = None
-        self.record.step(step, metrics)
+        self.files.append_metrics(step, metrics)
         if bus.wants(StepFinished):
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
         if step % config.checkpoint.every == 0 or step == config.run.steps:
             await self.state.save()
+        await self._drain_record()
         await self._decide(SafePoint.STEP_BOUNDARY)
-        await self.membership.apply(step, self.driver, self.record)
+        await self.membership.apply(step, self.driver)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
         """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decisions that end it."""
@@ -497,7 +512,7 @@ class PPOTrainer:
                 return await self.driver.wait_batch(step, self.learner.policy_version)
             except SampleWaitInterrupted as interrupt:
                 outcome = interrupt.outcome
-            self.record.decision(outcome)
+            self.record.apply_outcome(outcome)
             # RESTART_ROLLOUTS, then wait again; STOP and ABORT raise.
             await self._act(SafePoint.SAMPLE_WAIT, outcome, step)
 
@@ -517,11 +532,14 @@ class PPOTrainer:
 
     # --- safe points: each decision looked up in the one table ----------------------------
 
-    async def _safe_point(self, point: SafePoint, **details: Any) -> SafePointOutcome | None:
+    async def _safe_point(
+        self, point: SafePoint, *, step: int | None = None, **details: Any
+    ) -> SafePointOutcome | None:
         if not self.bus.wants_safe_point(point):
             return None
-        outcome = await self.bus.safe_point(point, step=self.learner.step, **details)
-        self.record.decision(outcome)
+        at = self.learner.step if step is None else step
+        outcome = await self.bus.safe_point(point, step=at, **details)
+        self.record.apply_outcome(outcome)
         return outcome
 
     async def _decide(self, point: SafePoint) -> None:
@@ -544,8 +562,7 @@ class PPOTrainer:
             await self.state.save()
         elif action is Action.RESTART_ROLLOUTS:
             with self.stages.stage("restart", step):
-                record = await self.driver.restart(step, outcome.summary())
-            self.record.restart("rollouts", record)
+                await self.driver.restart(step, outcome.summary())
         elif action is Action.STOP:
             raise StopRequested(outcome.summary())
         elif action is Action.ABORT:
@@ -561,6 +578,7 @@ class PPOTrainer:
         try:
             outcome = await self._safe_point(
                 SafePoint.TERMINAL_FAILURE,
+                step=self.step + 1,  # the step that failed, where its restart is reported
                 error_type=type(error).__name__,
                 message=str(error),
             )

@@ -43,12 +43,12 @@ from trainer.cli._inspect import (
     LogView,
     Selection,
     decode_line,
-    describe,
     entry_step,
     format_entry,
     parse_types,
     show_log,
 )
+from trainer.runtime._describe import describe
 
 from .test_report import trainbus, trained_run
 
@@ -123,7 +123,7 @@ def _resolved(decision: Decision, reason: str = "", timed_out: bool = False) -> 
                 metrics={"reward/mean": 0.7344, "actor/approx_kl": 0.00123, "timing_s/wait": 0.5},
                 duration_s=1.25,
             ),
-            "step=3 reward=0.734 approx_kl=0.0012 wait=0.50s time=1.25s",
+            "step 3: reward 0.734, kl(old) 0.0012, 1.25 s",
         ),
         (  # a log written before the slash names reads the same
             StepFinished(
@@ -131,24 +131,24 @@ def _resolved(decision: Decision, reason: str = "", timed_out: bool = False) -> 
                 metrics={"reward_mean": 0.7344, "approx_kl": 0.00123, "wait_time_s": 0.5},
                 duration_s=1.25,
             ),
-            "step=3 reward=0.734 approx_kl=0.0012 wait=0.50s time=1.25s",
+            "step 3: reward 0.734, kl(old) 0.0012, 1.25 s",
         ),
         (
             _resolved(Decision.RESTART_REQUIRED, "no progress for 10.0 s"),
-            "step_boundary step=3 -> restart_required (self-healing: no progress for 10.0 s)",
+            "step_boundary at step 3: restart_required (self-healing: no progress for 10.0 s)",
         ),
-        (_resolved(Decision.CONTINUE), "step_boundary step=3 -> continue"),
+        (_resolved(Decision.CONTINUE), "step_boundary at step 3: continue"),
         (
             _resolved(Decision.CONTINUE, timed_out=True),
-            "step_boundary step=3 -> continue [timed out: self-healing]",
+            "step_boundary at step 3: continue [timed out: self-healing]",
         ),
         (
             _wait(12, 3, 8.24),
-            "step=4 waiting 12/16 samples, 3 running, 0 pending, 8.2 s (poll 3)",
+            "step 4: waiting for prompt groups, 12/16 ready, 3 running, 0 pending, 8.2 s (poll 3)",
         ),
         (
             RolloutRejected(rollout_id="p12#3", attempt=1, reason="superseded_attempt"),
-            "p12#3 attempt 1 superseded_attempt",
+            "rollout p12#3 (attempt 1) not admitted: superseded_attempt",
         ),
         (
             BatchReconciled(
@@ -161,14 +161,14 @@ def _resolved(decision: Decision, reason: str = "", timed_out: bool = False) -> 
                     wait_s=0.25,
                 )
             ),
-            "step=3 registered=32 succeeded=32 dropped={superseded_attempt: 2} duplicates=1 "
-            "wait=0.25s",
+            "step 3: 32/32 rollouts succeeded, not admitted {superseded_attempt: 2}, "
+            "1 duplicates (no-ops), waited 0.25 s",
         ),
         (
             FitStarted(run_id="r1", total_steps=9, mode="sync", backend="local"),
-            "run=r1 steps=9 mode=sync backend=local",
+            "run r1: 9 steps, sync mode, local backend",
         ),
-        (Lagged(missed=12), "missed=12"),
+        (Lagged(missed=12), "12 events missed (this reader fell behind)"),
     ],
     ids=lambda value: type(value).__name__ if isinstance(value, Event) else None,
 )
@@ -178,9 +178,13 @@ def test_each_event_reads_as_one_compact_line(event: Event, text: str) -> None:
 
 def test_a_line_starts_with_seq_and_time_since_the_first_event() -> None:
     event = StepStarted(step=1, seq=5, time=112.5)
-    assert format_entry(event, origin=100.0) == "     5   +12.500s  StepStarted step=1"
+    assert format_entry(event, origin=100.0) == (
+        "     5   +12.500s  StepStarted step 1: collecting rollouts"
+    )
     # A Lagged notice has no seq or time of its own.
-    assert format_entry(Lagged(missed=3), origin=100.0) == "     -             Lagged missed=3"
+    assert format_entry(Lagged(missed=3), origin=100.0) == (
+        "     -             Lagged 3 events missed (this reader fell behind)"
+    )
 
 
 def test_an_event_type_unknown_here_is_shown_from_its_json() -> None:
@@ -243,7 +247,7 @@ def test_the_view_filters_and_tracks_the_fit(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"".join(map(_line, events)) + _line(StepStarted(step=2))[:5])
     show_log(LogReader(path), view, follow=False)
-    assert out.getvalue() == "     3    +2.000s  StepStarted step=2\n"
+    assert out.getvalue() == "     3    +2.000s  StepStarted step 2: collecting rollouts\n"
     assert view.fit_over()
     view.show(_line(FitStarted(seq=5, time=14.0)))  # a resume: the run goes on
     assert not view.fit_over()
@@ -257,7 +261,7 @@ def test_type_and_step_filters(run_dir: Path) -> None:
     assert done.returncode == 0, done.stderr
     [(kind, text)] = parsed(done.stdout)
     assert kind == "StepFinished"
-    assert re.match(r"step=2 reward=\d\.\d{3} kl=\S+ approx_kl=\S+ clip=\S+ entropy=", text)
+    assert re.match(r"step 2/3: reward \d\.\d{3}, kl\(old\) \S+, clip \S+, entropy ", text)
 
 
 def test_several_types_case_insensitive(run_dir: Path) -> None:
@@ -276,7 +280,7 @@ def test_step_filter_keeps_nested_steps(run_dir: Path) -> None:
     assert {"SampleWait", "SafePointResolved", "BatchReconciled", "RolloutRestarted"} <= {
         kind for kind, _ in rows
     }
-    assert "SafePointResolved sample_wait step=2 -> restart_required (self-healing:" in (
+    assert "SafePointResolved sample_wait at step 2: restart_required (self-healing:" in (
         done.stdout
     )
 
@@ -286,7 +290,7 @@ def test_the_whole_log_one_line_per_event(run_dir: Path) -> None:
     assert done.returncode == 0, done.stderr
     raw = raw_lines(run_dir)
     assert [kind for kind, _ in parsed(done.stdout)] == [e["type"] for e in raw]
-    assert done.stdout.splitlines()[0].startswith("     1    +0.000s  FitStarted run=")
+    assert done.stdout.splitlines()[0].startswith("     1    +0.000s  FitStarted run ")
 
 
 def test_json_passes_matching_lines_through(run_dir: Path) -> None:
@@ -381,7 +385,7 @@ def test_follow_prints_appended_lines_whole_until_the_fit_finishes(
     started = FitStarted(run_id="f", total_steps=1, mode="sync", backend="local", seq=1, time=50)
     _append(log, _line(started))  # the log appears after the follower started
     assert follower.stdout.readline() == (
-        "     1    +0.000s  FitStarted run=f steps=1 mode=sync backend=local\n"
+        "     1    +0.000s  FitStarted run f: 1 steps, sync mode, local backend\n"
     )
 
     torn = _line(StepStarted(step=1, seq=2, time=51.0))
@@ -389,12 +393,14 @@ def test_follow_prints_appended_lines_whole_until_the_fit_finishes(
     if Path("/proc/self/fdinfo").is_dir():
         _wait_until_read(follower, log)  # it has seen the half line: nothing may show yet
     _append(log, torn[12:])
-    assert follower.stdout.readline() == "     2    +1.000s  StepStarted step=1\n"
+    assert follower.stdout.readline() == (
+        "     2    +1.000s  StepStarted step 1/1: collecting rollouts\n"
+    )
 
     _append(log, _line(FitFinished(step=1, duration_s=2.0, seq=3, time=52.0)))
     assert follower.wait(timeout=60) == 0
     out, err = follower.communicate()
-    assert out == "     3    +2.000s  FitFinished step=1 after 2.0 s\n"
+    assert out == "     3    +2.000s  FitFinished finished at step 1 after 2.0 s\n"
     assert err == ""
 
 

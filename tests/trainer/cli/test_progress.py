@@ -65,12 +65,12 @@ def test_plain_lines_say_what_the_trainer_does_and_waits_for() -> None:
         view.on_event(CONTEXT, event)
     assert out.getvalue().splitlines() == [
         "run r1: 60 steps, sync mode, local backend",
-        "step    3/60  reward 0.734  kl(old) 0.0123  clip 0.050  entropy 1.200  "
-        "2400 samples/s  0.11 s",
+        "step 3/60: reward 0.734, kl(old) 0.0123, clip 0.050, entropy 1.200, "
+        "2400 samples/s, 0.11 s",
         # short waits are normal; a wait is reported once it lasted wait_every_s
-        "           waiting: 12/16 samples, 3 groups running, 0 pending, 8.2 s",
-        "restart at step 4: no progress; 2 workers, 1 rollouts reissued (attempt 2)",
-        "finished at step 60 in 7.4 s",
+        "  step 3/60: waiting for prompt groups, 12/16 ready, 3 running, 0 pending, 8.2 s (poll 4)",
+        "step 4: rollout side restarted (attempt 2), 2 workers, 1 rollouts reissued: no progress",
+        "finished at step 60 after 7.4 s",
     ]
 
 
@@ -83,9 +83,9 @@ def test_the_live_view_shows_the_bar_and_the_current_wait() -> None:
     frame = console.file.getvalue()  # type: ignore[attr-defined]
     assert "3/60" in frame
     assert "reward 0.734" in frame
-    assert "waiting: 12/16 samples, 3 groups running, 0 pending, 8.2 s" in frame
+    assert "waiting for prompt groups, 12/16 ready, 3 running, 0 pending, 8.2 s" in frame
     view.on_event(CONTEXT, FitFinished(step=60, duration_s=7.4))
-    assert console.file.getvalue().rstrip().endswith("finished at step 60 in 7.4 s")  # type: ignore[attr-defined]
+    assert console.file.getvalue().rstrip().endswith("finished at step 60 after 7.4 s")  # type: ignore[attr-defined]
     assert view._live is None  # stopped drawing
 
 
@@ -112,5 +112,6 @@ def test_not_on_a_terminal_trainbus_prints_plain_step_lines(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("run ")
-    assert [line.split()[1] for line in lines if line.startswith("step ")] == ["1/2", "2/2"]
+    steps = [line.split()[1] for line in lines if line.startswith("step ")]
+    assert steps == ["1/2:", "2/2:"]
     assert "\x1b[" not in done.stdout  # no terminal control codes in a pipe

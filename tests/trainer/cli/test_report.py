@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,33 +30,18 @@ from eventbus import (
     Vote,
     encode_event,
 )
-from trainer.cli._report import (
-    Marker,
-    facts_from_log,
-    load_run,
-    restart_markers,
-    run_facts,
-    run_report,
-    table_rows,
-    write_plots,
-)
+from trainer.cli._plots import Marker, restart_markers, write_plots
+from trainer.cli._report import report_json, run_report, table_rows
+from trainer.cli._rundata import RunData, load_run
+from trainer.runtime._fold import fold_events
 from trainer.runtime._metrics import METRICS
+
+from ..runfolder import trainbus
 
 TINY_TOML = "[rollout]\nprompts_per_step = 8\ngroup_size = 4\npoll_interval_s = 0.05\n"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 _TRAINED: dict[str, Path] = {}
-
-
-def trainbus(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m trainer ARGS`` as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 def trained_run(factory: pytest.TempPathFactory) -> Path:
@@ -110,7 +93,10 @@ def assert_valid_png(path: Path) -> None:
 
 def report(folder: Path, *flags: str) -> int:
     """``run_report`` in-process (fast; what the subprocess tests drive through ``main``)."""
-    return run_report(argparse.Namespace(run_dir=str(folder), no_plots="--no-plots" in flags))
+    args = argparse.Namespace(
+        run_dir=str(folder), no_plots="--no-plots" in flags, json="--json" in flags
+    )
+    return run_report(args)
 
 
 # --- the command, on a real run -----------------------------------------------------------
@@ -129,7 +115,8 @@ def test_report_prints_the_table_and_writes_valid_plots(run_dir: Path) -> None:
         "best reward",
         "time",
         "restarts               1\n",
-        "step 2 rollouts: restart_required (self-healing:",
+        "step 2: rollout side restarted (attempt 2)",
+        "sample_wait at step 2: restart_required",
         "dropped rollouts       none",
         "sample waits",
         "sample_wait: restart_required 1",
@@ -181,23 +168,61 @@ def test_a_run_without_summary_is_reported_from_its_logs(
 
     assert report(folder) == 0
     out = capsys.readouterr().out
-    assert "running or interrupted" in out
-    assert "no summary yet" in out
+    assert "status                 running" in out
+    assert "still going, or killed" in out
     assert "steps                  3 of 3" in out
-    assert "step 2 rollouts: restart_required" in out
+    assert "step 2: rollout side restarted" in out
     assert "so far" in out
     assert_valid_png(folder / "waits.png")
 
 
-def test_a_damaged_summary_is_noted_and_the_logs_used(
+def test_the_table_of_a_finished_run_says_what_its_summary_says(run_dir: Path) -> None:
+    run = load_run(run_dir)
+    assert run.source == "events.jsonl"
+    written = json.loads((run_dir / "summary.json").read_text())
+    folded = json.loads(json.dumps(report_json(run)["summary"]))
+    # One fold made both: live in the trainer, and here from the log.
+    assert {k: v for k, v in folded.items() if k not in {"duration_s", "attempts"}} == {
+        k: v for k, v in written.items() if k not in {"duration_s", "attempts"}
+    }
+    assert folded["duration_s"] == pytest.approx(written["duration_s"], abs=0.05)
+
+
+def test_a_damaged_summary_does_not_matter_when_the_log_is_there(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = copy_run(run_dir, tmp_path)
     (folder / "summary.json").write_text("{not json")
     assert report(folder, "--no-plots") == 0
+    assert "status                 finished" in capsys.readouterr().out
+
+
+def test_without_a_log_the_summary_is_used_and_a_damaged_one_noted(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = copy_run(run_dir, tmp_path)
+    (folder / "events.jsonl").unlink()
+    assert report(folder, "--no-plots") == 0
+    assert "status                 finished" in capsys.readouterr().out
+    (folder / "summary.json").write_text("{not json")
+    assert report(folder, "--no-plots") == 0
     out = capsys.readouterr().out
-    assert "note: " in out and "summary.json unreadable" in out
-    assert "status                 finished" in out
+    assert "summary.json unreadable" in out
+    assert "steps                  3" in out  # from metrics.jsonl
+
+
+def test_report_json_holds_the_summary_and_the_facts(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = copy_run(run_dir, tmp_path)
+    assert report(folder, "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["source"] == "events.jsonl"
+    assert data["summary"]["status"] == "finished"
+    assert data["summary"]["steps"] == 3
+    assert len(data["restarts"]) == 1 and "rollout side restarted" in data["restarts"][0]
+    assert data["best_reward"]["step"] in (1, 2, 3)
+    assert list(folder.glob("*.png")) == []  # JSON only: no plots
 
 
 # --- hand-built runs ----------------------------------------------------------------------
@@ -223,33 +248,46 @@ FAILED_RUN = [
     _batch(1, superseded_attempt=1, earlier_step=3),
     CheckpointSaved(step=1, path="/x/step-1.pt", seq=7, time=102.0),
     StepStarted(step=2, seq=8, time=102.5),
-    CheckpointRestored(step=1, path="/x/step-1.pt", reason="boom recovery", seq=9, time=103.0),
+    CheckpointRestored(
+        step=1,
+        path="/x/step-1.pt",
+        reason="boom recovery",
+        failed_step=2,
+        error="ValueError: boom",
+        seq=9,
+        time=103.0,
+    ),
     FitFailed(step=1, error_type="ValueError", message="boom", seq=10, time=104.0),
 ]
 
 
-def test_facts_from_the_log_of_a_failed_run() -> None:
-    facts = facts_from_log(FAILED_RUN, [{"step": 1, "reward/mean": 0.5, "timing_s/wait": 2.0}])
-    assert facts.status == "failed"
-    assert facts.error == "ValueError: boom"
-    assert (facts.run_id, facts.steps, facts.total_steps) == ("abc", 1, 5)
-    assert facts.duration_s == pytest.approx(4.0)
-    assert facts.restarts == [
-        "step 1 rollouts: restart_required (healer: stalled)",
-        "restored step 1: boom recovery",
+def test_the_fold_of_the_log_of_a_failed_run() -> None:
+    fold = fold_events(FAILED_RUN)
+    s = fold.summary()
+    assert s.status == "failed"
+    assert s.error == "ValueError: boom"
+    assert (s.run_id, s.steps, s.total_steps) == ("abc", 1, 5)
+    assert s.duration_s == pytest.approx(4.0)
+    assert [r["kind"] for r in s.restarts] == ["rollouts", "recovery"]
+    assert s.restarts[1]["step"] == 2  # the step that failed
+    assert s.dropped_rollouts == {"superseded_attempt": 3, "earlier_step": 3}
+    assert s.duplicates == 2
+    assert s.decisions == {"sample_wait": {"restart_required": 1}}
+    assert s.checkpoints == 1
+    rows = dict(table_rows(RunData(Path("x"), summary=s, fold=fold)))
+    assert rows["restarts"].splitlines() == [
+        "2",
+        "step 1: rollout side restarted (attempt 0), 0 workers, 0 rollouts reissued: "
+        "restart_required (healer: stalled)",
+        "step 2 failed (ValueError: boom); restored the checkpoint of step 1: boom recovery",
     ]
-    assert facts.dropped == {"superseded_attempt": 3, "earlier_step": 3}
-    assert facts.duplicates == 2
-    assert facts.decisions == {"sample_wait": {"restart_required": 1}}
-    assert facts.notable == ["step 1 sample_wait: restart_required (healer: stalled)"]
-    assert facts.checkpoints == 1
-    assert (facts.wait_total_s, facts.wait_longest_s) == (2.0, 2.0)
+    assert rows["notable decisions"] == "sample_wait at step 1: restart_required (healer: stalled)"
 
 
 def test_table_rows_of_a_run_without_steps() -> None:
-    facts = facts_from_log([FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)], [])
-    rows = dict(table_rows(facts, []))
-    assert rows["status"].startswith("running or interrupted\nno summary yet")
+    fold = fold_events([FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)])
+    rows = dict(table_rows(RunData(Path("x"), summary=fold.summary(), fold=fold)))
+    assert rows["status"].startswith("running\nno end in the log yet")
     assert rows["steps"] == "0 of 3"
     assert rows["final reward"] == "n/a (no finished step)"
     assert rows["restarts"] == rows["dropped rollouts"] == "none"
@@ -260,19 +298,21 @@ def test_restarts_are_marked_where_they_happened() -> None:
     assert restart_markers([*FAILED_RUN, resumed]) == [
         Marker(1, "rollout restart"),
         Marker(2, "checkpoint restored"),  # the step that failed, not the one restored
-        Marker(2, "resumed"),
+        Marker(4, "resumed"),  # the step it resumed from
     ]
 
 
-def test_a_summary_older_than_the_log_says_the_run_goes_on(
+def test_a_log_that_goes_on_after_the_summary_says_the_run_goes_on(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = copy_run(run_dir, tmp_path)
     with (folder / "events.jsonl").open("ab") as file:
-        file.write(encode_event(FitStarted(run_id="again", seq=999, time=1e10)) + b"\n")
+        event = FitStarted(run_id="again", start_step=3, total_steps=5, resumed=True, time=1e10)
+        file.write(encode_event(event) + b"\n")
     assert report(folder, "--no-plots") == 0
     out = capsys.readouterr().out
-    assert "running again\n" in out and "summary.json is from an earlier attempt" in out
+    assert "status                 running" in out
+    assert "3 of 5 in 2 attempts (the last from step 3)" in out
 
 
 def test_metrics_keep_one_line_per_step_and_skip_a_torn_line(tmp_path: Path) -> None:
@@ -292,17 +332,22 @@ def test_a_run_folder_from_before_the_slash_names_reads_the_same(
 ) -> None:
     old = copy_run(run_dir, tmp_path)
     short = {m.name: m.short for m in METRICS if m.short is not None}
+
+    def shortened(row: dict[str, object]) -> dict[str, object]:
+        return {short.get(k, k): v for k, v in row.items()}
+
     rows = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
     assert "reward/mean" in rows[0]
-    (old / "metrics.jsonl").write_text(
-        "".join(json.dumps({short.get(k, k): v for k, v in row.items()}) + "\n" for row in rows)
-    )
-    assert "reward_mean" in (old / "metrics.jsonl").read_text()
+    (old / "metrics.jsonl").write_text("".join(json.dumps(shortened(r)) + "\n" for r in rows))
+    events = [json.loads(line) for line in (old / "events.jsonl").read_text().splitlines()]
+    for event in events:
+        if event["type"] == "StepFinished":
+            event["metrics"] = shortened(event["metrics"])
+    (old / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert "reward_mean" in (old / "events.jsonl").read_text()
     new_run, old_run = load_run(run_dir), load_run(old)
     assert old_run.metrics == new_run.metrics
-    assert table_rows(run_facts(old_run), old_run.metrics) == table_rows(
-        run_facts(new_run), new_run.metrics
-    )
+    assert table_rows(old_run) == table_rows(new_run)
 
 
 def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:

@@ -24,9 +24,10 @@ from eventbus import (
 )
 from replay import PromptGroup
 from trainer import Holding, RolloutWork, load_config
-from trainer.cli._inspect import describe, format_entry
+from trainer.cli._inspect import format_entry
 from trainer.cli._live import LiveProgress
 from trainer.cli._stalls import fold_stalls
+from trainer.runtime._describe import describe
 
 DIAGNOSIS = StallDiagnosed(
     step=4,
@@ -61,7 +62,7 @@ DIAGNOSIS = StallDiagnosed(
 
 def test_events_prints_the_headline_then_holdings_and_indented_stacks() -> None:
     assert describe(DIAGNOSIS).splitlines() == [
-        "step=4 rollouts stalled 6.2 s (waited 6.5 s, diagnosis 2): worker ray-1.0 holds "
+        "step 4: rollouts stalled 6.2 s (waited 6.5 s, diagnosis 2): worker ray-1.0 holds "
         "4 rollouts for 6.2 s, stuck in `myrewards.py:41 score`",
         "    ray-1.0 holds 4 rollouts of groups p7, p8",
         "    ray-1.0 [MainThread] (py-spy, pid 4242):",
@@ -71,7 +72,7 @@ def test_events_prints_the_headline_then_holdings_and_indented_stacks() -> None:
         "    note: the backend said so",
     ]
     first = format_entry(DIAGNOSIS).splitlines()[0]
-    assert first.split()[:3] == ["17", "StallDiagnosed", "step=4"]
+    assert first.split()[:4] == ["17", "StallDiagnosed", "step", "4:"]
 
 
 def test_a_stack_that_could_not_be_read_shows_why() -> None:

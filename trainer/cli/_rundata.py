@@ -1,0 +1,125 @@
+"""Reading a run folder once, for ``trainbus report``, ``runs`` and ``compare``.
+
+The run's summary comes from the same fold the trainer runs live
+(:class:`~trainer.runtime._fold.RunFold`), applied to ``events.jsonl``: it covers every
+attempt, and a run that is still going or was killed reads as far as its log goes. Only a
+folder without a log falls back to ``summary.json``, and one with neither to
+``metrics.jsonl``. A missing or damaged file is noted, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+import msgspec
+
+from eventbus import Event, Lagged, StepFinished, read_events
+
+from ..runtime._fold import FitSummary, RunFold, fold_events
+from ..runtime._metrics import named
+from ..runtime._run import EVENTS_FILE, METRICS_FILE, SUMMARY_FILE
+from ._errors import UsageError
+
+__all__ = ["RUN_FILES", "RunData", "is_run_folder", "load_run", "read_metrics", "run_folder"]
+
+RUN_FILES = (EVENTS_FILE, METRICS_FILE, SUMMARY_FILE)
+
+
+def _usage(message: str) -> NoReturn:
+    raise UsageError(message)
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder holding any of a run's files."""
+    return path.is_dir() and any((path / name).is_file() for name in RUN_FILES)
+
+
+def run_folder(run_dir: str) -> Path:
+    """The run folder named on the command line (an ``events.jsonl`` names its folder).
+
+    Raises:
+        UsageError: It is missing or is not a run folder.
+    """
+    path = Path(run_dir)
+    if path.is_file() and path.name == EVENTS_FILE:
+        path = path.parent
+    if not path.is_dir():
+        _usage(f"{run_dir}: no such run folder")
+    if not is_run_folder(path):
+        _usage(f"{run_dir}: not a run folder (no {', '.join(RUN_FILES)})")
+    return path
+
+
+@dataclass
+class RunData:
+    """What a run folder holds, read once.
+
+    Attributes:
+        folder: The run folder.
+        summary: The whole run's summary (see the module docs for where it comes from).
+        source: The file the summary was folded or read from.
+        metrics: ``metrics.jsonl``, one dict per step, in step order.
+        events: ``events.jsonl``, typed (lines of unknown types skipped).
+        fold: The fold of ``events`` (None without a log).
+        notes: What could not be read, for the user.
+    """
+
+    folder: Path
+    summary: FitSummary = field(default_factory=FitSummary)
+    source: str = ""
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    fold: RunFold | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_run(folder: Path) -> RunData:
+    """Read a run folder."""
+    run = RunData(folder)
+    run.metrics = read_metrics(folder / METRICS_FILE)
+    log = folder / EVENTS_FILE
+    if log.is_file():
+        # "skip": a user's event types are unknown here and nothing the summary needs.
+        run.events = list(read_events(log, errors="skip"))
+        run.fold = fold_events(run.events)
+        run.summary, run.source = run.fold.summary(), EVENTS_FILE
+        missed = sum(e.missed for e in run.events if isinstance(e, Lagged))
+        if missed:
+            run.notes.append(
+                f"{log} misses {missed} events (its writer fell behind): counts may be low"
+            )
+        return run
+    summary = folder / SUMMARY_FILE
+    if summary.is_file():
+        try:
+            run.summary = msgspec.json.decode(summary.read_bytes(), type=FitSummary)
+            run.source = SUMMARY_FILE
+            return run
+        except msgspec.DecodeError as exc:
+            run.notes.append(f"{summary} unreadable ({exc})")
+    # Neither: what the metrics say, through the same fold.
+    steps = [StepFinished(step=int(m["step"]), metrics=m) for m in run.metrics]
+    run.summary, run.source = fold_events(steps).summary(), METRICS_FILE
+    run.notes.append(f"no {EVENTS_FILE}: only the steps of {METRICS_FILE} are known")
+    return run
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    """``metrics.jsonl``: the last line of each step (a redone step replaces the old one),
+    in step order. A line still being written (no newline yet) or damaged is skipped."""
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            row = json.loads(line) if line.endswith("\n") else None
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            # Older run folders have the short keys (reward_mean): renamed, so both read
+            # the same.
+            by_step[row["step"]] = named(row)
+    return [by_step[step] for step in sorted(by_step)]

@@ -1,0 +1,381 @@
+"""The run's summary as one fold over its events.
+
+:class:`RunFold` turns a run's events into its :class:`FitSummary`. The same fold serves
+every reader: the trainer feeds it live (the summary ``fit()`` returns and writes as
+``summary.json``), ``trainbus report`` folds ``events.jsonl``, and a resumed process first
+folds the log of the earlier attempts, then goes on live. The summary therefore covers the
+whole run, across kills, resumes and recoveries, and reads the same however it was built.
+
+Each event type the summary depends on has one function in :data:`FOLDS`; adding a fact to
+the summary means adding a function and a table entry.
+
+*Attempts*: every ``fit()`` over a run folder (the first, and each resume) is one attempt,
+opened by its ``FitStarted``. ``status``, ``error``, ``start_step`` and ``after_fit_errors``
+are the last attempt's; ``attempts`` lists each one; every other count is the whole run's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from eventbus import (
+    BatchReconciled,
+    CheckpointRestored,
+    CheckpointSaved,
+    Decision,
+    Event,
+    ExtensionFailed,
+    FitFailed,
+    FitFinished,
+    FitStarted,
+    RolloutRestarted,
+    SafePoint,
+    SafePointOutcome,
+    SafePointResolved,
+    StepFinished,
+    WorkerJoined,
+    WorkerLeft,
+    WorkerLost,
+)
+
+from ._decisions import interrupts_sample_wait
+from ._metrics import named
+
+__all__ = ["FOLDS", "AttemptSummary", "FitSummary", "RunFold", "fold_events"]
+
+MOVING_AVERAGE = 10
+"""Steps in the reward's moving average."""
+
+_NO_REQUESTER = "a membership request"  # WorkerRequest.describe() when nobody is named
+
+REWARD_METRIC = "reward/mean"
+WAIT_METRIC = "timing_s/wait"
+
+
+class AttemptSummary(msgspec.Struct, kw_only=True):
+    """One attempt of a run: a ``fit()`` over its folder (the first, or a resume).
+
+    Attributes:
+        start_step: The step it started from (its checkpoint's).
+        end_step: The last step it completed.
+        status: ``finished``, ``stopped``, ``failed``, ``interrupted`` (stopped at once),
+            ``killed`` (it ended without a word: the next attempt started) or ``running``
+            (the last attempt, still going or killed).
+        duration_s: Its wall time (for a killed one: up to its last event).
+        error: ``Type: message`` of the error that failed it.
+    """
+
+    start_step: int = 0
+    end_step: int = 0
+    status: str = "running"
+    duration_s: float = 0.0
+    error: str | None = None
+
+
+class FitSummary(msgspec.Struct, kw_only=True):
+    """What a run did, over all its attempts (also written as ``summary.json``).
+
+    Attributes:
+        run_id: Stable across resumes.
+        status: The last attempt's: ``finished``, ``stopped`` (a STOP decision or a stop
+            request), ``interrupted`` (stopped at once), ``failed``, or ``running`` (no end
+            yet: going on, or killed).
+        error: ``Type: message`` of the error that failed the last attempt.
+        steps: Steps completed.
+        start_step: The step the last attempt started from (> 0 after a resume).
+        total_steps: Steps asked for.
+        duration_s: Wall time of all attempts together.
+        final_reward: Mean reward of the last step.
+        reward_moving_average: Mean reward over the last 10 steps.
+        best_reward_moving_average: Best 10-step moving average.
+        restarts: Every restart: rollout-side restarts and checkpoint recoveries, with why.
+        membership: Every change of the number of rollout workers, applied at a step
+            boundary: step, workers before and after, the extension that asked, why.
+        decisions: Decisions of the safe points the trainer acted on, by point, then by
+            decision. ``sample_wait`` counts only the waits a decision interrupted (the
+            buffers reach it on every unsuccessful poll; the event log has every one).
+        notable_decisions: Every acted-on decision other than CONTINUE, with who asked and
+            why.
+        dropped_rollouts: Results not admitted, by reason (from the batch reports).
+        duplicates: Duplicate results (no-ops).
+        retry_overwrites: Failed rollouts replaced by a successful retry.
+        sample_wait_total_s: Time spent waiting for batches (steps that were redone after
+            a restore included: the time was spent).
+        sample_wait_longest_s: The longest wait for one batch.
+        checkpoints: Checkpoints written.
+        workers_lost: Rollout workers that died.
+        extension_failures: Extension hook calls that raised.
+        after_fit_errors: Extensions that failed at the last attempt's ``AFTER_FIT``.
+        attempts: Every attempt, oldest first.
+    """
+
+    run_id: str = ""
+    status: str = "running"
+    error: str | None = None
+    steps: int = 0
+    start_step: int = 0
+    total_steps: int = 0
+    duration_s: float = 0.0
+    final_reward: float | None = None
+    reward_moving_average: float | None = None
+    best_reward_moving_average: float | None = None
+    restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    membership: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    decisions: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    notable_decisions: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    dropped_rollouts: dict[str, int] = msgspec.field(default_factory=dict)
+    duplicates: int = 0
+    retry_overwrites: int = 0
+    sample_wait_total_s: float = 0.0
+    sample_wait_longest_s: float = 0.0
+    checkpoints: int = 0
+    workers_lost: int = 0
+    extension_failures: int = 0
+    after_fit_errors: list[str] = msgspec.field(default_factory=list)
+    attempts: list[AttemptSummary] = msgspec.field(default_factory=list)
+
+
+def acted_on(outcome: SafePointOutcome) -> bool:
+    """Whether the trainer acts on ``outcome``: a ``SAMPLE_WAIT`` decision that does not end
+    the wait (the decision table says which) is not; every other outcome is."""
+    if outcome.point is SafePoint.SAMPLE_WAIT:
+        return interrupts_sample_wait(outcome.decision)
+    return True
+
+
+class RunFold:
+    """Folds a run's events, in publish order, into its :class:`FitSummary`.
+
+    Thread-safe (the trainer feeds it from the event loop; nothing else writes). Events the
+    summary does not depend on are ignored, so a whole log can be fed as it is.
+
+    Attributes:
+        rewards: Mean reward by step, on the run's current timeline (steps undone by a
+            restore are forgotten until redone).
+        restart_events: The events behind ``restarts``, in order.
+        notable_events: The ``SafePointResolved`` events behind ``notable_decisions``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._summary = FitSummary()
+        self.rewards: dict[int, float] = {}
+        self.restart_events: list[Event] = []
+        self.notable_events: list[SafePointResolved] = []
+        self._open: AttemptSummary | None = None
+        self._opened_at = 0.0
+        self._last_time = 0.0
+
+    def apply(self, event: Event) -> None:
+        """Fold one event (ignored unless the summary depends on it)."""
+        fold = FOLDS.get(type(event))
+        with self._lock:
+            if fold is not None:
+                fold(self, event)
+            self._last_time = max(self._last_time, event.time)
+
+    def apply_outcome(self, outcome: SafePointOutcome) -> None:
+        """Fold a safe point's outcome the trainer received (the bus publishes the same as
+        ``SafePointResolved`` for observers)."""
+        self.apply(SafePointResolved(outcome=outcome))
+
+    def summary(self) -> FitSummary:
+        """A copy of the summary so far."""
+        with self._lock:
+            s = msgspec.structs.replace(self._summary)
+            attempts = [msgspec.structs.replace(a) for a in s.attempts]
+            if self._open is not None and attempts:
+                attempts[-1].duration_s = self._last_time - self._opened_at
+            s.attempts = attempts
+            s.duration_s = sum(a.duration_s for a in attempts)
+            s.restarts = [dict(r) for r in s.restarts]
+            s.membership = [dict(m) for m in s.membership]
+            s.decisions = {point: dict(counts) for point, counts in s.decisions.items()}
+            s.notable_decisions = [dict(d) for d in s.notable_decisions]
+            s.dropped_rollouts = dict(s.dropped_rollouts)
+            s.after_fit_errors = list(s.after_fit_errors)
+            return s
+
+    # --- the folds (called with the lock held) ----------------------------------------------
+
+    def _rewind(self, step: int) -> None:
+        """The run continues from the checkpoint of ``step``: later steps will be redone."""
+        self.rewards = {k: v for k, v in self.rewards.items() if k <= step}
+        self._summary.steps = step
+        if self._open is not None:
+            self._open.end_step = step
+
+    def _close_open_attempt(self, status: str, error: str | None, at: float) -> None:
+        attempt = self._open
+        if attempt is None:
+            return
+        attempt.status, attempt.error = status, error
+        attempt.duration_s = max(0.0, at - self._opened_at)
+        self._open = None
+        s = self._summary
+        s.status, s.error = status, error
+
+    def _fit_started(self, e: FitStarted) -> None:
+        # An attempt still open here ended without a word: its process was killed.
+        self._close_open_attempt("killed", None, self._last_time)
+        s = self._summary
+        s.run_id = e.run_id or s.run_id
+        s.total_steps = e.total_steps
+        s.start_step = e.start_step
+        s.status, s.error = "running", None
+        s.after_fit_errors = []
+        self._open = AttemptSummary(start_step=e.start_step, end_step=e.start_step)
+        self._opened_at = e.time
+        s.attempts.append(self._open)
+        self._rewind(e.start_step)
+
+    def _step_finished(self, e: StepFinished) -> None:
+        s = self._summary
+        metrics = named(e.metrics)  # an older log has the short keys (reward_mean)
+        wait = float(metrics.get(WAIT_METRIC, 0.0))
+        s.sample_wait_total_s += wait
+        s.sample_wait_longest_s = max(s.sample_wait_longest_s, wait)
+        s.steps = e.step
+        if self._open is not None:
+            self._open.end_step = e.step
+        reward = metrics.get(REWARD_METRIC)
+        if reward is None:
+            return
+        self.rewards[e.step] = float(reward)
+        window = [
+            self.rewards[k]
+            for k in range(e.step - MOVING_AVERAGE + 1, e.step + 1)
+            if k in self.rewards
+        ]
+        average = sum(window) / len(window)
+        s.final_reward = float(reward)
+        s.reward_moving_average = average
+        if s.best_reward_moving_average is None or average > s.best_reward_moving_average:
+            s.best_reward_moving_average = average
+
+    def _checkpoint_saved(self, e: CheckpointSaved) -> None:
+        self._summary.checkpoints += 1
+
+    def _checkpoint_restored(self, e: CheckpointRestored) -> None:
+        if e.reason == "resume":
+            return  # the attempt's FitStarted says where it starts
+        self._rewind(e.step)
+        self.restart_events.append(e)
+        self._summary.restarts.append(
+            {
+                "kind": "recovery",
+                "step": e.failed_step if e.failed_step is not None else e.step + 1,
+                "restored_step": e.step,
+                "reason": e.reason,
+                "error": e.error,
+            }
+        )
+
+    def _rollout_restarted(self, e: RolloutRestarted) -> None:
+        self.restart_events.append(e)
+        self._summary.restarts.append(
+            {
+                "kind": "rollouts",
+                "step": e.step,
+                "reason": e.reason,
+                "workers": e.workers,
+                "reissued_rollouts": len(e.reissued),
+                "attempt": e.attempt,
+            }
+        )
+
+    def _safe_point_resolved(self, e: SafePointResolved) -> None:
+        outcome = e.outcome
+        if not acted_on(outcome):
+            return
+        s = self._summary
+        by_point = s.decisions.setdefault(outcome.point.value, {})
+        by_point[outcome.decision.value] = by_point.get(outcome.decision.value, 0) + 1
+        if outcome.point is SafePoint.AFTER_FIT:
+            s.after_fit_errors.extend(
+                f"{v.participant}: {v.error}" for v in outcome.votes if v.error
+            )
+        if outcome.decision is not Decision.CONTINUE:
+            self.notable_events.append(e)
+            s.notable_decisions.append(
+                {
+                    "point": outcome.point.value,
+                    "step": outcome.step,
+                    "decision": outcome.decision.value,
+                    "why": outcome.summary(),
+                }
+            )
+
+    def _batch_reconciled(self, e: BatchReconciled) -> None:
+        s, report = self._summary, e.report
+        for reason, n in report.dropped.items():
+            if n:
+                s.dropped_rollouts[reason] = s.dropped_rollouts.get(reason, 0) + n
+        s.duplicates += report.duplicates
+        s.retry_overwrites += report.retry_overwrites
+
+    def _worker_joined_or_left(self, e: WorkerJoined | WorkerLeft) -> None:
+        # One change publishes one event per worker, all with its step and new total.
+        change = self._summary.membership[-1] if self._summary.membership else None
+        if change is None or (change["step"], change["workers"]) != (e.step, e.workers):
+            # The reason is the request's ``requester: reason`` (MembershipRequests).
+            requester, _, reason = e.reason.partition(": ")
+            change = {
+                "step": e.step,
+                "workers_before": e.workers,
+                "workers": e.workers,
+                "requester": "" if requester == _NO_REQUESTER else requester,
+                "reason": reason,
+            }
+            self._summary.membership.append(change)
+        change["workers_before"] += -1 if isinstance(e, WorkerJoined) else 1
+
+    def _worker_lost(self, e: WorkerLost) -> None:
+        self._summary.workers_lost += 1
+
+    def _extension_failed(self, e: ExtensionFailed) -> None:
+        self._summary.extension_failures += 1
+
+    def _fit_finished(self, e: FitFinished) -> None:
+        self._close_open_attempt("stopped" if e.stopped_early else "finished", None, e.time)
+
+    def _fit_failed(self, e: FitFailed) -> None:
+        if e.error_type == "CancelledError":
+            self._close_open_attempt("interrupted", None, e.time)
+        else:
+            self._close_open_attempt("failed", f"{e.error_type}: {e.message}", e.time)
+
+
+FOLDS: dict[type[Event], Callable[[RunFold, Any], None]] = {
+    FitStarted: RunFold._fit_started,
+    StepFinished: RunFold._step_finished,
+    CheckpointSaved: RunFold._checkpoint_saved,
+    CheckpointRestored: RunFold._checkpoint_restored,
+    RolloutRestarted: RunFold._rollout_restarted,
+    SafePointResolved: RunFold._safe_point_resolved,
+    BatchReconciled: RunFold._batch_reconciled,
+    WorkerJoined: RunFold._worker_joined_or_left,
+    WorkerLeft: RunFold._worker_joined_or_left,
+    WorkerLost: RunFold._worker_lost,
+    ExtensionFailed: RunFold._extension_failed,
+    FitFinished: RunFold._fit_finished,
+    FitFailed: RunFold._fit_failed,
+}
+"""Each event type the summary depends on, and how it changes the summary."""
+
+LIVE_EVENTS: tuple[type[Event], ...] = tuple(t for t in FOLDS if t is not SafePointResolved)
+"""What the trainer's live fold subscribes to. Safe-point outcomes are not among them: the
+trainer folds the outcomes it receives, since observing ``SafePointResolved`` would make
+every safe point traversed even with nobody voting."""
+
+
+def fold_events(events: Iterable[Event]) -> RunFold:
+    """Fold a sequence of events (a run's log) from scratch."""
+    fold = RunFold()
+    for event in events:
+        fold.apply(event)
+    return fold

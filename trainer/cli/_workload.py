@@ -32,6 +32,9 @@ def add_workload_commands(commands: Any) -> None:
     init.add_argument("--heads", type=int, default=4, help="attention heads (4)")
     init.add_argument("--context", type=int, default=128, help="longest sequence, tokens (128)")
     init.add_argument("--seed", type=int, default=0, help="initialisation seed (0)")
+    init.add_argument(
+        "--init-std", type=float, default=0.05, help="std of the initial weights (0.05)"
+    )
 
     dataset = commands.add_parser("dataset", help="prompt datasets")
     dataset_commands = dataset.add_subparsers(dest="dataset_command", required=True)
@@ -76,6 +79,7 @@ def _model_init(args: argparse.Namespace) -> int:
         heads=args.heads,
         context=args.context,
         seed=args.seed,
+        init_std=args.init_std,
     )
     print(f"wrote a random-init {args.arch} model to {folder}")
     return 0

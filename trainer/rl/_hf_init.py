@@ -59,9 +59,16 @@ def _tokenizer(characters: list[str]) -> Any:
 
 
 def _config(
-    architecture: Architecture, vocab_size: int, layers: int, width: int, heads: int, context: int
+    architecture: Architecture,
+    vocab_size: int,
+    layers: int,
+    width: int,
+    heads: int,
+    context: int,
+    init_std: float,
 ) -> Any:
     ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
+    ids["initializer_range"] = init_std  # type: ignore[assignment]
     if architecture == "gpt2":
         # No dropout: sampling and the update must evaluate the same function.
         return transformers().GPT2Config(
@@ -101,6 +108,7 @@ def init_model(
     heads: int = 4,
     context: int = 128,
     seed: int = 0,
+    init_std: float = 0.05,
 ) -> Path:
     """Write a random-init causal LM and a character-level tokenizer to ``folder``.
 
@@ -114,6 +122,9 @@ def init_model(
         heads: Attention heads.
         context: Longest prompt plus completion, in tokens (characters).
         seed: Seeds the initialisation (the global torch RNG is left as it was).
+        init_std: Standard deviation of the initial weights (``initializer_range``). The
+            default, 0.05, suits tiny models learned from scratch: on reverse-5 a 54k model
+            reached a reward of 0.9 in 32-35 steps, against 54-98 at GPT-2's 0.02.
 
     Returns:
         The folder.
@@ -130,8 +141,10 @@ def init_model(
         raise ValueError(f"model init: heads ({heads}) must divide width ({width})")
     if context < 2:
         raise ValueError(f"model init: context must be >= 2, got {context}")
+    if not init_std > 0:
+        raise ValueError(f"model init: init_std must be > 0, got {init_std}")
     tokenizer = _tokenizer(_characters(texts))
-    config = _config(architecture, len(tokenizer), layers, width, heads, context)
+    config = _config(architecture, len(tokenizer), layers, width, heads, context, init_std)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers().AutoModelForCausalLM.from_config(config)

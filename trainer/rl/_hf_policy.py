@@ -156,7 +156,11 @@ class HFPolicy(nn.Module):
     # --- scoring ------------------------------------------------------------------------
 
     def _forward(self, tokens: Tensor, attention: Tensor) -> Tensor:
-        logits: Tensor = self.model(input_ids=tokens, attention_mask=attention.long()).logits
+        # Right padding: a real token only ever attends to the real tokens before it, so the
+        # plain causal mask gives it the same logits as the padding mask would, and lets the
+        # model skip building a mask (a fifth of the update's time at this size).
+        del attention
+        logits: Tensor = self.model(input_ids=tokens).logits
         return logits
 
     def response_logprobs(
@@ -166,7 +170,7 @@ class HFPolicy(nn.Module):
         temperature: float = 1.0,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Per-token log-probs and entropies of ``responses`` (see
-        :func:`~trainer.rl._policy.score_responses`), right-padded with an attention mask."""
+        :func:`~trainer.rl._policy.score_responses`), right-padded."""
         return score_responses(
             self._forward, prompts, responses, temperature, pad=self.pad_id, device=self.device
         )

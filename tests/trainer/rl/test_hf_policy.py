@@ -88,8 +88,13 @@ def _prompts(policy: HFPolicy) -> list[tuple[int, ...]]:
     return [policy.encode("12345="), policy.encode("7="), policy.encode("906=")]  # 3 lengths
 
 
-def test_generation_with_and_without_the_cache_samples_the_same_tokens(policy: HFPolicy) -> None:
+@pytest.mark.parametrize("lengths", ["mixed", "equal"])
+def test_generation_with_and_without_the_cache_samples_the_same_tokens(
+    policy: HFPolicy, lengths: str
+) -> None:
     prompts = _prompts(policy)
+    if lengths == "equal":
+        prompts = [policy.encode("123="), policy.encode("456=")]
     cached = policy.generate(prompts, 4, 8, torch.Generator().manual_seed(3))
     plain = policy.generate(prompts, 4, 8, torch.Generator().manual_seed(3), use_cache=False)
     assert [[c.tokens for c in g] for g in cached] == [[c.tokens for c in g] for g in plain]
@@ -99,8 +104,11 @@ def test_generation_with_and_without_the_cache_samples_the_same_tokens(policy: H
     assert other != cached
 
 
-def test_sampled_logprobs_are_what_the_update_recomputes(policy: HFPolicy) -> None:
+@pytest.mark.parametrize("lengths", ["mixed", "equal"])  # padded, and the unpadded fast path
+def test_sampled_logprobs_are_what_the_update_recomputes(policy: HFPolicy, lengths: str) -> None:
     prompts = _prompts(policy)
+    if lengths == "equal":
+        prompts = [policy.encode("123="), policy.encode("456="), policy.encode("789=")]
     for temperature in (1.0, 0.7):
         groups = policy.generate(prompts, 3, 6, torch.Generator().manual_seed(1), temperature)
         rows = [(p, c) for p, g in zip(prompts, groups, strict=True) for c in g]

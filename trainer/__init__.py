@@ -47,7 +47,7 @@ if _typing.TYPE_CHECKING:
     from .runtime._fold import FitSummary as FitSummary
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
     from .runtime._trainer import PPOTrainer as PPOTrainer
-    from .runtime._trainer import TrainerView as TrainerView
+    from .runtime._view import TrainerView as TrainerView
     from .runtime.exporters._base import Exporter as Exporter
     from .runtime.exporters._base import ExportError as ExportError
     from .runtime.exporters._base import ExporterStatistics as ExporterStatistics

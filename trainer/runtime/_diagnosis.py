@@ -24,11 +24,13 @@ from typing import Any
 
 from eventbus import EventBus, StallDiagnosed, StuckRollout, ThreadStack
 
+from ..config._schema import TrainerConfig
 from ..rollout._backend import Holding, RolloutBackend
+from ..rollout._driver import RolloutDriver
 from ..rollout._stacks import StackReader
-from ._stall import Stall, StallWatch
+from ._stall import Stages, Stall, StallWatch
 
-__all__ = ["StallDiagnoser"]
+__all__ = ["StallDiagnoser", "start_stall_diagnosis", "stop_stall_diagnosis"]
 
 logger = logging.getLogger("trainbus.diagnosis")
 
@@ -198,3 +200,32 @@ def _stuck(holdings: tuple[Holding, ...], now: float) -> tuple[StuckRollout, ...
         for group in holding.work.groups
         for rollout_id in group.rollout_ids
     )
+
+
+def start_stall_diagnosis(
+    config: TrainerConfig,
+    driver: RolloutDriver,
+    bus: EventBus,
+    backend: RolloutBackend,
+    stages: Stages,
+) -> StallDiagnoser | None:
+    """A watch and a (not yet started) watchdog for this ``fit()``, when diagnosis is on
+    (``diagnose_after_s > 0``); call it from the ``fit()`` task."""
+    after_s = config.diagnose_after_s
+    if after_s <= 0:
+        return None
+    options = config.diagnose
+    watch = StallWatch(after_s, progress_at=lambda: driver.progress_at)
+    reader = StackReader(options.py_spy, timeout_s=options.read_timeout_s)
+    diagnoser = StallDiagnoser(watch, bus, backend, reader)
+    diagnoser.attach(asyncio.current_task())
+    # The watchdog thread starts at the first stage entered while someone listens.
+    stages.watch_with(watch, diagnoser.ensure_running)
+    return diagnoser
+
+
+def stop_stall_diagnosis(diagnoser: StallDiagnoser | None, stages: Stages) -> None:
+    """Detach the watch and join the watchdog (nothing outlives ``fit()``)."""
+    stages.watch_with(None, lambda: None)
+    if diagnoser is not None:
+        diagnoser.stop()

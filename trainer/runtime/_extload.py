@@ -1,13 +1,44 @@
-"""Loading a user's extension from ``MODULE:ATTR`` (``--extension``, ``extensions = [...]``)."""
+"""The extensions a configuration asks for, and loading a user's from ``MODULE:ATTR``
+(``--extension``, ``extensions = [...]``).
+
+The built-in ones are imported only when asked for (an exporter's library, for one).
+"""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 from eventbus import ExtensionError
 
-__all__ = ["load_extension"]
+from ..config._schema import TrainerConfig
+
+__all__ = ["configured_extensions", "load_extension"]
+
+
+def configured_extensions(config: TrainerConfig, out_dir: Path | None) -> list[object]:
+    """What ``config`` asks to register, in order: self-healing, autoscaling, the user's
+    extensions, the exporters (the same for the command line and for Python).
+
+    Raises:
+        ExtensionError: A user's extension cannot be loaded.
+    """
+    extensions: list[object] = []
+    if config.self_heal.enabled:
+        from ._selfheal import SelfHealingExtension
+
+        extensions.append(SelfHealingExtension.from_config(config.self_heal))
+    if config.autoscale.enabled:
+        from ._autoscale import AutoscalingExtension
+
+        extensions.append(AutoscalingExtension.from_config(config.autoscale))
+    extensions.extend(load_extension(spec) for spec in config.extensions)
+    if config.export.to:
+        from .exporters._build import build_exporters
+
+        extensions.extend(build_exporters(config.export, out_dir))
+    return extensions
 
 
 def load_extension(spec: str) -> object:

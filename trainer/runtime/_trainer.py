@@ -12,7 +12,8 @@ only when someone takes part or observes (``bus.wants_safe_point``), so a traine
 extension and no subscriber runs the plain loop.
 
 The parts live next door: the policy and its update in ``_learner``, what a checkpoint holds
-in ``_state``, terminal-failure recovery in ``_recovery``, the rollout side in
+in ``_state``, terminal-failure recovery in ``_recovery``, what extensions see in ``_view``
+and which ones the configuration asks for in ``_extload``; the rollout side in
 :mod:`trainer.rollout`.
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,6 @@ import anyio
 from eventbus import (
     Capability,
     EventBus,
-    ExtensionError,
     FitFailed,
     FitFinished,
     FitStarted,
@@ -48,105 +47,30 @@ from replay import GroupResult, SampleWaitInterrupted
 from ..config._schema import TrainerConfig
 from ..rl._policy import Policy
 from ..rl._tasks import make_task
-from ..rollout._backend import Holding, RolloutBackend
+from ..rollout._backend import RolloutBackend
 from ..rollout._driver import make_driver
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
-from ..rollout._stacks import StackReader
 from ._checkpoint import CheckpointStore
 from ._decisions import Action, RunAborted, StopRequested, action_for, interrupts_sample_wait
-from ._diagnosis import StallDiagnoser
-from ._extload import load_extension
+from ._diagnosis import StallDiagnoser, start_stall_diagnosis, stop_stall_diagnosis
+from ._extload import configured_extensions
 from ._fold import LIVE_EVENTS, FitSummary, RunFold, fold_events
 from ._learner import Learner
 from ._membership import MembershipRequests
 from ._metrics import named
 from ._recovery import Recovery
 from ._run import EVENTS_FILE, RunFolder
-from ._stall import StallWatch
 from ._state import RunState
+from ._view import TrainerView, ViewedParts
 from ._workload import RunWorkload
 
 if TYPE_CHECKING:
     from ..rl._hf_policy import HFPolicy
 
-__all__ = ["PPOTrainer", "TrainerView"]
+__all__ = ["PPOTrainer"]
 
 logger = logging.getLogger("trainbus.trainer")
-
-
-class TrainerView:
-    """What extensions see of the trainer as ``context.host``: read-only, except for the
-    requests its capabilities allow (``request_workers`` with ``Capability.MEMBERSHIP``).
-
-    The bus gives each extension its own view (:meth:`for_extension`), so a request names
-    the extension that made it.
-    """
-
-    def __init__(
-        self,
-        trainer: PPOTrainer,
-        extension: str = "",
-        capabilities: frozenset[Capability] = frozenset(),
-    ) -> None:
-        self._trainer = trainer
-        self._extension = extension
-        self._capabilities = capabilities
-
-    def for_extension(self, name: str, capabilities: frozenset[Capability]) -> TrainerView:
-        """The view extension ``name`` gets (the bus asks at registration)."""
-        return TrainerView(self._trainer, name, capabilities)
-
-    @property
-    def step(self) -> int:
-        """Steps completed."""
-        return self._trainer.step
-
-    @property
-    def policy_version(self) -> int:
-        """The version rollout workers sample from."""
-        return self._trainer.policy_version
-
-    @property
-    def config(self) -> TrainerConfig:
-        """The run configuration."""
-        return self._trainer.config
-
-    @property
-    def out_dir(self) -> Path | None:
-        """The run folder, if any."""
-        return self._trainer.out_dir
-
-    def rollout_holdings(self) -> tuple[Holding, ...]:
-        """The work each rollout worker took and has not delivered yet (``since`` is
-        ``time.monotonic()``): a worker holding work long is a silent one."""
-        holdings: Callable[[], tuple[Holding, ...]] | None = getattr(
-            self._trainer.backend, "holdings", None
-        )
-        return holdings() if holdings is not None else ()
-
-    @property
-    def workers(self) -> int:
-        """Rollout workers the run has asked for (the last change applied)."""
-        return self._trainer.backend.workers
-
-    def request_workers(self, workers: int, *, reason: str = "") -> None:
-        """Ask for ``workers`` rollout workers (needs ``Capability.MEMBERSHIP``).
-
-        Applied at the next ``STEP_BOUNDARY``, never in the middle of a batch; the last
-        request before it wins. Safe from any hook and any thread.
-
-        Raises:
-            ExtensionError: The extension did not ask for ``Capability.MEMBERSHIP``.
-            ValueError: ``workers`` is not an integer from 1 to 64.
-        """
-        if Capability.MEMBERSHIP not in self._capabilities:
-            who = f"extension {self._extension!r}" if self._extension else "this caller"
-            raise ExtensionError(
-                f"{who} called request_workers without Capability.MEMBERSHIP in its "
-                f"required_capabilities"
-            )
-        self._trainer.membership.request(workers, requester=self._extension, reason=reason)
 
 
 class PPOTrainer:
@@ -172,22 +96,25 @@ class PPOTrainer:
     ) -> None:
         self.config = config = config if config is not None else TrainerConfig()
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.bus = bus or EventBus(
-            safe_point_timeout=config.safe_point_timeout_s,
-            capabilities=frozenset(Capability),
-            host=TrainerView(self),
-            # Exporters may take a while to write what they hold when the run ends.
-            drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,
-        )
         self.task = make_task(config.task.name, **config.task.params)
         # Loads the model, the datasets and the reward functions (WorkloadError if it can't).
         self.workload = RunWorkload(config)
         self.stream = self.workload.stream
         self.learner = Learner(config, self.workload.policy)
+        self.backend = backend if backend is not None else make_backend(config, faults)
+        self.membership = MembershipRequests()
+        self.bus = bus or EventBus(
+            safe_point_timeout=config.safe_point_timeout_s,
+            capabilities=frozenset(Capability),
+            host=TrainerView(
+                ViewedParts(self.learner, config, self.out_dir, self.backend, self.membership)
+            ),
+            # Exporters may take a while to write what they hold when the run ends.
+            drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,
+        )
         self.faults = faults
         if faults is not None:
             faults.bus = self.bus
-        self.backend = backend if backend is not None else make_backend(config, faults)
         self.checkpoints = CheckpointStore(
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
@@ -197,24 +124,10 @@ class PPOTrainer:
             config, self.stream, self.backend, self.bus, interrupts=interrupts_sample_wait
         )
         # What the configuration asks to register (the same for the CLI and for Python).
-        self.registrations: list[Registration] = []
-        if config.self_heal.enabled:
-            from ._selfheal import SelfHealingExtension
-
-            healer = SelfHealingExtension.from_config(config.self_heal)
-            self.registrations.append(self.bus.register_extension(healer))
-        if config.autoscale.enabled:
-            from ._autoscale import AutoscalingExtension
-
-            scaler = AutoscalingExtension.from_config(config.autoscale)
-            self.registrations.append(self.bus.register_extension(scaler))
-        for spec in config.extensions:
-            self.registrations.append(self.bus.register_extension(load_extension(spec)))
-        if config.export.to:
-            from .exporters._build import build_exporters
-
-            for exporter in build_exporters(config.export, self.out_dir):
-                self.registrations.append(self.bus.register_extension(exporter))
+        self.registrations: list[Registration] = [
+            self.bus.register_extension(extension)
+            for extension in configured_extensions(config, self.out_dir)
+        ]
         self.files = RunFolder(self.out_dir)
         self.record = RunFold()  # what the run did: folded from its events
         self._tap: Subscription | None = None
@@ -229,7 +142,6 @@ class PPOTrainer:
             export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
         self.recovery = Recovery(self.state, self.backend)
-        self.membership = MembershipRequests()
         self._fitting = False
         self._stop_requested: str | None = None
         self._active_step: int | None = None  # the step being trained, for FitFailed
@@ -312,7 +224,9 @@ class PPOTrainer:
         self._fitting = True
         self._stop_requested = None
         self._task, self._loop = asyncio.current_task(), asyncio.get_running_loop()
-        self._start_diagnosis()
+        self._diagnoser = start_stall_diagnosis(
+            self.config, self.driver, self.bus, self.backend, self.stages
+        )
         sink: Registration | None = None
         jsonl: JsonlSink | None = None
         try:
@@ -337,7 +251,8 @@ class PPOTrainer:
                 sink.close()
             if jsonl is not None:
                 jsonl.close()
-            self._stop_diagnosis()
+            stop_stall_diagnosis(self._diagnoser, self.stages)
+            self._diagnoser = None
             self._fitting = False
             self._task = self._loop = None
 
@@ -591,24 +506,3 @@ class PPOTrainer:
         except Exception:
             logger.exception("recovery from %s failed", type(error).__name__)
             return False
-
-    # --- stall diagnosis ------------------------------------------------------------------
-
-    def _start_diagnosis(self) -> None:
-        """A watch and a (not yet started) watchdog for this fit(), when diagnosis is on."""
-        after_s = self.config.diagnose_after_s
-        if after_s <= 0:
-            return
-        driver, options = self.driver, self.config.diagnose
-        watch = StallWatch(after_s, progress_at=lambda: driver.progress_at)
-        reader = StackReader(options.py_spy, timeout_s=options.read_timeout_s)
-        self._diagnoser = diagnoser = StallDiagnoser(watch, self.bus, self.backend, reader)
-        diagnoser.attach(asyncio.current_task())
-        # The watchdog thread starts at the first stage entered while someone listens.
-        self.stages.watch_with(watch, diagnoser.ensure_running)
-
-    def _stop_diagnosis(self) -> None:
-        diagnoser, self._diagnoser = self._diagnoser, None
-        self.stages.watch_with(None, lambda: None)
-        if diagnoser is not None:
-            diagnoser.stop()

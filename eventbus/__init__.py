@@ -6,6 +6,7 @@ This module only re-exports the public API; the implementation lives in private 
 
 from ._bus import BusStatistics as BusStatistics
 from ._bus import EventBus as EventBus
+from ._bus import ExtensionContext as ExtensionContext
 from ._codec import decode_event as decode_event
 from ._codec import encode_event as encode_event
 from ._codec import event_types as event_types
@@ -47,10 +48,9 @@ from ._events import WorkerLost as WorkerLost
 from ._events import WorkerRestarted as WorkerRestarted
 from ._extensions import RUNTIME_EXTENSION_API_VERSION as RUNTIME_EXTENSION_API_VERSION
 from ._extensions import Capability as Capability
-from ._extensions import ExtensionContext as ExtensionContext
-from ._extensions import Registration as Registration
-from ._extensions import RegistrationStatistics as RegistrationStatistics
 from ._extensions import RuntimeExtension as RuntimeExtension
+from ._registration import Registration as Registration
+from ._registration import RegistrationStatistics as RegistrationStatistics
 from ._sinks import JsonlSink as JsonlSink
 from ._sinks import LoggingSink as LoggingSink
 from ._sinks import read_events as read_events

@@ -1,23 +1,36 @@
 """One open safe point: who still owes a vote, and the votes so far.
 
-The barrier completes one future when the last participant answers. All mutation happens
-under the bus lock; the future is completed on its own loop (directly when the voter runs
-there, through ``call_soon_threadsafe`` otherwise).
+Invariant: every participant of a barrier ends with exactly one :class:`Vote` (its answer, or a
+recorded timeout, error or close), and the barrier's future completes exactly once, when the
+last of them is recorded. Votes are kept in the participants' join order, so the outcome never
+depends on who answered first. All mutation happens under the bus lock; the future is completed
+on its own loop (directly when the voter runs there, through ``call_soon_threadsafe``
+otherwise).
+
+This module knows participants only as :class:`Voter` (something with a name): it sits below
+subscriptions and the bus, and imports neither.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import Protocol
 
 from ._decisions import Decision, SafePoint
 from ._events import SafePointOutcome, Vote
 
-if TYPE_CHECKING:
-    from ._subscription import Subscription
+__all__ = ["Barrier", "Roster", "Voter"]
 
-__all__ = ["Barrier"]
+_get_ident = threading.get_ident
+
+
+class Voter(Hashable, Protocol):
+    """What a barrier needs of a participant: a name for its vote, and identity."""
+
+    @property
+    def name(self) -> str: ...
 
 
 def _complete(future: asyncio.Future[None]) -> None:
@@ -25,83 +38,102 @@ def _complete(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+class Roster:
+    """The participants of a safe point in join order, and each one's position.
+
+    Built once per route (the bus caches it until subscriptions change), so opening a barrier
+    allocates no per-participant structure but the vote list.
+    """
+
+    __slots__ = ("names", "participants", "positions")
+
+    def __init__(self, participants: tuple[Voter, ...]) -> None:
+        self.participants = participants
+        self.names = tuple(p.name for p in participants)
+        self.positions: dict[Voter, int] = {p: i for i, p in enumerate(participants)}
+
+
 class Barrier:
+    """The votes of one open safe point (see the module docstring for the invariant)."""
+
     __slots__ = (
-        "_future",
-        "_loop_thread",
-        "_opened",
-        "_pending",
-        "_votes",
-        "participants",
+        "future",
+        "loop_thread",
+        "opened",
         "point",
+        "remaining",
+        "roster",
         "step",
+        "votes",
+        "worst",
     )
 
     def __init__(
         self,
         point: SafePoint,
         step: int | None,
-        participants: tuple[Subscription, ...],
+        roster: Roster,
         future: asyncio.Future[None],
         opened: float,
     ) -> None:
         self.point = point
         self.step = step
-        self.participants = participants
-        self._pending = set(participants)
-        self._votes: dict[Subscription, Vote] = {}
-        self._future = future
-        self._loop_thread = threading.get_ident()
-        self._opened = opened
+        self.roster = roster
+        self.votes: list[Vote | None] = [None] * len(roster.participants)
+        self.remaining = len(roster.participants)
+        self.worst = Decision.CONTINUE
+        self.future = future
+        self.loop_thread = _get_ident()
+        self.opened = opened
 
-    def owes(self, participant: Subscription) -> bool:
-        return participant in self._pending
-
-    def has_voted(self, participant: Subscription) -> bool:
-        return participant in self._votes
+    def owes(self, voter: Voter) -> bool:
+        """True when ``voter`` takes part and has no recorded vote yet."""
+        index = self.roster.positions.get(voter)
+        return index is not None and self.votes[index] is None
 
     def record(
         self,
-        participant: Subscription,
+        index: int,
         decision: Decision,
-        *,
         now: float,
         reason: str = "",
+        *,
         timed_out: bool = False,
         error: str | None = None,
     ) -> None:
-        self._pending.discard(participant)
-        self._votes[participant] = Vote(
-            participant=participant.name,
+        """Record the vote of the participant at ``index`` (which must not have voted)."""
+        self.votes[index] = Vote(
+            participant=self.roster.names[index],
             decision=decision,
             reason=reason,
-            latency_s=now - self._opened,
+            latency_s=now - self.opened,
             timed_out=timed_out,
             error=error,
         )
-        if not self._pending:
-            if threading.get_ident() == self._loop_thread:
-                _complete(self._future)
+        if decision.severity > self.worst.severity:
+            self.worst = decision
+        self.remaining -= 1
+        if not self.remaining:
+            if _get_ident() == self.loop_thread:
+                _complete(self.future)
             else:
-                self._future.get_loop().call_soon_threadsafe(_complete, self._future)
+                self.future.get_loop().call_soon_threadsafe(_complete, self.future)
 
     def expire(self, decision: Decision, timeout: float, now: float) -> None:
         """Record a timed-out vote for everyone who has not answered."""
-        for participant in tuple(self._pending):
-            self.record(
-                participant,
-                decision,
-                now=now,
-                reason=f"no answer within {timeout:g}s",
-                timed_out=True,
-            )
+        if not self.remaining:
+            return
+        reason = f"no answer within {timeout:g}s"
+        for index, vote in enumerate(self.votes):
+            if vote is None:
+                self.record(index, decision, now, reason, timed_out=True)
 
     def outcome(self, now: float) -> SafePointOutcome:
-        votes = tuple(self._votes[p] for p in self.participants if p in self._votes)
+        """The combined decision and every vote (call after :meth:`expire`)."""
         return SafePointOutcome(
             point=self.point,
             step=self.step,
-            decision=Decision.combine(v.decision for v in votes),
-            votes=votes,
-            elapsed_s=now - self._opened,
+            decision=self.worst,
+            votes=tuple(v for v in self.votes if v is not None),
+            elapsed_s=now - self.opened,
         )

@@ -1,9 +1,10 @@
 """Running one extension: its ordered mailbox drained by its own task.
 
-Each extension gets one task inside the bus's task group. The task calls ``on_event`` for
-each event in publish order and answers safe-point requests with ``on_safe_point``, so an
-extension always sees every earlier event before it votes. A hook that raises is isolated
-(logged, counted, published as ``ExtensionFailed``); the task goes on with the next event.
+Invariant: an extension's hooks run one at a time, in publish order, on one task, so an
+extension always sees every earlier event before it votes, and its state changes only while
+its dispatcher is inside a hook (which the host can tell: see ``Registration._caught_up``).
+A hook that raises is isolated (logged, counted, published as ``ExtensionFailed``); the task
+goes on with the next event.
 """
 
 from __future__ import annotations
@@ -11,22 +12,34 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 
 from ._decisions import Decision
 from ._events import Event, SafePointReached
-
-if TYPE_CHECKING:
-    from ._bus import EventBus
-    from ._extensions import Registration
+from ._registration import Registration
+from ._state import BusState
 
 __all__ = ["run_extension"]
 
 
-async def run_extension(bus: EventBus, registration: Registration, done: anyio.Event) -> None:
-    """Deliver ``registration``'s mailbox until it is closed or the bus stops running."""
+async def run_extension(
+    state: BusState,
+    registration: Registration,
+    done: anyio.Event,
+    monotonic: Callable[[], float],
+) -> None:
+    """Deliver ``registration``'s mailbox until it is closed or the bus stops running.
+
+    Args:
+        state: The bus's shared state (votes go through it).
+        registration: The extension to run.
+        done: Set when this task ends, however it ends.
+        monotonic: The host's clock, read as each hook call begins (a drain uses it to tell
+            a stalled extension from a busy one).
+    """
     loop = asyncio.get_running_loop()
     loop_thread = threading.get_ident()
     try:
@@ -43,45 +56,51 @@ async def run_extension(bus: EventBus, registration: Registration, done: anyio.E
             vote_points = mailbox.safe_points
             async for event in mailbox:
                 registration._busy = True
+                registration._handling = event.seq
+                registration._busy_since = monotonic()
                 try:
                     if type(event) is SafePointReached and event.point in vote_points:
-                        await _answer(bus, registration, event)
+                        await _answer(state, registration, event)
                     else:
-                        await _deliver(bus, registration, event)
+                        await _deliver(registration, event)
                 finally:
                     registration._busy = False
+                    if registration._drain_target is not None:
+                        registration._progressed()
     finally:
+        registration._busy = False
         registration._cancel = None
+        registration._release_drain()
         done.set()
 
 
-async def _deliver(bus: EventBus, registration: Registration, event: Event) -> None:
-    on_event = registration._validated.on_event
+async def _deliver(registration: Registration, event: Event) -> None:
+    on_event = registration._on_event
     if on_event is None:
         return
     registration._events += 1
     try:
-        result = on_event(registration.context, event)
+        result = on_event(event)
         if inspect.isawaitable(result):
             await result
     except Exception as exc:  # noqa: BLE001  (isolation: logged, counted, published)
-        bus._extension_failed(registration, "on_event", exc, event)
+        registration._failed("on_event", exc, event)
 
 
-async def _answer(bus: EventBus, registration: Registration, event: SafePointReached) -> None:
-    on_safe_point = registration._validated.on_safe_point
+async def _answer(state: BusState, registration: Registration, event: SafePointReached) -> None:
+    on_safe_point = registration._on_safe_point
     assert on_safe_point is not None  # only SAFE_POINTS extensions receive requests
     try:
-        result = on_safe_point(registration.context, event)
+        result = on_safe_point(event)
         if inspect.isawaitable(result):
             result = await result
         decision, reason = _interpret(result)
     except Exception as exc:  # noqa: BLE001  (isolation: logged, counted, published)
-        bus._extension_failed(registration, "on_safe_point", exc, event)
-        bus._record_vote(registration._mailbox, event, bus._error_decision, error=exc)
+        registration._failed("on_safe_point", exc, event)
+        state.record_vote(registration._mailbox, event, state.error_decision, error=exc)
         return
     registration._votes += 1
-    bus._record_vote(registration._mailbox, event, decision, reason=reason)
+    state.record_vote(registration._mailbox, event, decision, reason=reason)
 
 
 def _interpret(result: Any) -> tuple[Decision, str]:

@@ -1,37 +1,29 @@
-"""The versioned extension contract: capabilities, validation and registrations.
+"""The versioned extension contract: the API version, capabilities and validation.
 
 An extension is any object with ``name``, ``api_version``, ``required_capabilities`` and
-the hooks those capabilities need. :func:`validate_extension` reads each attribute exactly
-once and returns what it validated, so the bus never re-reads ``required_capabilities``
-(a generator would be empty the second time; a list mutated later would bypass the check).
+the hooks those capabilities need.
+
+Invariant: :func:`validate_extension` reads each attribute of an extension exactly once and
+returns what it validated, so nothing downstream re-reads the extension (a generator of
+capabilities would be empty the second time; a list mutated later would bypass the check).
+What an extension may do once registered lives in ``_registration`` and ``_dispatch``.
 """
 
 from __future__ import annotations
 
 import enum
-import itertools
-import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from ._decisions import Decision, SafePoint
+from ._decisions import SafePoint
 from ._errors import ExtensionError
-from ._events import Event, SafePointReached
-from ._util import NoPublicConstructor
-
-if TYPE_CHECKING:
-    from ._bus import EventBus
-    from ._subscription import Subscription
 
 __all__ = [
     "RUNTIME_EXTENSION_API_VERSION",
     "Capability",
-    "ExtensionContext",
-    "Registration",
-    "RegistrationStatistics",
     "RuntimeExtension",
+    "ValidatedExtension",
     "host_for",
     "validate_extension",
 ]
@@ -57,9 +49,6 @@ class Capability(enum.Enum):
     applies it at the next ``STEP_BOUNDARY`` and publishes ``WorkerJoined`` / ``WorkerLeft``."""
 
 
-HookResult = Decision | tuple[Decision, str] | None
-
-
 @runtime_checkable
 class RuntimeExtension(Protocol):
     """The shape of an extension. Hooks may be plain functions or coroutines.
@@ -76,26 +65,6 @@ class RuntimeExtension(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class ExtensionContext:
-    """What an extension's hooks receive as ``context``.
-
-    Attributes:
-        name: The extension's registered name.
-        bus: The bus, so the extension can publish its own events.
-        capabilities: The capabilities it was granted.
-        host: Whatever the host offers extensions (the trainer passes a view of its run),
-            or None on a bare bus. A host object with a ``for_extension(name,
-            capabilities)`` method gives each extension what that returns: a view bound to
-            the extension, so the host knows who asks and what it was granted.
-    """
-
-    name: str
-    bus: EventBus
-    capabilities: frozenset[Capability]
-    host: Any = None
-
-
-@dataclass(frozen=True, slots=True)
 class ValidatedExtension:
     """What registration checked, read once from the extension."""
 
@@ -103,8 +72,9 @@ class ValidatedExtension:
     name: str
     api_version: str
     capabilities: frozenset[Capability]
-    on_event: Callable[[ExtensionContext, Event], Awaitable[None] | None] | None
-    on_safe_point: Callable[[ExtensionContext, SafePointReached], Any] | None
+    # The hooks as read from the extension: called with (context, event).
+    on_event: Callable[..., Any] | None
+    on_safe_point: Callable[..., Any] | None
 
     @property
     def vote_points(self) -> frozenset[SafePoint]:
@@ -221,115 +191,6 @@ def _hook(extension: object, who: str, attribute: str, required: bool) -> Any:
     if not callable(hook):
         raise ExtensionError(f"{who} has no callable {attribute!r}, which its capabilities require")
     return hook
-
-
-@dataclass(frozen=True, slots=True)
-class RegistrationStatistics:
-    """Counters of one registration.
-
-    Attributes:
-        name: The extension's name.
-        events: Events handed to ``on_event``.
-        votes: Safe points answered by ``on_safe_point``.
-        failures: Hook calls that raised (or returned an invalid decision).
-        closed: Whether the registration is closed.
-    """
-
-    name: str
-    events: int
-    votes: int
-    failures: int
-    closed: bool
-
-
-_registration_ids = itertools.count(1)
-
-
-class Registration(metaclass=NoPublicConstructor):
-    """The handle of one registered extension; created by :meth:`EventBus.register_extension`.
-
-    Each registration has a unique :attr:`id`, so a stale handle can never remove a newer
-    registration of the same name. :meth:`close` is idempotent; the handle is also a
-    (sync) context manager.
-    """
-
-    def __init__(self, bus: EventBus, validated: ValidatedExtension, mailbox: Subscription) -> None:
-        self._bus = bus
-        self._validated = validated
-        self._mailbox = mailbox
-        self._id = next(_registration_ids)
-        self._closed = False
-        self._lock = threading.Lock()
-        self.context = ExtensionContext(
-            name=validated.name,
-            bus=bus,
-            capabilities=validated.capabilities,
-            host=host_for(bus.host, validated.name, validated.capabilities),
-        )
-        self._events = 0
-        self._votes = 0
-        self._failures = 0
-        self._cancel: Callable[[], None] | None = None  # set while a dispatcher task runs
-        self._busy = False  # its dispatcher is inside a hook
-
-    @property
-    def id(self) -> int:
-        """Unique among all registrations in this process."""
-        return self._id
-
-    @property
-    def name(self) -> str:
-        """The extension's name."""
-        return self._validated.name
-
-    @property
-    def extension(self) -> object:
-        """The registered extension object."""
-        return self._validated.extension
-
-    @property
-    def capabilities(self) -> frozenset[Capability]:
-        """The capabilities validated at registration."""
-        return self._validated.capabilities
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` ran (or the bus closed)."""
-        return self._closed
-
-    def close(self) -> None:
-        """Unregister the extension: no more events or votes. Idempotent."""
-        self._bus._unregister(self)
-
-    @property
-    def idle(self) -> bool:
-        """True when every event delivered to it so far has been handled."""
-        return not self._busy and self._mailbox.statistics().queued == 0
-
-    def statistics(self) -> RegistrationStatistics:
-        """A snapshot of this registration's counters."""
-        return RegistrationStatistics(
-            name=self.name,
-            events=self._events,
-            votes=self._votes,
-            failures=self._failures,
-            closed=self._closed,
-        )
-
-    def __enter__(self) -> Registration:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<Registration #{self._id} {self.name!r} {state}>"
 
 
 def host_for(host: Any, name: str, capabilities: frozenset[Capability]) -> Any:

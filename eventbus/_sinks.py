@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Literal
 
+from ._bus import ExtensionContext
 from ._codec import decode_event, encode_event
 from ._errors import EventDecodeError
 from ._events import Event
-from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability, ExtensionContext
+from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability
 
 __all__ = ["JsonlSink", "LoggingSink", "read_events"]
 

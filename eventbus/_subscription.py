@@ -1,13 +1,20 @@
 """One subscriber's ordered queue, with its overflow policy.
 
 A subscription is a bounded deque plus at most one waiting future. The bus appends to it
-under the bus lock (so one global order holds across publishing threads); the consumer pops
-from it under the same lock. A publisher never waits: when the queue is full the overflow
-policy decides what to drop, and the dropped stretch becomes one :class:`Lagged` notice at
-the place in the stream where events went missing.
+under the bus lock (so one global order holds across publishing threads); the consumer takes
+a whole batch from it under the same lock. A publisher never waits: when the queue is full the
+overflow policy decides what to drop, and the dropped stretch becomes one :class:`Lagged`
+notice at the place in the stream where events went missing.
 
-Safe-point requests addressed to this subscription are never dropped; they may take the
-queue past ``maxsize`` (by at most the number of open safe points, normally one).
+Invariant (the bound): the queue holds at most ``maxsize`` entries besides the safe-point
+requests that are still open, plus one gap marker. An open request addressed to this
+subscription is never dropped. Once its safe point has resolved (the subscription's vote was
+recorded as timed out), an unread request is an ordinary entry: when room is needed it is
+dropped first, whatever the policy, and counted in ``Lagged`` like any dropped event. So a
+participant that votes but never reads holds a bounded queue however many safe points pass.
+
+The subscription talks to its bus only through the :class:`~eventbus._state.BusState` it was
+given: it votes, checks whether a request is still open and leaves through it.
 """
 
 from __future__ import annotations
@@ -18,20 +25,21 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ._decisions import Decision, SafePoint
 from ._errors import SubscriberOverflowError
 from ._events import Event, Lagged, SafePointReached
+from ._state import BusState
 from ._util import NoPublicConstructor
 
-if TYPE_CHECKING:
-    from ._bus import EventBus
-
-__all__ = ["Overflow", "Subscription", "SubscriptionStatistics"]
+__all__ = ["OVERFLOW_POLICIES", "Overflow", "Subscription", "SubscriptionStatistics"]
 
 Overflow = Literal["drop_oldest", "drop_newest", "error"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_oldest", "drop_newest", "error")
+
+_get_ident = threading.get_ident
+_get_running_loop = asyncio.get_running_loop
 
 
 class _Gap:
@@ -39,8 +47,8 @@ class _Gap:
 
     __slots__ = ("n",)
 
-    def __init__(self) -> None:
-        self.n = 1
+    def __init__(self, n: int = 1) -> None:
+        self.n = n
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +59,8 @@ class SubscriptionStatistics:
         name: The subscription's name.
         queued: Entries waiting in the queue now.
         delivered: Events handed to the consumer (not counting ``Lagged`` notices).
-        dropped: Events dropped by the overflow policy.
+        dropped: Events dropped by the overflow policy (expired safe-point requests
+            included).
         lagged_notices: ``Lagged`` notices handed to the consumer.
         peak: The most entries the queue ever held.
         maxsize: The queue's bound.
@@ -82,11 +91,17 @@ class Subscription(metaclass=NoPublicConstructor):
     ``async for``; use it as an async context manager (or call :meth:`close`) to leave.
     A subscription that takes part in safe points answers each ``SafePointReached`` with
     :meth:`decide`.
+
+    Its queue is bounded: at most ``maxsize`` entries besides the safe-point requests still
+    open. A request is never dropped while its safe point is open; once the safe point has
+    resolved without this subscription's answer, the unread request is dropped first when
+    room is needed (and reported in a ``Lagged`` notice), so a participant that stops
+    reading cannot grow its queue without bound.
     """
 
     def __init__(
         self,
-        bus: EventBus,
+        state: BusState,
         name: str,
         *,
         accepts: Callable[[type[Event]], bool],
@@ -94,24 +109,25 @@ class Subscription(metaclass=NoPublicConstructor):
         vote_points: frozenset[SafePoint],
         maxsize: int,
         overflow: Overflow,
-        lock: threading.Lock,
-        clock: Callable[[], float],
     ) -> None:
-        self._bus = bus
+        self._state = state
         self._name = name
         self._accepts = accepts
         self._observes_point = observes_point
         self._vote_points = vote_points
         self._maxsize = maxsize
         self._overflow: Overflow = overflow
-        self._lock = lock
-        self._clock = clock
+        self._lock = state.lock
+        self._clock = state.clock
         # Publishers append to _queue under the bus lock. The consumer swaps the whole queue
         # into _ready under the lock, once per batch, and then pops _ready without locking:
         # one lock round trip per batch instead of per event. Events already in _ready are
         # taken and no longer dropped, so a subscriber holds at most about 2 * maxsize.
         self._queue: deque[Event | _Gap] = deque()
         self._ready: deque[Event | _Gap] = deque()
+        # The safe-point requests addressed to this subscription that sit in _queue, in queue
+        # order (a handful at most): the bound leaves open ones out, and expired ones go first.
+        self._requests: deque[SafePointReached] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._waiter_thread = 0
         # accepting: new events are queued. end_when_empty: iteration ends once the queue is
@@ -122,6 +138,8 @@ class Subscription(metaclass=NoPublicConstructor):
         self._delivered = 0
         self._dropped = 0
         self._lagged_notices = 0
+        # Updated whenever the queue may shrink or is taken, not on every append (the queue
+        # only grows in between, so the figure is exact and the fast path stays short).
         self._peak = 0
 
     # --- public ---------------------------------------------------------------------------
@@ -153,14 +171,14 @@ class Subscription(metaclass=NoPublicConstructor):
             SafePointError: This subscription already answered, or does not take part in
                 this safe point.
         """
-        return self._bus._vote(self, event, decision, reason=reason)
+        return self._state.vote(self, event, decision, reason)
 
     def close(self) -> None:
         """Stop receiving events and end iteration at once. Idempotent.
 
         Any safe point this subscription still owed a vote gets a recorded ``closed`` vote.
         """
-        self._bus._unsubscribe(self)
+        self._state.remove(self)
 
     async def aclose(self) -> None:
         """Async spelling of :meth:`close`."""
@@ -169,6 +187,7 @@ class Subscription(metaclass=NoPublicConstructor):
     def statistics(self) -> SubscriptionStatistics:
         """A snapshot of the queue's counters."""
         with self._lock:
+            self._note_peak()
             return SubscriptionStatistics(
                 name=self._name,
                 queued=len(self._queue) + len(self._ready),
@@ -186,9 +205,10 @@ class Subscription(metaclass=NoPublicConstructor):
 
     async def __anext__(self) -> Event:
         while True:
-            if self._ready:
+            ready = self._ready
+            if ready:
                 try:
-                    item = self._ready.popleft()
+                    item = ready.popleft()
                 except IndexError:  # close() discarded it from another thread
                     continue
                 if type(item) is _Gap:
@@ -196,23 +216,32 @@ class Subscription(metaclass=NoPublicConstructor):
                     return Lagged(missed=item.n, time=self._clock())
                 self._delivered += 1
                 return item  # type: ignore[return-value]  # not a _Gap, so an Event
-            with self._lock:
-                if self._queue:
-                    self._queue, self._ready = self._ready, self._queue
+            lock = self._lock
+            lock.acquire()
+            try:
+                queue = self._queue
+                if queue:
+                    if len(queue) > self._peak:
+                        self._peak = len(queue)
+                    self._queue, self._ready = ready, queue
+                    if self._requests:
+                        self._requests.clear()  # taken: the consumer holds them now
                     continue
                 if self._end_when_empty or not self._accepting:
                     error, self._error = self._error, None
                     if error is not None:
                         raise error
                     raise StopAsyncIteration
-                waiter = asyncio.get_running_loop().create_future()
+                waiter = _get_running_loop().create_future()
                 self._waiter = waiter
-                self._waiter_thread = threading.get_ident()
+                self._waiter_thread = _get_ident()
+            finally:
+                lock.release()
             try:
                 await waiter
             finally:
                 if self._waiter is waiter:  # cancelled while waiting: forget the future
-                    with self._lock:
+                    with lock:
                         if self._waiter is waiter:
                             self._waiter = None
 
@@ -234,53 +263,123 @@ class Subscription(metaclass=NoPublicConstructor):
     # --- called by the bus, with the bus lock held -----------------------------------------
 
     def _push(self, event: Event) -> None:
-        if not self._accepting:
-            return
+        """Append an ordinary event (anything but a request addressed to this queue)."""
         queue = self._queue
-        if len(queue) >= self._maxsize and not self._is_request(event):
-            if self._overflow == "drop_oldest":
-                if self._drop_oldest():
-                    self._dropped += 1
-                # else: only safe-point requests are queued; they are never dropped.
-            elif self._overflow == "drop_newest":
-                self._dropped += 1
-                self._mark_gap_at_end()
-                return
-            else:
-                self._dropped += 1
-                self._fail(
-                    SubscriberOverflowError(
-                        f"subscription {self._name!r} fell {self._maxsize} events behind "
-                        f"(overflow='error'); it was closed at seq {event.seq}"
-                    )
-                )
-                return
-        queue.append(event)
-        if len(queue) > self._peak:
-            self._peak = len(queue)
-        if self._waiter is not None:
+        if len(queue) >= self._maxsize and not self._make_room(request=False):
+            return
+        if self._accepting:
+            queue.append(event)
+            waiter = self._waiter
+            if waiter is not None:
+                self._waiter = None
+                if _get_ident() == self._waiter_thread:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+
+    def _push_request(self, event: Event) -> None:
+        """Append a safe-point request this subscription votes on (never dropped)."""
+        queue = self._queue
+        if len(queue) >= self._maxsize and not self._make_room(request=True):
+            return
+        if self._accepting:
+            queue.append(event)
+            self._requests.append(event)  # type: ignore[arg-type]  # always a SafePointReached
             self._wake()
 
-    def _is_request(self, event: Event) -> bool:
-        return type(event) is SafePointReached and event.point in self._vote_points
+    def _make_room(self, *, request: bool) -> bool:
+        """The queue is at its bound: apply the policy. True when the new entry may go in."""
+        if not self._accepting:
+            return False
+        self._note_peak()
+        queue = self._queue
+        open_requests = 0
+        if self._requests:
+            if self._overflow != "error":
+                self._drop_expired_requests()
+            request_open = self._state.request_open
+            open_requests = sum(1 for r in self._requests if request_open(r.seq))
+        # Open requests are outside the bound; everything else counts against it.
+        counted = len(queue) - open_requests
+        if request:
+            # An open request never needs room. Only expired requests can have pushed the
+            # count past the bound, and with overflow="error" that means the subscriber fell
+            # behind.
+            if counted <= self._maxsize or self._overflow != "error":
+                return True
+            self._overflowed()
+            return False
+        if counted < self._maxsize:
+            return True
+        if self._overflow == "drop_oldest":
+            if self._drop_oldest():
+                return True
+            # Only open requests and gap markers are queued: the new event is the one to go.
+            self._dropped += 1
+            self._mark_gap_at_end()
+            return False
+        if self._overflow == "drop_newest":
+            self._dropped += 1
+            self._mark_gap_at_end()
+            return False
+        self._overflowed()
+        return False
+
+    def _overflowed(self) -> None:
+        self._dropped += 1
+        self._fail(
+            SubscriberOverflowError(
+                f"subscription {self._name!r} fell {self._maxsize} events behind "
+                f"(overflow='error'); it was closed at seq {self._state.seq}"
+            )
+        )
+
+    def _note_peak(self) -> None:
+        if len(self._queue) > self._peak:
+            self._peak = len(self._queue)
+
+    def _is_open_request(self, item: Event | _Gap) -> bool:
+        return type(item) is SafePointReached and any(item is r for r in self._requests)
+
+    def _drop_expired_requests(self) -> None:
+        """Drop the queued requests whose safe point has resolved (their vote is recorded)."""
+        request_open = self._state.request_open
+        for request in tuple(self._requests):
+            if request_open(request.seq):
+                continue
+            self._requests.remove(request)
+            for index, item in enumerate(self._queue):
+                if item is request:
+                    self._drop_at(index)
+                    self._dropped += 1
+                    break
 
     def _drop_oldest(self) -> bool:
-        queue = self._queue
-        for index, item in enumerate(queue):
-            if isinstance(item, _Gap) or self._is_request(item):
+        """Drop the oldest entry that is neither a gap nor an open request."""
+        for index, item in enumerate(self._queue):
+            if type(item) is _Gap or self._is_open_request(item):
                 continue
-            del queue[index]
-            # Record the gap where the event was: merge with a neighbouring gap if any.
-            before = queue[index - 1] if index > 0 else None
-            after = queue[index] if index < len(queue) else None
-            if isinstance(before, _Gap):
-                before.n += 1
-            elif isinstance(after, _Gap):
-                after.n += 1
-            else:
-                queue.insert(index, _Gap())
+            self._drop_at(index)
+            self._dropped += 1
             return True
         return False
+
+    def _drop_at(self, index: int) -> None:
+        """Replace the entry at ``index`` by a gap, merged with the gaps next to it."""
+        queue = self._queue
+        del queue[index]
+        before = queue[index - 1] if index > 0 else None
+        after = queue[index] if index < len(queue) else None
+        if isinstance(before, _Gap):
+            before.n += 1
+            if isinstance(after, _Gap):
+                before.n += after.n
+                del queue[index]
+        elif isinstance(after, _Gap):
+            after.n += 1
+        else:
+            queue.insert(index, _Gap())
 
     def _mark_gap_at_end(self) -> None:
         queue = self._queue
@@ -295,7 +394,7 @@ class Subscription(metaclass=NoPublicConstructor):
         if waiter is None:
             return
         self._waiter = None
-        if threading.get_ident() == self._waiter_thread:
+        if _get_ident() == self._waiter_thread:
             _wake(waiter)
         else:
             waiter.get_loop().call_soon_threadsafe(_wake, waiter)
@@ -303,19 +402,35 @@ class Subscription(metaclass=NoPublicConstructor):
     def _fail(self, error: BaseException) -> None:
         self._error = error
         self._accepting = False
-        self._bus._forget_locked(self)
+        self._state.remove_locked(self)
         self._wake()
 
     def _stop(self, *, discard: bool) -> None:
         """No more events; iteration ends after the queue drains (or at once if discard)."""
         self._accepting = False
+        self._note_peak()
         if discard:
             self._queue.clear()
             self._ready.clear()
+            self._requests.clear()
         self._wake()
 
+    # --- called by the bus without the lock ------------------------------------------------
+
+    def _holds_through(self, seq: int) -> bool:
+        """True when the queue still holds an event numbered ``seq`` or lower (or a gap)."""
+        with self._lock:
+            for queue in (self._ready, self._queue):
+                try:
+                    head = queue[0]
+                except IndexError:  # empty (or emptied by the consumer meanwhile)
+                    continue
+                return type(head) is _Gap or head.seq <= seq  # type: ignore[union-attr]
+            return False
+
     def _end_iteration_when_empty(self, end: bool) -> None:
-        """Extension mailboxes: let the dispatcher finish when idle, or keep it waiting."""
-        self._end_when_empty = end
-        if end:
-            self._wake()
+        """Let iteration finish once the queue is drained (True), or wait for more again."""
+        with self._lock:
+            self._end_when_empty = end
+            if end:
+                self._wake()

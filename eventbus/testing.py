@@ -14,10 +14,10 @@ from typing import Any, Final, TypeVar, overload
 
 import anyio
 
-from ._bus import EventBus
+from ._bus import EventBus, ExtensionContext
 from ._decisions import Decision, SafePoint
 from ._events import Event, SafePointReached
-from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability, ExtensionContext
+from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability
 from ._subscription import Subscription
 
 __all__ = ["HANG", "RecordingSubscriber", "ScriptedVoter", "record_events"]
@@ -101,8 +101,7 @@ async def record_events(
         try:
             yield recorder
         finally:
-            with subscription._lock:
-                subscription._end_iteration_when_empty(True)
+            subscription._end_iteration_when_empty(True)
     subscription.close()
 
 

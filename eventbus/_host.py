@@ -1,0 +1,172 @@
+"""Hosting extensions: their dispatcher tasks, the running block, and draining.
+
+Invariant: dispatcher tasks exist only inside :meth:`ExtensionHost.run` (one task per open
+registration, in a task group owned by that block), so no task outlives it. Every wait here
+has a deadline: leaving the block gives extensions ``drain_timeout`` to finish, and
+:meth:`ExtensionHost.drain` never waits past its ``timeout``, nor at all for an extension
+that has already been inside one hook call for longer than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+
+from ._dispatch import run_extension
+from ._registration import Registration, Registry
+from ._state import BusState
+
+__all__ = ["ExtensionHost"]
+
+logger = logging.getLogger("eventbus")
+
+_get_ident = threading.get_ident
+
+
+class ExtensionHost:
+    """Runs the extensions of one bus.
+
+    Args:
+        state: The bus's shared state.
+        registry: The bus's registrations.
+        drain_timeout: Seconds extensions get to finish queued events when :meth:`run` ends.
+        monotonic: Clock for telling how long an extension has been inside a hook call.
+    """
+
+    def __init__(
+        self,
+        state: BusState,
+        registry: Registry,
+        *,
+        drain_timeout: float,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.state = state
+        self.registry = registry
+        self.drain_timeout = drain_timeout
+        self.monotonic = monotonic
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._dispatch_done: dict[Registration, anyio.Event] = {}
+
+    @property
+    def running(self) -> bool:
+        """True inside :meth:`run`."""
+        return self._task_group is not None
+
+    def start(self, registration: Registration) -> None:
+        """Start ``registration``'s dispatcher if the host is running (from any thread)."""
+        task_group, loop = self._task_group, self._loop
+        if task_group is None or loop is None:
+            return
+        if _get_ident() != self._loop_thread:
+            loop.call_soon_threadsafe(self.start, registration)
+            return
+        if registration.closed or registration in self._dispatch_done:
+            return
+        done = anyio.Event()
+        self._dispatch_done[registration] = done
+        task_group.start_soon(
+            run_extension,
+            self.state,
+            registration,
+            done,
+            self.monotonic,
+            name=f"extension {registration.name}",
+        )
+
+    async def drain(
+        self, timeout: float, registrations: Iterable[Registration] | None = None
+    ) -> bool:
+        """Wait until ``registrations`` (default: all) handled every event published so far.
+
+        Only events published before the call count, so a steady stream of new events
+        cannot keep it waiting. An extension that has been inside one hook call for
+        ``timeout`` seconds or more is stalled: it is not waited for (it costs a checkpoint
+        nothing but the answer False), and a warning names it once per stall.
+
+        Returns:
+            True when every one caught up; False on timeout, when one is stalled, or when
+            the host is not running (then nothing handles the mailboxes).
+        """
+        chosen = self.registry.all() if registrations is None else tuple(registrations)
+        chosen = tuple(r for r in chosen if not r.closed)
+        if self._task_group is None:
+            return not chosen
+        target = self.state.seq
+        caught_up = True
+        with anyio.move_on_after(timeout):
+            for registration in chosen:
+                while not registration.closed and not registration._caught_up(target):
+                    if self._stalled(registration, timeout):
+                        caught_up = False
+                        break
+                    drained = registration._drained
+                    if drained is None:
+                        drained = registration._drained = anyio.Event()
+                    registration._drain_target = target
+                    await drained.wait()
+            return caught_up
+        return False
+
+    def _stalled(self, registration: Registration, timeout: float) -> bool:
+        if not registration._busy:
+            return False
+        inside = self.monotonic() - registration._busy_since
+        if inside < timeout:
+            return False
+        if registration._stall_reported != registration._busy_since:
+            registration._stall_reported = registration._busy_since
+            logger.warning(
+                "extension %r has been inside one hook call for %.1f s; not waiting for it "
+                "(its state is read as it is)",
+                registration.name,
+                inside,
+            )
+        return True
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """Dispatch every registration's hooks for the duration of the block.
+
+        On exit, extensions get up to ``drain_timeout`` seconds to finish the events already
+        published; then their tasks are cancelled. An error in the block is re-raised as
+        itself, not wrapped in an exception group.
+        """
+        if self._task_group is not None:
+            raise RuntimeError("the bus is already running")
+        error: Exception | None = None
+        async with anyio.create_task_group() as task_group:
+            self._task_group = task_group
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = _get_ident()
+            for registration in self.registry.all():
+                registration._mailbox._end_iteration_when_empty(False)
+                self.start(registration)
+            try:
+                yield
+            except Exception as exc:  # noqa: BLE001  (re-raised below, unwrapped)
+                error = exc
+            finally:
+                await self._stop_dispatchers()
+                task_group.cancel_scope.cancel()
+                self._task_group = None
+                self._loop = None
+        if error is not None:
+            raise error
+
+    async def _stop_dispatchers(self) -> None:
+        for registration in self.registry.all():
+            registration._mailbox._end_iteration_when_empty(True)
+        pending = list(self._dispatch_done.values())
+        self._dispatch_done.clear()
+        with anyio.move_on_after(self.drain_timeout, shield=True):
+            for done in pending:
+                await done.wait()

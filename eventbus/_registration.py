@@ -1,0 +1,272 @@
+"""Registered extensions: the handle a user holds, and the table of names behind it.
+
+Invariant: at most one open registration holds a name, and only that very registration can
+remove it. Every registration has a unique id, so a stale handle of an earlier registration
+of the same name never removes the newer one. A registration owns one mailbox (an ordinary
+:class:`~eventbus.Subscription`, bounded, dropping the oldest on overflow) that its
+dispatcher drains; closing it stops the mailbox and cancels the dispatcher.
+
+Like subscriptions, registrations talk to their bus only through its
+:class:`~eventbus._state.BusState`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from ._decisions import SafePoint
+from ._errors import BusClosedError, ExtensionError
+from ._events import Event, SampleWait
+from ._extensions import Capability, ValidatedExtension
+from ._state import BusState
+from ._subscription import Subscription
+from ._util import NoPublicConstructor
+
+__all__ = ["Registration", "RegistrationStatistics", "Registry"]
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationStatistics:
+    """Counters of one registration.
+
+    Attributes:
+        name: The extension's name.
+        events: Events handed to ``on_event``.
+        votes: Safe points answered by ``on_safe_point``.
+        failures: Hook calls that raised (or returned an invalid decision).
+        closed: Whether the registration is closed.
+    """
+
+    name: str
+    events: int
+    votes: int
+    failures: int
+    closed: bool
+
+
+_registration_ids = itertools.count(1)
+
+
+class Registration(metaclass=NoPublicConstructor):
+    """The handle of one registered extension; created by :meth:`EventBus.register_extension`.
+
+    Each registration has a unique :attr:`id`, so a stale handle can never remove a newer
+    registration of the same name. :meth:`close` is idempotent; the handle is also a
+    (sync) context manager.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        validated: ValidatedExtension,
+        mailbox: Subscription,
+        context: object,
+    ) -> None:
+        self._registry = registry
+        self._state = registry.state
+        self._validated = validated
+        self._mailbox = mailbox
+        self._id = next(_registration_ids)
+        self._closed = False
+        # The hooks with the extension's context bound (the context is the bus's business).
+        self._on_event: Callable[[Event], Any] | None = (
+            functools.partial(validated.on_event, context) if validated.on_event else None
+        )
+        self._on_safe_point: Callable[[Event], Any] | None = (
+            functools.partial(validated.on_safe_point, context) if validated.on_safe_point else None
+        )
+        self._events = 0
+        self._votes = 0
+        self._failures = 0
+        # Set while a dispatcher task runs; cancels it (from any thread).
+        self._cancel: Callable[[], None] | None = None
+        # The dispatcher is inside a hook handling the event ``_handling`` (its seq) since
+        # ``_busy_since`` (on the host's monotonic clock).
+        self._busy = False
+        self._handling = 0
+        self._busy_since = 0.0
+        self._stall_reported = -1.0  # _busy_since of the stall a drain last warned about
+        # A drain waiting for every event up to ``_drain_target`` to be handled.
+        self._drain_target: int | None = None
+        self._drained: anyio.Event | None = None
+
+    @property
+    def id(self) -> int:
+        """Unique among all registrations in this process."""
+        return self._id
+
+    @property
+    def name(self) -> str:
+        """The extension's name."""
+        return self._validated.name
+
+    @property
+    def extension(self) -> object:
+        """The registered extension object."""
+        return self._validated.extension
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """The capabilities validated at registration."""
+        return self._validated.capabilities
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (or the bus closed)."""
+        return self._closed
+
+    def close(self) -> None:
+        """Unregister the extension: no more events or votes. Idempotent."""
+        self._registry.remove(self)
+
+    @property
+    def idle(self) -> bool:
+        """True when every event delivered to it so far has been handled."""
+        return not self._busy and self._mailbox.statistics().queued == 0
+
+    def statistics(self) -> RegistrationStatistics:
+        """A snapshot of this registration's counters."""
+        return RegistrationStatistics(
+            name=self.name,
+            events=self._events,
+            votes=self._votes,
+            failures=self._failures,
+            closed=self._closed,
+        )
+
+    def __enter__(self) -> Registration:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Registration #{self._id} {self.name!r} {state}>"
+
+    # --- for the dispatcher and the host ---------------------------------------------------
+
+    def _failed(self, hook: str, error: Exception, event: Event | None) -> None:
+        """Count, log and publish a failing hook call."""
+        self._failures += 1
+        self._state.extension_failed(self.name, hook, error, event)
+
+    def _caught_up(self, seq: int) -> bool:
+        """True when every event up to ``seq`` routed to this extension has been handled."""
+        if self._busy and self._handling <= seq:
+            return False
+        return not self._mailbox._holds_through(seq)
+
+    def _progressed(self) -> None:
+        """After each hook call: release a waiting drain once it is satisfied."""
+        target = self._drain_target
+        if target is not None and (self._closed or self._caught_up(target)):
+            self._release_drain()
+
+    def _release_drain(self) -> None:
+        drained = self._drained
+        self._drain_target = self._drained = None
+        if drained is not None:
+            drained.set()
+
+
+def _sample_wait_filters(
+    caps: frozenset[Capability],
+) -> tuple[Callable[[type[Event]], bool], Callable[[SafePoint], bool]]:
+    """What an extension's mailbox accepts: SampleWait and its safe point only on request."""
+    events = Capability.EVENTS in caps
+    sample_wait = Capability.SAMPLE_WAIT in caps
+
+    def accepts(event_type: type[Event]) -> bool:
+        return events and (sample_wait or not issubclass(event_type, SampleWait))
+
+    def observes_point(point: SafePoint) -> bool:
+        return events and (sample_wait or point is not SafePoint.SAMPLE_WAIT)
+
+    return accepts, observes_point
+
+
+class Registry:
+    """The open registrations of one bus, by name, in registration order.
+
+    Args:
+        state: The bus's shared state (its lock guards this table too).
+        mailbox_size: Bound of each extension's mailbox.
+    """
+
+    def __init__(self, state: BusState, *, mailbox_size: int) -> None:
+        self.state = state
+        self._mailbox_size = mailbox_size
+        self._by_name: dict[str, Registration] = {}
+
+    def add(self, validated: ValidatedExtension, context: object) -> Registration:
+        """Register ``validated`` with a fresh mailbox, live at once.
+
+        Raises:
+            ExtensionError: The name is taken.
+            BusClosedError: The bus is closed.
+        """
+        accepts, observes_point = _sample_wait_filters(validated.capabilities)
+        state = self.state
+        with state.lock:
+            if state.closed:
+                raise BusClosedError("the bus is closed; cannot register extensions")
+            if validated.name in self._by_name:
+                raise ExtensionError(f"an extension named {validated.name!r} is already registered")
+            mailbox: Subscription = Subscription._create(
+                state,
+                validated.name,
+                accepts=accepts,
+                observes_point=observes_point,
+                vote_points=validated.vote_points,
+                maxsize=self._mailbox_size,
+                overflow="drop_oldest",
+            )
+            registration: Registration = Registration._create(self, validated, mailbox, context)
+            self._by_name[validated.name] = registration
+            state.add_locked(mailbox)
+        return registration
+
+    def remove(self, registration: Registration) -> None:
+        """Close ``registration``: its mailbox stops and its dispatcher is cancelled."""
+        with self.state.lock:
+            if registration._closed:
+                return
+            registration._closed = True
+            # Identity check: a stale handle never removes a newer registration of its name.
+            if self._by_name.get(registration.name) is registration:
+                del self._by_name[registration.name]
+            self.state.remove_locked(registration._mailbox)
+            registration._mailbox._stop(discard=True)
+            cancel = registration._cancel
+        # A waiting drain is released by the dispatcher as it ends (on the loop's thread).
+        if cancel is not None:
+            cancel()
+
+    def all(self) -> tuple[Registration, ...]:
+        """The open registrations, in registration order."""
+        with self.state.lock:
+            return tuple(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def close_all(self) -> None:
+        """Mark every registration closed (the bus closed; their mailboxes already ended)."""
+        with self.state.lock:
+            registrations = tuple(self._by_name.values())
+            self._by_name.clear()
+            for registration in registrations:
+                registration._closed = True

@@ -4,7 +4,8 @@ Invariant: an extension's hooks run one at a time, in publish order, on one task
 extension always sees every earlier event before it votes, and its state changes only while
 its dispatcher is inside a hook (which the host can tell: see ``Registration._caught_up``).
 A hook that raises is isolated (logged, counted, published as ``ExtensionFailed``); the task
-goes on with the next event.
+goes on with the next event. A dispatcher never holds the loop for more than a few dozen
+events in a row.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from ._decisions import Decision
 from ._events import Event, SafePointReached
 from ._registration import Registration
 from ._state import BusState
 
-__all__ = ["run_extension"]
+__all__ = ["FAIRNESS", "run_extension"]
+
+FAIRNESS = 64
+"""A dispatcher lets other tasks run at least once every this many events."""
 
 
 async def run_extension(
@@ -54,6 +59,7 @@ async def run_extension(
             registration._cancel = cancel
             mailbox = registration._mailbox
             vote_points = mailbox.safe_points
+            handled = 0
             async for event in mailbox:
                 registration._busy = True
                 registration._handling = event.seq
@@ -67,6 +73,12 @@ async def run_extension(
                     registration._busy = False
                     if registration._drain_target is not None:
                         registration._progressed()
+                handled += 1
+                if handled % FAIRNESS == 0:
+                    # Taking a queued event never suspends, and neither does a plain-function
+                    # hook: without this, a long backlog would hold the loop (and the trainer)
+                    # until it is through. (Between events, so "taken" means "being handled".)
+                    await anyio.lowlevel.checkpoint()
     finally:
         registration._busy = False
         registration._cancel = None

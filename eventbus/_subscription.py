@@ -6,12 +6,14 @@ a whole batch from it under the same lock. A publisher never waits: when the que
 overflow policy decides what to drop, and the dropped stretch becomes one :class:`Lagged`
 notice at the place in the stream where events went missing.
 
-Invariant (the bound): the queue holds at most ``maxsize`` entries besides the safe-point
-requests that are still open, plus one gap marker. An open request addressed to this
-subscription is never dropped. Once its safe point has resolved (the subscription's vote was
-recorded as timed out), an unread request is an ordinary entry: when room is needed it is
-dropped first, whatever the policy, and counted in ``Lagged`` like any dropped event. So a
-participant that votes but never reads holds a bounded queue however many safe points pass.
+Invariant (the bound): the queue holds at most ``maxsize`` entries (events and gap markers)
+besides the safe-point requests that are still open, plus one gap marker. An open request
+addressed to this subscription is never dropped. Once its safe point has resolved (the
+subscription's vote was recorded as timed out), an unread request is an ordinary entry: when
+room is needed it is dropped first, whatever the policy, and counted in ``Lagged`` like any
+dropped event (answering it could only be a late vote). So a participant that votes but never
+reads holds a bounded queue however many safe points pass. With ``overflow="error"`` nothing is
+dropped: expired requests count against the bound, and going past it closes the subscription.
 
 The subscription talks to its bus only through the :class:`~eventbus._state.BusState` it was
 given: it votes, checks whether a request is still open and leaves through it.

@@ -149,3 +149,74 @@ async def test_safe_point_requests_are_never_dropped_from_a_full_queue() -> None
         outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, step=1)
     assert outcome.decision is Decision.CHECKPOINT
     assert not outcome.votes[0].timed_out
+
+
+@pytest.mark.parametrize("overflow", ["drop_oldest", "drop_newest"])
+async def test_a_voter_that_never_reads_keeps_a_bounded_queue(overflow: str) -> None:
+    """Issue 10, 2.2: every safe point used to leave its request (and the SafePointResolved
+    behind it) in the queue of a participant that never reads, however small its limit."""
+    bus = EventBus()
+    sub = bus.subscribe(maxsize=8, overflow=overflow, safe_points=True, name="deaf")  # type: ignore[arg-type]
+    rounds = 2_000
+    for step in range(rounds):
+        bus.publish(StepStarted(step=step))
+        outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, step=step, timeout=1e-6)
+        assert [v.timed_out for v in outcome.votes] == [True]  # its vote is still recorded
+    stats = sub.statistics()
+    assert stats.queued <= 8 + 2  # the bound, a gap marker and the last, open request
+    assert stats.peak <= 8 + 2
+    bus.close()
+    stream = [e async for e in sub]
+    check_stream(stream, published=3 * rounds)  # StepStarted, Reached, Resolved each round
+    final = sub.statistics()
+    assert final.delivered + final.dropped == 3 * rounds
+
+
+async def test_an_expired_request_is_the_first_entry_to_go() -> None:
+    bus = EventBus()
+    sub = bus.subscribe(maxsize=3, safe_points=True, name="late")
+    bus.publish(StepStarted(step=1))  # seq 1
+    await bus.safe_point(SafePoint.STEP_BOUNDARY, timeout=1e-6)  # Reached 2, Resolved 3
+    bus.publish(StepStarted(step=2))  # seq 4: the queue is full; the expired request goes
+    bus.close()
+    stream = [e async for e in sub]
+    # The expired request went first (with the oldest event: its gap marker takes a place).
+    assert [type(e).__name__ for e in stream] == ["Lagged", "SafePointResolved", "StepStarted"]
+    assert [e.seq for e in stream if not isinstance(e, Lagged)] == [3, 4]
+    assert sub.statistics().dropped == 2
+
+
+async def test_an_open_request_still_outlives_any_overflow() -> None:
+    bus = EventBus(safe_point_timeout=5.0)
+    sub = bus.subscribe(maxsize=2, safe_points=True, name="slow")
+    answered: list[Event] = []
+
+    async def flood_then_answer() -> None:
+        for step in range(50):  # far more than the queue holds, while the request is open
+            bus.publish(StepStarted(step=step))
+        async for event in sub:
+            answered.append(event)
+            if isinstance(event, SafePointReached):
+                sub.decide(event, Decision.STOP, reason="read it in time")
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(flood_then_answer)
+        outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY)
+    assert outcome.decision is Decision.STOP and not outcome.votes[0].timed_out
+    assert sub.statistics().peak <= 2 + 2
+    bus.close()
+
+
+async def test_with_overflow_error_a_voter_that_never_reads_is_closed_not_grown() -> None:
+    bus = EventBus()
+    sub = bus.subscribe(SafePointReached, maxsize=4, overflow="error", safe_points=True)
+    for step in range(20):
+        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=step, timeout=1e-6)
+    assert sub.closed
+    assert sub.statistics().queued <= 4 + 1
+    assert not bus.wants_safe_point(SafePoint.STEP_BOUNDARY)  # no longer a participant
+    with pytest.raises(SubscriberOverflowError):
+        async for _ in sub:
+            pass
+    bus.close()

@@ -72,9 +72,11 @@ class RunState:
 
     async def save(self) -> StoredCheckpoint:
         """Write a checkpoint of the current step; publishes ``CheckpointSaved``."""
-        # Extension state must follow every event published before the checkpoint.
-        if any(Capability.STATE in r.capabilities for r in self.bus.registrations()):
-            await self.bus.drain(timeout=self.config.safe_point_timeout_s)
+        # Extension state must follow every event published before the checkpoint. Only the
+        # extensions whose state is read are waited for: any other may be slow or stuck.
+        stateful = [r for r in self.bus.registrations() if Capability.STATE in r.capabilities]
+        if stateful:
+            await self.bus.drain(timeout=self.config.safe_point_timeout_s, registrations=stateful)
         began = time.perf_counter()
         # Serialising and fsyncing take milliseconds: off the event loop. Nothing changes
         # the state meanwhile, since the loop awaits the save before training on.

@@ -153,3 +153,35 @@ async def test_extension_state_that_a_checkpoint_cannot_hold_is_reported_not_sav
     assert registration.statistics().failures >= 1
     state = CheckpointStore.load(tmp_path / "checkpoints" / "step-00000002.pt")  # still loads
     assert "bad" not in state["extensions"]
+
+
+async def test_a_stuck_extension_costs_checkpoints_nothing(tmp_path: Path) -> None:
+    """Issue 10, 2.1: before a checkpoint the trainer drained every extension, so one that
+    never returned from ``on_event`` added the whole drain timeout to every checkpoint once
+    any stateful extension was registered. Only the stateful ones are waited for now."""
+    import anyio
+
+    from eventbus import EventBus
+
+    release = anyio.Event()
+
+    class Stuck:
+        name = "stuck"
+        api_version = RUNTIME_EXTENSION_API_VERSION
+        required_capabilities = (Capability.EVENTS,)
+
+        async def on_event(self, context: ExtensionContext, event: Event) -> None:
+            await release.wait()
+
+    # A drain that waited for the stuck extension would take the whole hour.
+    config = tiny_config(run__steps=2, safe_point_timeout_s=3600.0)
+    bus = EventBus(safe_point_timeout=3600.0, capabilities=frozenset(Capability), drain_timeout=0.1)
+    fit = PPOTrainer(config, out_dir=tmp_path, bus=bus)
+    counter = Counter()
+    fit.register_runtime_extension(counter)
+    fit.register_runtime_extension(Stuck())
+    with anyio.fail_after(120):  # a safety net, far above the run's few seconds
+        await fit.fit()
+    release.set()
+    state = CheckpointStore.load(tmp_path / "checkpoints" / "step-00000002.pt")
+    assert state["extensions"] == {"counter": {"steps": 2}}

@@ -7,6 +7,10 @@ depends on who answered first. All mutation happens under the bus lock; the futu
 on its own loop (directly when the voter runs there, through ``call_soon_threadsafe``
 otherwise).
 
+:class:`Deadlines` times out the open barriers of one loop with a single loop timer, armed for
+the earliest deadline and re-armed as it fires: with a constant timeout, deadlines only grow,
+so a safe point costs one clock read instead of creating and cancelling a timer.
+
 This module knows participants only as :class:`Voter` (something with a name): it sits below
 subscriptions and the bus, and imports neither.
 """
@@ -14,6 +18,7 @@ subscriptions and the bus, and imports neither.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Hashable
 from typing import Protocol
@@ -21,7 +26,7 @@ from typing import Protocol
 from ._decisions import Decision, SafePoint
 from ._events import SafePointOutcome, Vote
 
-__all__ = ["Barrier", "Roster", "Voter"]
+__all__ = ["Barrier", "Deadlines", "Roster", "Voter"]
 
 _get_ident = threading.get_ident
 
@@ -137,3 +142,49 @@ class Barrier:
             votes=tuple(v for v in self.votes if v is not None),
             elapsed_s=now - self.opened,
         )
+
+
+class Deadlines:
+    """The deadlines of the open barriers of one event loop, behind one loop timer.
+
+    Used from that loop's thread only. A barrier that resolves before its deadline is just
+    forgotten; the timer stays armed (it may serve the next barriers) and, when it fires,
+    completes the futures of the barriers past their deadline and re-arms for the next one.
+    """
+
+    __slots__ = ("_handle", "_when", "barriers", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.barriers: dict[Barrier, float] = {}
+        self._handle: asyncio.TimerHandle | None = None
+        self._when = math.inf
+
+    def watch(self, barrier: Barrier, timeout: float) -> None:
+        """Complete ``barrier``'s future once ``timeout`` seconds have passed."""
+        deadline = self.loop.time() + timeout
+        self.barriers[barrier] = deadline
+        if deadline < self._when:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._when = deadline
+            self._handle = self.loop.call_at(deadline, self._fire)
+
+    def forget(self, barrier: Barrier) -> None:
+        """``barrier`` resolved (or its waiter left): stop watching it."""
+        self.barriers.pop(barrier, None)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._when = math.inf
+        now = self.loop.time()
+        following = math.inf
+        for barrier, deadline in tuple(self.barriers.items()):
+            if deadline <= now:
+                del self.barriers[barrier]
+                _complete(barrier.future)
+            elif deadline < following:
+                following = deadline
+        if following < math.inf:
+            self._when = following
+            self._handle = self.loop.call_at(following, self._fire)

@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Any
 
-from ._barrier import Barrier
+from ._barrier import Barrier, Deadlines
 from ._decisions import Decision, SafePoint
 from ._events import SafePointOutcome, SafePointReached, SafePointResolved
 from ._state import BusState, PointRoute
@@ -61,13 +61,28 @@ async def reach(
             point=point, step=step, decision=Decision.CONTINUE, elapsed_s=_perf_counter() - opened
         )
     else:
-        # A loop timer rather than a cancel scope: the same guarantee (the finally block
-        # always cleans up) at a fraction of the cost, which matters at every step boundary.
-        timer = loop.call_later(timeout, _complete, future)
+        # A shared loop timer rather than a cancel scope: the same guarantee (the finally
+        # block always cleans up) at a fraction of the cost, which matters at every step
+        # boundary. A bus used from a second loop while barriers are open on the first falls
+        # back to a timer of its own.
+        deadlines = state.deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            if deadlines is None or not deadlines.barriers:
+                deadlines = state.deadlines = Deadlines(loop)
+            else:
+                deadlines = None
+        timer = None
+        if deadlines is not None:
+            deadlines.watch(barrier, timeout)
+        else:
+            timer = loop.call_later(timeout, _complete, future)
         try:
             await future
         finally:
-            timer.cancel()
+            if deadlines is not None:
+                deadlines.forget(barrier)
+            elif timer is not None:
+                timer.cancel()
             with lock:
                 del state.barriers[request.seq]
                 now = _perf_counter()

@@ -29,7 +29,7 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from ._barrier import Barrier, Roster, Voter
+from ._barrier import Barrier, Deadlines, Roster, Voter
 from ._decisions import Decision, SafePoint
 from ._errors import SafePointError
 from ._events import Event, ExtensionFailed, SafePointReached, SafePointResolved
@@ -102,6 +102,7 @@ class BusState:
         "barriers",
         "clock",
         "closed",
+        "deadlines",
         "delivery_errors",
         "error_decision",
         "extension_failures",
@@ -132,6 +133,7 @@ class BusState:
         self.routes: dict[type[Event], tuple[Push, ...]] = {}
         self.point_routes: dict[SafePoint, PointRoute] = {}
         self.barriers: dict[int, Barrier] = {}
+        self.deadlines: Deadlines | None = None  # times out barriers (on the last loop used)
         self.safe_points = 0
         self.late_votes = 0
         self.extension_failures = 0

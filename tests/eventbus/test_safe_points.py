@@ -271,3 +271,45 @@ async def test_closing_the_bus_resolves_an_open_safe_point() -> None:
         tg.start_soon(close_soon)
         outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, timeout=30)
     assert outcome.votes[0].error == "closed"
+
+
+async def test_concurrent_safe_points_each_time_out_on_their_own_deadline() -> None:
+    """One loop timer serves every open barrier: an earlier deadline re-arms it, and a
+    later one still fires after it."""
+    bus = EventBus()
+    bus.subscribe(safe_points=[SafePoint.STEP_BOUNDARY], name="silent-long")
+    bus.subscribe(safe_points=[SafePoint.SAMPLE_WAIT], name="silent-short")
+    outcomes: dict[str, float] = {}
+
+    async def reach(point: SafePoint, timeout: float) -> None:
+        outcome = await bus.safe_point(point, timeout=timeout)
+        assert outcome.votes[0].timed_out
+        outcomes[point.value] = outcome.elapsed_s
+
+    with anyio.fail_after(10):  # a safety net: both deadlines are far shorter
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reach, SafePoint.STEP_BOUNDARY, 0.2)
+            await anyio.lowlevel.checkpoint()  # the long barrier is open and watched
+            tg.start_soon(reach, SafePoint.SAMPLE_WAIT, 0.01)
+    assert set(outcomes) == {"step_boundary", "sample_wait"}
+    assert outcomes["sample_wait"] < outcomes["step_boundary"]
+    bus.close()
+
+
+async def test_an_answered_safe_point_leaves_its_deadline_behind() -> None:
+    bus = EventBus()
+    sub = bus.subscribe(safe_points=True, name="quick")
+    silent = bus.subscribe(safe_points=[SafePoint.AFTER_FIT], name="silent")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(voter, sub, lambda e: Decision.CONTINUE)
+        for step in range(5):  # answered at once; their 30 s deadlines must not linger
+            outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, step=step)
+            assert not outcome.votes[0].timed_out
+        outcome = await bus.safe_point(SafePoint.AFTER_FIT, timeout=0.01)
+        assert {v.participant: v.timed_out for v in outcome.votes} == {
+            "quick": False,
+            "silent": True,
+        }
+        sub.close()
+    silent.close()
+    bus.close()

@@ -424,6 +424,11 @@ def format_value(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
 
 
+def format_ratio(ratio: float) -> str:
+    """``1.23x``; small ratios keep three significant digits (``0.000712x``, not ``0.00x``)."""
+    return f"{ratio:.2f}x" if ratio >= 0.1 else f"{ratio:.3g}x"
+
+
 def _format_target(row: Result) -> str:
     if row.target is None or row.threshold is None:
         return ""
@@ -444,7 +449,7 @@ def print_table(rows: Sequence[Result], *, file: TextIO | None = None) -> None:
                 format_value(row.value, row.unit),
                 f"{row.spread:.0%}" if not math.isnan(row.spread) else "",
                 row.baseline or "",
-                f"{row.ratio:.2f}x" if row.ratio is not None else "",
+                format_ratio(row.ratio) if row.ratio is not None else "",
                 _format_target(row),
                 "" if row.met is None else ("yes" if row.met else "NO"),
             )

@@ -138,7 +138,7 @@ def _rows(data: dict[str, Any]) -> str:
     """The ``results`` rows of ``benchmarks._common.write_results``, one table per group."""
     sys.path.insert(0, str(ROOT))
     try:
-        from benchmarks._common import format_value
+        from benchmarks._common import format_ratio, format_value
     finally:
         sys.path.remove(str(ROOT))
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -167,10 +167,24 @@ def _rows(data: dict[str, Any]) -> str:
                 format_value(row["value"], row["unit"]),
                 f"{spread:.0%}" if isinstance(spread, float) and not math.isnan(spread) else "",
                 row.get("baseline") or "",
-                f"{ratio:.2f}x" if ratio is not None else "",
+                format_ratio(ratio) if ratio is not None else "",
                 target.replace("<=", "&le;").replace(">=", "&ge;"),
                 met,
             ]
+            out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        out.append("")
+    headline = data.get("headline") or []
+    if headline:
+        out += [
+            "**Headline ratios** (the targets of issue 9, two figures of the same run each)",
+            "",
+            "| ratio | variant | value | target | met |",
+            "|---|---|--:|---|---|",
+        ]
+        for item in headline:
+            target = (item.get("target") or "").replace("<=", "&le;").replace(">=", "&ge;")
+            met = {None: "", True: "yes", False: "**no**"}[item.get("met")]
+            cells = [item["what"], item["backend"], format_ratio(item["ratio"]), target, met]
             out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         out.append("")
     checked = [row["met"] for row in data["results"] if row.get("met") is not None]

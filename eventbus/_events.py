@@ -208,7 +208,16 @@ class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class FitStarted(Event, frozen=True):
-    """``fit()`` began. ``start_step`` is > 0 when resuming from a checkpoint."""
+    """``fit()`` began. ``start_step`` is > 0 when resuming from a checkpoint.
+
+    Attributes:
+        run_id: The run's identity, kept across resumes of the same run folder.
+        start_step: The last completed step (0 for a fresh run).
+        total_steps: The step the run trains up to.
+        mode: ``"sync"`` (on-policy) or ``"async"`` (off-policy).
+        backend: The rollout backend's name (``"local"`` or ``"ray"``).
+        resumed: The run continues from a checkpoint.
+    """
 
     run_id: str = ""
     start_step: int = 0
@@ -219,7 +228,15 @@ class FitStarted(Event, frozen=True):
 
 
 class FitFinished(Event, frozen=True):
-    """``fit()`` returned normally (``stopped_early`` when a STOP decision ended it)."""
+    """``fit()`` returned normally (``stopped_early`` when a STOP decision ended it).
+
+    Attributes:
+        step: The last completed step.
+        duration_s: Seconds ``fit()`` took.
+        stopped_early: A STOP decision (or a stop request) ended the run before its last
+            step.
+        reason: Why it stopped early (the deciding votes), empty otherwise.
+    """
 
     step: int
     duration_s: float = 0.0
@@ -228,8 +245,14 @@ class FitFinished(Event, frozen=True):
 
 
 class FitFailed(Event, frozen=True):
-    """``fit()`` is raising ``error_type: message``; ``step`` is the step that failed (or
-    the last completed one, when the failure came between steps)."""
+    """``fit()`` is raising ``error_type: message``.
+
+    Attributes:
+        step: The step that failed (or the last completed one, when the failure came
+            between steps).
+        error_type: The exception's type name.
+        message: The exception's message.
+    """
 
     step: int
     error_type: str
@@ -237,13 +260,24 @@ class FitFailed(Event, frozen=True):
 
 
 class StepStarted(Event, frozen=True):
-    """A training step began."""
+    """A training step began.
+
+    Attributes:
+        step: The step, from 1.
+    """
 
     step: int
 
 
 class StepFinished(Event, frozen=True):
-    """A training step finished (after its update and weight sync), with its metrics."""
+    """A training step finished (after its update and weight sync), with its metrics.
+
+    Attributes:
+        step: The step, from 1.
+        metrics: The step's metrics by slash-namespaced name (``reward/mean``,
+            ``timing_s/gen``, ...), as written to ``metrics.jsonl``.
+        duration_s: Seconds the step took.
+    """
 
     step: int
     metrics: dict[str, float] = {}
@@ -251,7 +285,11 @@ class StepFinished(Event, frozen=True):
 
 
 class SampleWait(Event, frozen=True):
-    """An unsuccessful poll of a replay buffer: the trainer is still waiting for samples."""
+    """An unsuccessful poll of a replay buffer: the trainer is still waiting for samples.
+
+    Attributes:
+        state: Why it waits: what the buffer needs, has, and how long it has waited.
+    """
 
     state: SampleWaitState
 
@@ -273,13 +311,24 @@ class SafePointReached(Event, frozen=True):
 
 
 class SafePointResolved(Event, frozen=True):
-    """A safe point closed, with every vote and the combined decision."""
+    """A safe point closed, with every vote and the combined decision.
+
+    Attributes:
+        outcome: The combined decision and one vote per participant.
+    """
 
     outcome: SafePointOutcome
 
 
 class CheckpointSaved(Event, frozen=True):
-    """A checkpoint was written atomically to ``path``."""
+    """A checkpoint was written atomically to ``path``.
+
+    Attributes:
+        step: The step whose state it holds.
+        path: The checkpoint file.
+        size_bytes: Its size.
+        duration_s: Seconds serialising, syncing and renaming took.
+    """
 
     step: int
     path: str
@@ -307,7 +356,13 @@ class CheckpointRestored(Event, frozen=True):
 
 
 class WeightsSynced(Event, frozen=True):
-    """Rollout workers now sample from ``policy_version``."""
+    """Rollout workers now sample from ``policy_version``.
+
+    Attributes:
+        step: The step whose update produced the weights.
+        policy_version: The version the workers now sample from.
+        duration_s: Seconds the transfer took.
+    """
 
     step: int
     policy_version: int
@@ -335,7 +390,12 @@ class RolloutRejected(Event, frozen=True):
 
 
 class BatchReconciled(Event, frozen=True):
-    """The rollout tracker's report for a finished batch."""
+    """The rollout tracker's report for a finished batch.
+
+    Attributes:
+        report: What became of every rollout registered for the batch, and of every result
+            that did not count.
+    """
 
     report: BatchReport
 
@@ -375,14 +435,25 @@ class WorkerLost(Event, frozen=True):
 
 
 class WorkerRestarted(Event, frozen=True):
-    """A rollout worker was replaced."""
+    """A rollout worker was replaced.
+
+    Attributes:
+        worker_id: The id of the worker that was replaced.
+        reason: Why the worker was replaced.
+    """
 
     worker_id: str
     reason: str = ""
 
 
 class FaultInjected(Event, frozen=True):
-    """A fault injector fired (tests and ``trainbus train --inject``)."""
+    """A fault injector fired (tests and ``trainbus train --inject``).
+
+    Attributes:
+        fault: The fault's name (``hang``, ``crash``, ``slow``, ``fail-retry``, ...).
+        step: The step it fired at.
+        detail: Where it struck (the worker, the rollout), in words.
+    """
 
     fault: str
     step: int
@@ -414,6 +485,9 @@ class Lagged(Event, frozen=True):
     """This subscriber fell behind and ``missed`` events were dropped from its queue.
 
     Delivered in place of the dropped events, so ``seq`` jumps right after it.
+
+    Attributes:
+        missed: How many events were dropped at this place in the stream.
     """
 
     missed: int

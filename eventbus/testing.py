@@ -20,9 +20,9 @@ from ._events import Event, SafePointReached
 from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability
 from ._subscription import Subscription
 
-__all__ = ["HANG", "RecordingSubscriber", "ScriptedVoter", "record_events"]
+__all__ = ["HANG", "RecordingSubscriber", "ScriptEntry", "ScriptedVoter", "record_events"]
 
-E = TypeVar("E", bound=Event)
+_E = TypeVar("_E", bound=Event)
 
 
 class RecordingSubscriber:
@@ -36,7 +36,7 @@ class RecordingSubscriber:
         self.events: list[Event] = []
         self._changed = anyio.Event()
 
-    def of_type(self, event_type: type[E]) -> list[E]:
+    def of_type(self, event_type: type[_E]) -> list[_E]:
         """The recorded events of ``event_type`` (subclasses included), in order."""
         return [e for e in self.events if isinstance(e, event_type)]
 
@@ -46,8 +46,8 @@ class RecordingSubscriber:
 
     @overload
     async def wait_for(
-        self, condition: type[E], *, count: int = ..., timeout: float = ...
-    ) -> list[E]: ...
+        self, condition: type[_E], *, count: int = ..., timeout: float = ...
+    ) -> list[_E]: ...
 
     @overload
     async def wait_for(
@@ -114,6 +114,8 @@ HANG: Final[Any] = _Hang()
 """A script entry that makes :class:`ScriptedVoter` never answer (until cancelled)."""
 
 ScriptEntry = Decision | tuple[Decision, str] | BaseException | Any
+"""One entry of a :class:`ScriptedVoter` script: a :class:`Decision`, a ``(Decision, reason)``
+pair, an exception instance to raise, or :data:`HANG`."""
 
 
 class ScriptedVoter:

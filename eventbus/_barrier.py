@@ -3,7 +3,9 @@
 Invariant: every participant of a barrier ends with exactly one :class:`Vote` (its answer, or a
 recorded timeout, error or close), and the barrier's future completes exactly once, when the
 last of them is recorded. Votes are kept in the participants' join order, so the outcome never
-depends on who answered first. All mutation happens under the bus lock; the future is completed
+depends on who answered first. :meth:`Barrier.record` keeps these rules, and so does
+``BusState.vote``, which records a subscriber's answer inline (the hottest path of a safe
+point: once per participant). All mutation happens under the bus lock; the future is completed
 on its own loop (directly when the voter runs there, through ``call_soon_threadsafe``
 otherwise).
 
@@ -96,6 +98,13 @@ class Barrier:
         index = self.roster.positions.get(voter)
         return index is not None and self.votes[index] is None
 
+    def complete(self) -> None:
+        """The last vote is in: complete the future, on its own loop."""
+        if _get_ident() == self.loop_thread:
+            _complete(self.future)
+        else:
+            self.future.get_loop().call_soon_threadsafe(_complete, self.future)
+
     def record(
         self,
         index: int,
@@ -119,10 +128,7 @@ class Barrier:
             self.worst = decision
         self.remaining -= 1
         if not self.remaining:
-            if _get_ident() == self.loop_thread:
-                _complete(self.future)
-            else:
-                self.future.get_loop().call_soon_threadsafe(_complete, self.future)
+            self.complete()
 
     def expire(self, decision: Decision, timeout: float, now: float) -> None:
         """Record a timed-out vote for everyone who has not answered."""
@@ -135,11 +141,12 @@ class Barrier:
 
     def outcome(self, now: float) -> SafePointOutcome:
         """The combined decision and every vote (call after :meth:`expire`)."""
+        votes: tuple[Vote, ...] = tuple(self.votes)  # type: ignore[arg-type]  # all recorded
         return SafePointOutcome(
             point=self.point,
             step=self.step,
             decision=self.worst,
-            votes=tuple(v for v in self.votes if v is not None),
+            votes=votes,
             elapsed_s=now - self.opened,
         )
 

@@ -4,8 +4,9 @@ The bus owns one :class:`~eventbus._state.BusState` and hands it to everything i
 the modules below this one never import it. Hot-path design (see docs/architecture.md for the
 trade-offs):
 
-* ``publish`` with nobody listening is one attribute load and a truth test of the list of
-  live queues, which the state mutates in place (under its lock) as subscriptions come and go.
+* ``publish`` with nobody listening is one call and a truth test of the list of live queues
+  (a closure variable), which the state mutates in place (under its lock) as subscriptions
+  come and go: ``bus.publish`` is the state's publishing closure itself.
 * With listeners, one lock orders stamping (``seq``, ``time``) and appending to every
   matching queue, so publishers on several threads still produce one global order.
 * Routes (event type -> matching queues) are computed once per type and cached until the set
@@ -133,7 +134,10 @@ class EventBus:
         self._state = state
         # The very list the state mutates: `publish` truth-tests it without the lock.
         self._subscribers = state.subscribers
-        self._publish = state.publish
+        # The instance attribute shadows the method below (which documents it and stays as
+        # the class-level spelling): `bus.publish(e)` is then one call of the state's
+        # closure, with the no-subscriber check inside, instead of two frames.
+        self.__dict__["publish"] = state.publish
         self._registry = Registry(state, mailbox_size=extension_queue_size)
         self._host = ExtensionHost(
             state, self._registry, drain_timeout=float(drain_timeout), monotonic=monotonic
@@ -150,14 +154,12 @@ class EventBus:
 
         Non-blocking and thread-safe. It never raises because of a subscriber: a full queue
         drops by its overflow policy; a delivery failure is logged and counted. With no
-        subscriber this is one attribute check.
+        subscriber this is one call and one truth test, allocating nothing.
 
         Raises:
             TypeError: ``event`` is not an :class:`Event` (checked when someone listens).
         """
-        if not self._subscribers:
-            return
-        self._publish(event)
+        self._state.publish(event)
 
     def wants(self, event_type: type[Event]) -> bool:
         """True when publishing an ``event_type`` now would reach someone.
@@ -267,7 +269,8 @@ class EventBus:
         """
         if not self._subscribers:
             return SafePointOutcome(point=point, step=step, decision=Decision.CONTINUE)
-        route = self._state.point_route(point)
+        state = self._state
+        route = state.point_routes.get(point._value_) or state.point_route(point)
         if not route.listened:
             return SafePointOutcome(point=point, step=step, decision=Decision.CONTINUE)
         if timeout is None:
@@ -275,14 +278,14 @@ class EventBus:
         else:
             check_timeout("timeout", timeout)
         positions = route.roster.positions
-        if positions and not self._host.running and len(self._registry):
+        if positions and self._registry.by_name and not self._host.running:
             idle = [r.name for r in self._registry.all() if r._mailbox in positions]
             if idle:
                 raise BusNotRunningError(
                     f"extensions {idle} take part in safe points, but the bus is not running "
                     f"their callbacks; wrap the work in 'async with bus.running():'"
                 )
-        return await reach(self._state, route, point, step, timeout, details)
+        return await reach(state, route, point, step, timeout, details)
 
     # --- extensions ---------------------------------------------------------------------
 

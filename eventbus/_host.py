@@ -55,11 +55,7 @@ class ExtensionHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._dispatch_done: dict[Registration, anyio.Event] = {}
-
-    @property
-    def running(self) -> bool:
-        """True inside :meth:`run`."""
-        return self._task_group is not None
+        self.running = False  # inside run() (a plain attribute: read at every safe point)
 
     def start(self, registration: Registration) -> None:
         """Start ``registration``'s dispatcher if the host is running (from any thread)."""
@@ -145,6 +141,7 @@ class ExtensionHost:
         error: Exception | None = None
         async with anyio.create_task_group() as task_group:
             self._task_group = task_group
+            self.running = True
             self._loop = asyncio.get_running_loop()
             self._loop_thread = _get_ident()
             for registration in self.registry.all():
@@ -158,6 +155,7 @@ class ExtensionHost:
                 await self._stop_dispatchers()
                 task_group.cancel_scope.cancel()
                 self._task_group = None
+                self.running = False
                 self._loop = None
         if error is not None:
             raise error

@@ -209,7 +209,7 @@ class Registry:
     def __init__(self, state: BusState, *, mailbox_size: int) -> None:
         self.state = state
         self._mailbox_size = mailbox_size
-        self._by_name: dict[str, Registration] = {}
+        self.by_name: dict[str, Registration] = {}  # mutate under state.lock only
 
     def add(self, validated: ValidatedExtension, context: object) -> Registration:
         """Register ``validated`` with a fresh mailbox, live at once.
@@ -223,7 +223,7 @@ class Registry:
         with state.lock:
             if state.closed:
                 raise BusClosedError("the bus is closed; cannot register extensions")
-            if validated.name in self._by_name:
+            if validated.name in self.by_name:
                 raise ExtensionError(f"an extension named {validated.name!r} is already registered")
             mailbox: Subscription = Subscription._create(
                 state,
@@ -235,7 +235,7 @@ class Registry:
                 overflow="drop_oldest",
             )
             registration: Registration = Registration._create(self, validated, mailbox, context)
-            self._by_name[validated.name] = registration
+            self.by_name[validated.name] = registration
             state.add_locked(mailbox)
         return registration
 
@@ -246,8 +246,8 @@ class Registry:
                 return
             registration._closed = True
             # Identity check: a stale handle never removes a newer registration of its name.
-            if self._by_name.get(registration.name) is registration:
-                del self._by_name[registration.name]
+            if self.by_name.get(registration.name) is registration:
+                del self.by_name[registration.name]
             self.state.remove_locked(registration._mailbox)
             registration._mailbox._stop(discard=True)
             cancel = registration._cancel
@@ -258,15 +258,15 @@ class Registry:
     def all(self) -> tuple[Registration, ...]:
         """The open registrations, in registration order."""
         with self.state.lock:
-            return tuple(self._by_name.values())
+            return tuple(self.by_name.values())
 
     def __len__(self) -> int:
-        return len(self._by_name)
+        return len(self.by_name)
 
     def close_all(self) -> None:
         """Mark every registration closed (the bus closed; their mailboxes already ended)."""
         with self.state.lock:
-            registrations = tuple(self._by_name.values())
-            self._by_name.clear()
+            registrations = tuple(self.by_name.values())
+            self.by_name.clear()
             for registration in registrations:
                 registration._closed = True

@@ -86,7 +86,8 @@ async def reach(
             with lock:
                 del state.barriers[request.seq]
                 now = _perf_counter()
-                barrier.expire(state.timeout_decision, timeout, now)
+                if barrier.remaining:
+                    barrier.expire(state.timeout_decision, timeout, now)
                 outcome = barrier.outcome(now)
 
     if route.stale:  # subscriptions changed while the barrier was open

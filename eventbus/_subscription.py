@@ -42,6 +42,7 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_oldest", "drop_newest", "error"
 
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
+_Future = asyncio.Future
 
 
 class _Gap:
@@ -120,6 +121,7 @@ class Subscription(metaclass=NoPublicConstructor):
         self._maxsize = maxsize
         self._overflow: Overflow = overflow
         self._lock = state.lock
+        self._acquire, self._release = state.lock.acquire, state.lock.release
         self._clock = state.clock
         # Publishers append to _queue under the bus lock. The consumer swaps the whole queue
         # into _ready under the lock, once per batch, and then pops _ready without locking:
@@ -218,8 +220,7 @@ class Subscription(metaclass=NoPublicConstructor):
                     return Lagged(missed=item.n, time=self._clock())
                 self._delivered += 1
                 return item  # type: ignore[return-value]  # not a _Gap, so an Event
-            lock = self._lock
-            lock.acquire()
+            self._acquire()
             try:
                 queue = self._queue
                 if queue:
@@ -228,22 +229,29 @@ class Subscription(metaclass=NoPublicConstructor):
                     self._queue, self._ready = ready, queue
                     if self._requests:
                         self._requests.clear()  # taken: the consumer holds them now
-                    continue
+                    item = queue.popleft()
+                    if type(item) is _Gap:
+                        self._lagged_notices += 1
+                        return Lagged(missed=item.n, time=self._clock())
+                    self._delivered += 1
+                    return item  # type: ignore[return-value]  # not a _Gap, so an Event
                 if self._end_when_empty or not self._accepting:
                     error, self._error = self._error, None
                     if error is not None:
                         raise error
                     raise StopAsyncIteration
-                waiter = _get_running_loop().create_future()
+                # asyncio.Future itself, not loop.create_future(): on asyncio's own loop that
+                # is a Python method around the same constructor, paid at every wait.
+                waiter: asyncio.Future[None] = _Future(loop=_get_running_loop())
                 self._waiter = waiter
                 self._waiter_thread = _get_ident()
             finally:
-                lock.release()
+                self._release()
             try:
                 await waiter
             finally:
                 if self._waiter is waiter:  # cancelled while waiting: forget the future
-                    with lock:
+                    with self._lock:
                         if self._waiter is waiter:
                             self._waiter = None
 
@@ -288,7 +296,14 @@ class Subscription(metaclass=NoPublicConstructor):
         if self._accepting:
             queue.append(event)
             self._requests.append(event)  # type: ignore[arg-type]  # always a SafePointReached
-            self._wake()
+            waiter = self._waiter
+            if waiter is not None:
+                self._waiter = None
+                if _get_ident() == self._waiter_thread:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
     def _make_room(self, *, request: bool) -> bool:
         """The queue is at its bound: apply the policy. True when the new entry may go in."""

@@ -36,12 +36,8 @@ from ._events import SafePointReached as SafePointReached
 from ._events import SafePointResolved as SafePointResolved
 from ._events import SampleWait as SampleWait
 from ._events import SampleWaitState as SampleWaitState
-from ._events import StackFrame as StackFrame
-from ._events import StallDiagnosed as StallDiagnosed
 from ._events import StepFinished as StepFinished
 from ._events import StepStarted as StepStarted
-from ._events import StuckRollout as StuckRollout
-from ._events import ThreadStack as ThreadStack
 from ._events import Vote as Vote
 from ._events import WeightsSynced as WeightsSynced
 from ._events import WorkerLost as WorkerLost
@@ -54,6 +50,10 @@ from ._registration import RegistrationStatistics as RegistrationStatistics
 from ._sinks import JsonlSink as JsonlSink
 from ._sinks import LoggingSink as LoggingSink
 from ._sinks import read_events as read_events
+from ._stall_events import StackFrame as StackFrame
+from ._stall_events import StallDiagnosed as StallDiagnosed
+from ._stall_events import StuckRollout as StuckRollout
+from ._stall_events import ThreadStack as ThreadStack
 from ._subscription import Subscription as Subscription
 from ._subscription import SubscriptionStatistics as SubscriptionStatistics
 from ._worker_events import WorkerJoined as WorkerJoined

@@ -13,6 +13,7 @@ This module only re-exports the public API; the implementation lives in private 
 
 from ._async import AsyncReplayBuffer as AsyncReplayBuffer
 from ._async import RefillCallback as RefillCallback
+from ._cancel import CancelHook as CancelHook
 from ._errors import BatchFailedError as BatchFailedError
 from ._errors import RegistrationError as RegistrationError
 from ._errors import ReplayError as ReplayError
@@ -31,7 +32,6 @@ from ._reasons import EvictionReason as EvictionReason
 from ._reasons import FailurePolicy as FailurePolicy
 from ._reasons import GraceMode as GraceMode
 from ._reasons import StalenessStrategy as StalenessStrategy
-from ._reissue import CancelHook as CancelHook
 from ._stats import PartitionCounts as PartitionCounts
 from ._stats import ReplayState as ReplayState
 from ._stats import ReplayStatistics as ReplayStatistics

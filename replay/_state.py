@@ -26,13 +26,13 @@ from typing import TypeVar
 
 from eventbus import EventBus
 
+from ._cancel import CancelHook, CancelQueue
 from ._errors import RegistrationError
 from ._grace import GraceWindow
 from ._history import RetiredIds
 from ._model import PromptGroup
 from ._reasons import Admission
 from ._records import FAILED, IN_FLIGHT, PLACEHOLDER, Batch, Counters, Group, Rollout, Tally
-from ._reissue import CancelHook, CancelQueue
 from ._signal import ChangeSignal, Sleep
 from ._waiting import Poll, PollTimeout, poll_until
 

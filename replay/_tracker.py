@@ -31,6 +31,7 @@ from eventbus import BatchReport, EventBus
 
 from ._admission import AdmissionGate
 from ._batches import SyncBatches
+from ._cancel import CancelHook
 from ._grace import GraceWindow
 from ._model import (
     PARTITIONS,
@@ -44,7 +45,7 @@ from ._model import (
 from ._reasons import Admission, FailurePolicy, GraceMode
 from ._records import IN_FLIGHT, PLACEHOLDER, Group
 from ._registry import AsyncRegistry
-from ._reissue import CancelHook, reissue
+from ._reissue import reissue
 from ._signal import Sleep
 from ._state import TrackerState
 from ._stats import PartitionCounts, TrackerStatistics

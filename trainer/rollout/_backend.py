@@ -31,6 +31,7 @@ __all__ = [
     "BackendStatistics",
     "Holding",
     "HoldingLedger",
+    "Leave",
     "ResultSink",
     "RolloutBackend",
 ]
@@ -192,6 +193,14 @@ class RolloutBackend(Protocol):
     ) -> tuple[ThreadStack, ...]:
         """The Python stacks of these workers, read without their cooperation where the
         backend can (a hung worker cannot answer). Blocking: call it from a thread."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """A token in a backend's work queue: the worker that takes it leaves the run (a resize
+    down takes idle workers at once, busy ones after they delivered)."""
+
+    reason: str
 
 
 class BackendBase:

@@ -25,7 +25,7 @@ import anyio
 
 from eventbus import ThreadStack
 
-from ._backend import BackendBase, ResultSink
+from ._backend import BackendBase, Leave, ResultSink
 from ._faults import FaultInjector, WorkerCrashed
 from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
@@ -35,18 +35,11 @@ __all__ = ["LocalBackend"]
 logger = logging.getLogger("trainbus.local")
 
 
-@dataclass(frozen=True, slots=True)
-class _Leave:
-    """A token in the work queue: whichever thread takes it leaves the run."""
-
-    reason: str
-
-
 @dataclass(eq=False)
 class _Generation:
     number: int
     stop: threading.Event = field(default_factory=threading.Event)
-    work: queue.SimpleQueue[RolloutWork | _Leave | None] = field(default_factory=queue.SimpleQueue)
+    work: queue.SimpleQueue[RolloutWork | Leave | None] = field(default_factory=queue.SimpleQueue)
     threads: list[threading.Thread] = field(default_factory=list)
     members: list[str] = field(default_factory=list)  # serving: started, not left or lost
 
@@ -125,7 +118,7 @@ class LocalBackend(BackendBase):
         for _ in range(change):
             self._add_thread(generation, reason)
         for _ in range(-change):
-            generation.work.put(_Leave(reason))
+            generation.work.put(Leave(reason))
 
     async def close(self) -> None:
         """Stop every thread and wait for them (hung ones are released first)."""
@@ -223,7 +216,7 @@ class LocalBackend(BackendBase):
             work = generation.work.get()
             if work is None or generation.stop.is_set():
                 return
-            if isinstance(work, _Leave):
+            if isinstance(work, Leave):
                 with self._lock:
                     generation.members.remove(worker_id)
                 sink.worker_left(worker_id, worker.node, work.reason)

@@ -55,7 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from eventbus import ThreadStack
 from replay import RolloutResult
 
-from ._backend import BackendBase, ResultSink
+from ._backend import BackendBase, Leave, ResultSink
 from ._faults import FaultInjector
 from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import ActorView, first_line, remote_actor_class
@@ -69,20 +69,13 @@ __all__ = ["RayBackend"]
 logger = logging.getLogger("trainbus.ray")
 
 
-@dataclass(frozen=True, slots=True)
-class _Leave:
-    """A token in the work queue: the slot that takes it retires its actor."""
-
-    reason: str
-
-
 @dataclass(eq=False)
 class _Generation:
     """The actors of one start or restart, their work queue and their slot tasks."""
 
     number: int
     actors: list[ActorView]
-    queue: asyncio.Queue[RolloutWork | _Leave]
+    queue: asyncio.Queue[RolloutWork | Leave]
     # Releases a slow-fault wait in after_work() (a worker thread) when the generation retires.
     stop: threading.Event = field(default_factory=threading.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -138,7 +131,7 @@ class RayBackend(BackendBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owns_ray = False
         self._weights: tuple[int, int, ObjectRef[bytes] | None] = (-1, -1, None)  # serial, version
-        self._queue: asyncio.Queue[RolloutWork | _Leave] | None = None  # the current generation's
+        self._queue: asyncio.Queue[RolloutWork | Leave] | None = None  # the current generation's
         self._generation: _Generation | None = None
         self.errors = 0
         self._generations = 0  # generations started (numbers worker ids)
@@ -199,7 +192,7 @@ class RayBackend(BackendBase):
         logger.warning("restarting %d ray rollout actors: %s", self.workers, reason)
         # A new queue first: queued work is dropped, and work submitted while the actors
         # restart waits for the new ones.
-        self._queue = queue = asyncio.Queue[RolloutWork | _Leave]()
+        self._queue = queue = asyncio.Queue[RolloutWork | Leave]()
         old, self._generation = self._generation, None  # None: an earlier restart failed
         # The old actors die before new ones start: on a full cluster the new ones need
         # the resources the old ones hold.
@@ -232,7 +225,7 @@ class RayBackend(BackendBase):
                 if self._sink is not None:
                     self._sink.worker_joined(actor.worker_id, actor.node, reason)
         for _ in range(-change):
-            generation.queue.put_nowait(_Leave(reason))
+            generation.queue.put_nowait(Leave(reason))
 
     async def close(self) -> None:
         """Stop the slot tasks, kill the actors and, if this backend started Ray, shut it
@@ -283,7 +276,7 @@ class RayBackend(BackendBase):
     def _actor_name(self, worker_id: str) -> str:
         return f"{self.actor_prefix}-{worker_id}"
 
-    async def _spawn(self, queue: asyncio.Queue[RolloutWork | _Leave]) -> _Generation:
+    async def _spawn(self, queue: asyncio.Queue[RolloutWork | Leave]) -> _Generation:
         """Start a generation of actors with the latest weights and wait until they answer."""
         number, self._generations = self._generations, self._generations + 1
         ids = [f"ray-{number}.{index}" for index in range(self.workers)]
@@ -400,7 +393,7 @@ class RayBackend(BackendBase):
         assert sink is not None
         while True:
             work = await generation.queue.get()
-            if isinstance(work, _Leave):
+            if isinstance(work, Leave):
                 generation.actors.remove(actor)
                 self._kill_all([actor])
                 logger.info("ray rollout actor %s left: %s", actor.worker_id, work.reason)

@@ -30,12 +30,12 @@ from eventbus import (
     SafePointOutcome,
     SafePointResolved,
     SampleWait,
-    SampleWaitState,
     StepFinished,
     StepStarted,
     Vote,
     encode_event,
 )
+from tests._events import sample_wait
 from trainer.cli._errors import UsageError
 from trainer.cli._inspect import (
     CONTINUATION,
@@ -89,19 +89,9 @@ def raw_step(event: dict[str, object]) -> object:
 
 
 def _wait(available: int, running: int, elapsed: float) -> SampleWait:
-    state = SampleWaitState(
-        mode="sync",
-        step=4,
-        partition="train",
-        required=16,
-        available=available,
-        pending_groups=0,
-        running_groups=running,
-        elapsed_s=elapsed,
-        poll_interval_s=0.5,
-        poll_count=3,
+    return sample_wait(
+        step=4, available=available, running_groups=running, elapsed_s=elapsed, poll_count=3
     )
-    return SampleWait(state=state)
 
 
 def _resolved(decision: Decision, reason: str = "", timed_out: bool = False) -> SafePointResolved:

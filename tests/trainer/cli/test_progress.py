@@ -16,9 +16,9 @@ from eventbus import (
     FitStarted,
     RolloutRestarted,
     SampleWait,
-    SampleWaitState,
     StepFinished,
 )
+from tests._events import sample_wait
 from trainer import PlainProgress
 from trainer.cli._live import LiveProgress
 
@@ -34,20 +34,7 @@ METRICS = {
 
 
 def waiting(elapsed: float) -> SampleWait:
-    return SampleWait(
-        state=SampleWaitState(
-            mode="sync",
-            step=3,
-            partition="train",
-            required=16,
-            available=12,
-            pending_groups=0,
-            running_groups=3,
-            elapsed_s=elapsed,
-            poll_interval_s=0.5,
-            poll_count=4,
-        )
-    )
+    return sample_wait(elapsed_s=elapsed, poll_count=4)
 
 
 def test_plain_lines_say_what_the_trainer_does_and_waits_for() -> None:

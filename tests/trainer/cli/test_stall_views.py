@@ -15,7 +15,6 @@ from eventbus import (
     FitStarted,
     RolloutRestarted,
     SampleWait,
-    SampleWaitState,
     StackFrame,
     StallDiagnosed,
     StepFinished,
@@ -23,6 +22,7 @@ from eventbus import (
     ThreadStack,
 )
 from replay import PromptGroup
+from tests._events import sample_wait
 from trainer import Holding, RolloutWork, load_config
 from trainer.cli._inspect import format_entry
 from trainer.cli._live import LiveProgress
@@ -147,20 +147,7 @@ def work(name: str, groups: int) -> RolloutWork:
 
 
 def wait_state(elapsed: float, available: int) -> SampleWait:
-    return SampleWait(
-        state=SampleWaitState(
-            mode="sync",
-            step=3,
-            partition="train",
-            required=16,
-            available=available,
-            pending_groups=0,
-            running_groups=2,
-            elapsed_s=elapsed,
-            poll_interval_s=0.5,
-            poll_count=1,
-        )
-    )
+    return sample_wait(available=available, running_groups=2, elapsed_s=elapsed)
 
 
 def live_frames(host: Host, waits: list[SampleWait], now: float) -> str:

@@ -11,27 +11,21 @@ from eventbus import (
     SafePoint,
     SafePointReached,
     SampleWait,
-    SampleWaitState,
     WorkerLost,
 )
+from tests._events import sample_wait
 from trainer import SelfHealingExtension
 from trainer.runtime._selfheal import recovery_backoff_s
 
 
 def wait(elapsed: float, available: int, *, step: int = 3, running: int = 2) -> SampleWait:
-    return SampleWait(
-        state=SampleWaitState(
-            mode="sync",
-            step=step,
-            partition="train",
-            required=8,
-            available=available,
-            pending_groups=0,
-            running_groups=running,
-            elapsed_s=elapsed,
-            poll_interval_s=0.5,
-            poll_count=int(elapsed * 2),
-        )
+    return sample_wait(
+        step=step,
+        required=8,
+        available=available,
+        running_groups=running,
+        elapsed_s=elapsed,
+        poll_count=int(elapsed * 2),
     )
 
 

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from replay import RolloutTracker
 
-from .helpers import FakeTime
+from .helpers import FakeTime, MakeTracker
 
 
 @pytest.fixture
@@ -16,7 +15,7 @@ def fake_time() -> FakeTime:
 
 
 @pytest.fixture
-def make_tracker(fake_time: FakeTime) -> Callable[..., RolloutTracker]:
+def make_tracker(fake_time: FakeTime) -> MakeTracker:
     """Trackers on the fake clock (options as for RolloutTracker)."""
 
     def make(**options: Any) -> RolloutTracker:

@@ -8,7 +8,10 @@ from typing import Any
 import anyio.lowlevel
 
 from eventbus import Decision
-from replay import PromptGroup, RolloutResult
+from replay import PromptGroup, RolloutResult, RolloutTracker
+
+MakeTracker = Callable[..., RolloutTracker]
+"""The ``make_tracker`` fixture: a tracker on the fake clock and sleep, with options."""
 
 
 class FakeTime:

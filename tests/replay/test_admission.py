@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -21,9 +20,7 @@ from replay import (
     RolloutTracker,
 )
 
-from .helpers import FakeTime, groups_for
-
-MakeTracker = Callable[..., RolloutTracker]
+from .helpers import FakeTime, MakeTracker, groups_for
 
 
 def test_first_result_of_a_registered_rollout_is_admitted(make_tracker: MakeTracker) -> None:

@@ -4,11 +4,8 @@ refills, notified waits and reporting."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 
-import anyio
-import anyio.to_thread
 import pytest
 
 from eventbus import BatchReconciled, EventBus, SampleWait
@@ -179,27 +176,6 @@ async def test_placeholder_without_retry_fails_the_group_after_the_window(
         await buffer.sample(0, 1)
     assert buffer.statistics().evictions == {"failed": 1}
     assert "no refill callback" in caplog.text
-
-
-async def test_a_result_from_another_thread_wakes_the_wait() -> None:
-    buffer = AsyncReplayBuffer(RolloutTracker(poll_interval_s=3600.0), interrupts=interrupts)
-    (group,) = dispatched(0, n=1)
-    buffer.register([group])
-    waiting = threading.Event()
-
-    def worker() -> None:
-        waiting.wait()
-        buffer.add(group.result(0))
-
-    async def sampler() -> None:
-        waiting.set()
-        assert await buffer.wait_for_sampleable(0, 1) == 1
-
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(sampler)
-            tg.start_soon(anyio.to_thread.run_sync, worker)
-    assert buffer.statistics().unsuccessful_polls == 0
 
 
 async def test_sample_wait_reports_async_state_and_deadline_names_the_hold(

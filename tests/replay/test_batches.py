@@ -4,8 +4,6 @@ the cancel hook: test_reissue.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from eventbus import BatchReconciled, EventBus
@@ -21,9 +19,7 @@ from replay import (
     RolloutTracker,
 )
 
-from .helpers import FakeTime, groups_for, succeed_all
-
-MakeTracker = Callable[..., RolloutTracker]
+from .helpers import FakeTime, MakeTracker, groups_for, succeed_all
 
 
 def test_completion_is_a_set_check_not_a_count(make_tracker: MakeTracker) -> None:

@@ -8,8 +8,16 @@ import threading
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import pytest
 
-from replay import Admission, PromptGroup, ReplayBuffer, RolloutResult, RolloutTracker
+from replay import (
+    Admission,
+    AsyncReplayBuffer,
+    PromptGroup,
+    ReplayBuffer,
+    RolloutResult,
+    RolloutTracker,
+)
 
 from .helpers import groups_for, interrupts
 
@@ -114,3 +122,31 @@ async def test_reissue_racing_with_worker_threads_stays_consistent() -> None:
     assert report.succeeded == 64
     assert stats.admitted == 64
     assert stats.dropped.get("superseded_attempt", 0) == sum(len(g.rollout_ids) for g in reissued)
+
+
+@pytest.mark.parametrize("buffer_type", [ReplayBuffer, AsyncReplayBuffer])
+async def test_a_result_from_another_thread_wakes_the_wait(
+    buffer_type: type[ReplayBuffer] | type[AsyncReplayBuffer],
+) -> None:
+    # An hour-long poll interval: only the notification can end this wait in time.
+    buffer = buffer_type(RolloutTracker(poll_interval_s=3600.0), interrupts=interrupts)
+    (group,) = groups_for(1, count=1, n=1)
+    buffer.register([group])
+    waiting = threading.Event()
+    sampled: list[object] = []
+
+    def worker() -> None:
+        waiting.wait()
+        buffer.add(group.result(0))
+
+    async def sampler() -> None:
+        waiting.set()
+        sampled.extend(await buffer.sample(1, 1))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sampler)
+            tg.start_soon(anyio.to_thread.run_sync, worker)
+    assert len(sampled) == 1
+    stats = buffer.statistics()
+    assert (stats.waits, stats.unsuccessful_polls) == (1, 0)

@@ -3,15 +3,23 @@ group, on the injected clock and sleep."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from replay import Admission, AsyncReplayBuffer, PromptGroup, RolloutTracker
 
-from .helpers import FakeTime, groups_for, interrupts
+from .helpers import FakeTime, MakeTracker, groups_for, interrupts
 
-MakeTracker = Callable[..., RolloutTracker]
+
+def first_rollout_failed(
+    tracker: RolloutTracker, error: str, *, rollouts: int = 1, **failure: Any
+) -> PromptGroup:
+    """Begin the batch of step 1: one group of ``rollouts``, whose first rollout failed."""
+    (group,) = groups_for(1, count=1, n=rollouts)
+    tracker.begin_batch(1, [group])
+    tracker.record(group.failure(0, error, **failure))
+    return group
 
 
 @pytest.mark.parametrize(
@@ -35,9 +43,7 @@ async def test_grace_window_sleeps_and_polls_when_no_retry_comes(
     counted: int,
 ) -> None:
     tracker = make_tracker(grace_s=grace_s, grace_polls=grace_polls, poll_interval_s=0.25)
-    (group,) = groups_for(1, count=1, n=1)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "agent raised", kind="agent_error"))
+    first_rollout_failed(tracker, "agent raised", kind="agent_error")
     assert await tracker.wait_for_completion() is True
     assert fake_time.sleeps == pytest.approx(sleeps)
     report = tracker.finalize().report
@@ -49,9 +55,7 @@ async def test_a_retry_inside_the_grace_window_ends_the_wait_early(
     make_tracker: MakeTracker, fake_time: FakeTime
 ) -> None:
     tracker = make_tracker(grace_s=10.0, poll_interval_s=0.25)
-    (group,) = groups_for(1, count=1, n=1)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "agent raised"))
+    group = first_rollout_failed(tracker, "agent raised")
 
     def retry_lands(sleep_number: int) -> None:
         if sleep_number == 2:
@@ -68,9 +72,7 @@ async def test_non_retryable_failure_skips_the_grace_window(
     make_tracker: MakeTracker, fake_time: FakeTime
 ) -> None:
     tracker = make_tracker(grace_s=10.0, grace_polls=5)
-    (group,) = groups_for(1, count=1, n=1)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "prompt too long", kind="context_length", retryable=False))
+    first_rollout_failed(tracker, "prompt too long", kind="context_length", retryable=False)
     assert await tracker.wait_for_completion() is True
     assert fake_time.sleeps == []
     assert tracker.finalize().report.failed == {"context_length": 1}
@@ -80,9 +82,7 @@ async def test_zero_grace_settles_failures_at_once(
     make_tracker: MakeTracker, fake_time: FakeTime
 ) -> None:
     tracker = make_tracker(grace_s=0, grace_polls=0)
-    (group,) = groups_for(1, count=1, n=1)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "x"))
+    first_rollout_failed(tracker, "x")
     assert await tracker.wait_for_completion() is True
     assert fake_time.sleeps == []
 
@@ -93,9 +93,7 @@ async def test_grace_polls_count_only_after_the_rest_of_the_batch_settled(
     # Issue 10 §3: the failure comes first, the other rollouts land later. Wake-ups while
     # they are in flight (and the one their results cause) are no grace polls.
     tracker = make_tracker(grace_s=0, grace_polls=2, poll_interval_s=0.25)
-    (group,) = groups_for(1, count=1, n=3)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "agent raised", kind="agent_error"))
+    group = first_rollout_failed(tracker, "agent raised", kind="agent_error", rollouts=3)
 
     def others_land(sleep_number: int) -> None:
         if sleep_number == 3:  # at t=0.5, at the start of the third sleep
@@ -117,9 +115,7 @@ async def test_a_retry_one_poll_after_the_rest_settled_is_not_dropped(
     make_tracker: MakeTracker, fake_time: FakeTime
 ) -> None:
     tracker = make_tracker(grace_s=0, grace_polls=2, poll_interval_s=0.25)
-    (group,) = groups_for(1, count=1, n=3)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "agent raised"))
+    group = first_rollout_failed(tracker, "agent raised", rollouts=3)
     verdicts: list[Admission] = []
 
     def land(sleep_number: int) -> None:
@@ -140,9 +136,7 @@ def test_is_complete_polled_in_the_callers_own_loop_advances_the_window(
     make_tracker: MakeTracker, fake_time: FakeTime
 ) -> None:
     tracker = make_tracker(grace_s=0, grace_polls=2, poll_interval_s=0.25, batch_timeout_s=60)
-    (group,) = groups_for(1, count=1, n=1)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "agent raised"))
+    first_rollout_failed(tracker, "agent raised")
     # polling again at once is no grace poll: nobody slept
     assert [tracker.is_complete() for _ in range(5)] == [False] * 5
     answers = []
@@ -191,9 +185,7 @@ async def test_either_mode_ends_the_window_when_one_limit_passed(
     tracker = make_tracker(
         grace_s=grace_s, grace_polls=grace_polls, grace_mode="either", poll_interval_s=0.25
     )
-    (group,) = groups_for(1, count=1, n=1)
-    tracker.begin_batch(1, [group])
-    tracker.record(group.failure(0, "agent raised"))
+    first_rollout_failed(tracker, "agent raised")
     assert await tracker.wait_for_completion() is True
     assert fake_time.sleeps == pytest.approx(sleeps)
 

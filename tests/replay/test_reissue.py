@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import pytest
 
-from replay import Admission, RolloutTracker
+from replay import Admission
 
-from .helpers import FakeTime, groups_for, succeed_all
-
-MakeTracker = Callable[..., RolloutTracker]
+from .helpers import FakeTime, MakeTracker, groups_for, succeed_all
 
 
 async def test_reissue_restarts_the_batch_deadline(

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
-import anyio
-import anyio.to_thread
 import msgspec
 import pytest
 
@@ -64,31 +61,6 @@ async def test_sample_hands_out_the_steps_groups_in_registration_order(
     assert all(g.status is GroupStatus.FINISHED for g in sampled)
     assert sampled[0].rewards == (1.0, 2.0)  # rollout order, not arrival order
     assert fake_time.sleeps == []
-
-
-async def test_a_result_from_another_thread_wakes_the_wait() -> None:
-    # An hour-long poll interval: only the notification can end this wait in time.
-    buffer = ReplayBuffer(RolloutTracker(poll_interval_s=3600.0), interrupts=interrupts)
-    (group,) = groups_for(1, count=1, n=1)
-    buffer.register([group])
-    waiting = threading.Event()
-
-    def worker() -> None:
-        waiting.wait()
-        buffer.add(group.result(0))
-
-    async def sampler() -> None:
-        waiting.set()
-        sampled.extend(await buffer.sample(1, 1))
-
-    sampled: list[object] = []
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(sampler)
-            tg.start_soon(anyio.to_thread.run_sync, worker)
-    assert len(sampled) == 1
-    stats = buffer.statistics()
-    assert (stats.waits, stats.unsuccessful_polls) == (1, 0)
 
 
 async def test_each_unsuccessful_poll_publishes_sample_wait(

@@ -34,8 +34,7 @@ async def test_a_hung_worker_of_an_hf_run_is_restarted_and_the_run_completes(
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert [r.step for r in run.events(RolloutRestarted)] == [2]
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 async def test_a_step_error_restores_the_hf_checkpoint_and_continues(hf_model: Path) -> None:
@@ -43,8 +42,7 @@ async def test_a_step_error_restores_the_hf_checkpoint_and_continues(hf_model: P
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert [e.step for e in run.events(CheckpointRestored)] == [2]
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 def test_an_hf_run_killed_mid_checkpoint_resumes_from_the_last_intact_one(
@@ -126,8 +124,7 @@ async def test_a_hung_actor_of_an_hf_run_is_replaced(hf_model: Path) -> None:
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert [r.step for r in run.events(RolloutRestarted)] == [2]
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 def msgspec_replace(struct: Any, **changes: Any) -> Any:

@@ -137,8 +137,7 @@ async def test_removing_busy_workers_in_async_mode_loses_nothing_in_flight() -> 
     assert run.events(RolloutRestarted) == []  # nothing had to be reissued
     for report in (e.report for e in run.events(BatchReconciled)):
         assert report.timed_out == () and report.missing == () and report.failed == {}
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 async def test_request_workers_needs_the_membership_capability_and_a_sane_number() -> None:

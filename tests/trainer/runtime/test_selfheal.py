@@ -73,6 +73,11 @@ class Run:
                 assert all(r.attempt == group.group.attempt for r in group.results)
                 assert all(r.ok for r in group.results)
 
+    def check(self) -> dict[str, int]:
+        """Both checks: clean batches, and every dropped result accounted for (returned)."""
+        self.check_batches()
+        return self.check_accounting()
+
     def check_accounting(self) -> dict[str, int]:
         """Every result that did not count is in a report, by reason; nothing is silent."""
         reported: Counter[str] = Counter()
@@ -98,8 +103,7 @@ async def test_a_hung_worker_is_restarted_and_the_run_completes() -> None:
     assert "no progress for" in restarts[0].reason
     assert restarts[0].reissued
     assert run.healer.stall_restarts == 1
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 async def test_a_crashed_worker_is_seen_and_replaced() -> None:
@@ -111,8 +115,7 @@ async def test_a_crashed_worker_is_seen_and_replaced() -> None:
     restarts = run.events(RolloutRestarted)
     assert len(restarts) == 1
     assert f"worker {lost.worker_id} lost" in restarts[0].reason
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 async def test_slow_rollouts_do_not_trigger_a_restart() -> None:
@@ -128,8 +131,7 @@ async def test_a_failed_rollout_is_replaced_by_its_retry() -> None:
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert summary.retry_overwrites == run.faults.extra_results["fail-retry"] > 0
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 @pytest.mark.parametrize(
@@ -141,8 +143,7 @@ async def test_resent_results_never_reach_a_batch_and_are_accounted_for(
     run = Run([f"{fault}@2"])
     summary = await run.trainer.fit()
     assert summary.steps == 4
-    run.check_batches()
-    dropped = run.check_accounting()
+    dropped = run.check()
     assert set(dropped) <= reasons
     assert sum(dropped.values()) == run.faults.extra_results[fault] > 0
 

@@ -24,8 +24,7 @@ async def test_a_hung_actor_is_replaced_and_the_run_completes() -> None:
     restarts = run.events(RolloutRestarted)
     assert [r.step for r in restarts] == [2]
     assert "no progress for" in restarts[0].reason
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 async def test_a_killed_actor_is_reported_lost_and_replaced() -> None:
@@ -35,8 +34,7 @@ async def test_a_killed_actor_is_reported_lost_and_replaced() -> None:
     (lost,) = run.events(WorkerLost)
     assert lost.worker_id.startswith("ray-")
     assert len(run.events(RolloutRestarted)) == 1
-    run.check_batches()
-    run.check_accounting()
+    run.check()
 
 
 async def test_duplicates_and_a_step_error_on_ray_are_handled_like_local() -> None:
@@ -44,8 +42,7 @@ async def test_duplicates_and_a_step_error_on_ray_are_handled_like_local() -> No
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert [e.step for e in run.events(CheckpointRestored)] == [2]
-    run.check_batches()
-    dropped = run.check_accounting()
+    dropped = run.check()
     assert sum(dropped.values()) >= run.faults.extra_results["duplicate"] > 0
 
 
@@ -55,6 +52,5 @@ async def test_slow_retried_and_stale_results_on_ray() -> None:
     assert summary.steps == 4
     assert run.events(RolloutRestarted) == []  # slow is not a stall
     assert summary.retry_overwrites == run.faults.extra_results["fail-retry"] > 0
-    run.check_batches()
-    dropped = run.check_accounting()
+    dropped = run.check()
     assert dropped.get("earlier_step", 0) == run.faults.extra_results["stale"] > 0

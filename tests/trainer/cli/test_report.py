@@ -13,23 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eventbus import (
-    BatchReconciled,
-    BatchReport,
-    CheckpointRestored,
-    CheckpointSaved,
-    Decision,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    RolloutRestarted,
-    SafePoint,
-    SafePointOutcome,
-    SafePointResolved,
-    StepStarted,
-    Vote,
-    encode_event,
-)
+import eventbus as eb
 from trainer.cli._plots import Marker, restart_markers, write_plots
 from trainer.cli._report import report_json, run_report, table_rows
 from trainer.cli._rundata import RunData, load_run
@@ -228,27 +212,29 @@ def test_report_json_holds_the_summary_and_the_facts(
 # --- hand-built runs ----------------------------------------------------------------------
 
 
-def _resolved(point: SafePoint, step: int, decision: Decision, reason: str) -> SafePointResolved:
-    vote = Vote(participant="healer", decision=decision, reason=reason)
-    outcome = SafePointOutcome(point=point, step=step, decision=decision, votes=(vote,))
-    return SafePointResolved(outcome=outcome)
+def _resolved(
+    point: eb.SafePoint, step: int, decision: eb.Decision, reason: str
+) -> eb.SafePointResolved:
+    vote = eb.Vote(participant="healer", decision=decision, reason=reason)
+    outcome = eb.SafePointOutcome(point=point, step=step, decision=decision, votes=(vote,))
+    return eb.SafePointResolved(outcome=outcome)
 
 
-def _batch(step: int, **dropped: int) -> BatchReconciled:
-    report = BatchReport(step=step, registered=8, succeeded=8, dropped=dropped, duplicates=1)
-    return BatchReconciled(report=report)
+def _batch(step: int, **dropped: int) -> eb.BatchReconciled:
+    report = eb.BatchReport(step=step, registered=8, succeeded=8, dropped=dropped, duplicates=1)
+    return eb.BatchReconciled(report=report)
 
 
 FAILED_RUN = [
-    FitStarted(run_id="abc", total_steps=5, seq=1, time=100.0),
-    StepStarted(step=1, seq=2, time=100.5),
+    eb.FitStarted(run_id="abc", total_steps=5, seq=1, time=100.0),
+    eb.StepStarted(step=1, seq=2, time=100.5),
     _batch(1, superseded_attempt=2),
-    _resolved(SafePoint.SAMPLE_WAIT, 1, Decision.RESTART_REQUIRED, "stalled"),
-    RolloutRestarted(step=1, reason="restart_required (healer: stalled)", seq=5, time=101.0),
+    _resolved(eb.SafePoint.SAMPLE_WAIT, 1, eb.Decision.RESTART_REQUIRED, "stalled"),
+    eb.RolloutRestarted(step=1, reason="restart_required (healer: stalled)", seq=5, time=101.0),
     _batch(1, superseded_attempt=1, earlier_step=3),
-    CheckpointSaved(step=1, path="/x/step-1.pt", seq=7, time=102.0),
-    StepStarted(step=2, seq=8, time=102.5),
-    CheckpointRestored(
+    eb.CheckpointSaved(step=1, path="/x/step-1.pt", seq=7, time=102.0),
+    eb.StepStarted(step=2, seq=8, time=102.5),
+    eb.CheckpointRestored(
         step=1,
         path="/x/step-1.pt",
         reason="boom recovery",
@@ -257,7 +243,7 @@ FAILED_RUN = [
         seq=9,
         time=103.0,
     ),
-    FitFailed(step=1, error_type="ValueError", message="boom", seq=10, time=104.0),
+    eb.FitFailed(step=1, error_type="ValueError", message="boom", seq=10, time=104.0),
 ]
 
 
@@ -285,7 +271,7 @@ def test_the_fold_of_the_log_of_a_failed_run() -> None:
 
 
 def test_table_rows_of_a_run_without_steps() -> None:
-    fold = fold_events([FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)])
+    fold = fold_events([eb.FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)])
     rows = dict(table_rows(RunData(Path("x"), summary=fold.summary(), fold=fold)))
     assert rows["status"].startswith("running\nno end in the log yet")
     assert rows["steps"] == "0 of 3"
@@ -294,7 +280,7 @@ def test_table_rows_of_a_run_without_steps() -> None:
 
 
 def test_restarts_are_marked_where_they_happened() -> None:
-    resumed = CheckpointRestored(step=4, path="/x/step-4.pt", reason="resume", seq=11, time=9.0)
+    resumed = eb.CheckpointRestored(step=4, path="/x/step-4.pt", reason="resume", seq=11, time=9.0)
     assert restart_markers([*FAILED_RUN, resumed]) == [
         Marker(1, "rollout restart"),
         Marker(2, "checkpoint restored"),  # the step that failed, not the one restored
@@ -307,8 +293,8 @@ def test_a_log_that_goes_on_after_the_summary_says_the_run_goes_on(
 ) -> None:
     folder = copy_run(run_dir, tmp_path)
     with (folder / "events.jsonl").open("ab") as file:
-        event = FitStarted(run_id="again", start_step=3, total_steps=5, resumed=True, time=1e10)
-        file.write(encode_event(event) + b"\n")
+        event = eb.FitStarted(run_id="again", start_step=3, total_steps=5, resumed=True, time=1e10)
+        file.write(eb.encode_event(event) + b"\n")
     assert report(folder, "--no-plots") == 0
     out = capsys.readouterr().out
     assert "status                 running" in out
@@ -357,8 +343,8 @@ def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:
         for s in range(1, 6)
     )
     (tmp_path / "metrics.jsonl").write_text(metrics)
-    events = [FitStarted(seq=1, time=1.0), FitFinished(step=5, seq=2, time=2.0)]
-    (tmp_path / "events.jsonl").write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    events = [eb.FitStarted(seq=1, time=1.0), eb.FitFinished(step=5, seq=2, time=2.0)]
+    (tmp_path / "events.jsonl").write_bytes(b"".join(eb.encode_event(e) + b"\n" for e in events))
     # approx_kl is missing: its line is left empty rather than failing the plot.
     assert write_plots(load_run(tmp_path)) == [tmp_path / "reward.png", tmp_path / "waits.png"]
     assert_valid_png(tmp_path / "reward.png")
@@ -366,5 +352,5 @@ def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:
 
 
 def test_no_plots_without_a_finished_step(tmp_path: Path) -> None:
-    (tmp_path / "events.jsonl").write_bytes(encode_event(FitStarted(seq=1, time=1.0)) + b"\n")
+    (tmp_path / "events.jsonl").write_bytes(eb.encode_event(eb.FitStarted(seq=1, time=1.0)) + b"\n")
     assert write_plots(load_run(tmp_path)) == []

@@ -9,22 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    CheckpointRestored,
-    CheckpointSaved,
-    Decision,
-    Event,
-    ExtensionContext,
-    ExtensionFailed,
-    FitFailed,
-    RolloutRestarted,
-    SafePoint,
-    SafePointReached,
-    StepFinished,
-    WorkerRestarted,
-)
+import eventbus as eb
 from eventbus.testing import ScriptedVoter
 from trainer import FaultInjector, InjectedFault, PPOTrainer, RunAborted
 from trainer.runtime._fold import LIVE_EVENTS
@@ -34,7 +19,7 @@ from ..helpers import tiny_config
 torch.set_num_threads(1)
 
 
-def types(events: list[Event]) -> list[str]:
+def types(events: list[eb.Event]) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
@@ -45,14 +30,14 @@ async def test_plain_loop_publishes_only_the_run_record_and_reaches_no_safe_poin
     are the few its own summary is folded from, and no safe point is traversed."""
     fit = PPOTrainer(tiny_config(run__steps=3))
     published: list[str] = []
-    reached: list[SafePoint] = []
+    reached: list[eb.SafePoint] = []
     publish, safe_point = fit.bus.publish, fit.bus.safe_point
 
-    def spy_publish(event: Event) -> None:
+    def spy_publish(event: eb.Event) -> None:
         published.append(type(event).__name__)
         publish(event)
 
-    async def spy_safe_point(point: SafePoint, **kwargs: Any) -> Any:
+    async def spy_safe_point(point: eb.SafePoint, **kwargs: Any) -> Any:
         reached.append(point)
         return await safe_point(point, **kwargs)
 
@@ -61,7 +46,7 @@ async def test_plain_loop_publishes_only_the_run_record_and_reaches_no_safe_poin
     summary = await fit.fit()
     assert summary.steps == 3
     assert reached == []
-    assert not fit.bus.wants_safe_point(SafePoint.STEP_BOUNDARY)
+    assert not fit.bus.wants_safe_point(eb.SafePoint.STEP_BOUNDARY)
     record = {t.__name__ for t in LIVE_EVENTS}
     assert set(published) <= record
     # Per step, the summary needs StepFinished; StepStarted, WeightsSynced and the waits
@@ -76,36 +61,36 @@ async def test_an_extension_sees_the_lifecycle_in_order() -> None:
     fit.register_runtime_extension(voter)
     await fit.fit()
     assert voter.points_seen() == [
-        SafePoint.BEFORE_FIT,
-        SafePoint.STEP_BOUNDARY,
-        SafePoint.STEP_BOUNDARY,
-        SafePoint.AFTER_FIT,
+        eb.SafePoint.BEFORE_FIT,
+        eb.SafePoint.STEP_BOUNDARY,
+        eb.SafePoint.STEP_BOUNDARY,
+        eb.SafePoint.AFTER_FIT,
     ]
     seen = [t for t in types(voter.events) if t not in {"SafePointResolved", "BatchReconciled"}]
     assert seen[0] == "FitStarted"
     assert seen[-1] == "FitFinished"
     step_events = [t for t in seen if t in {"StepStarted", "WeightsSynced", "StepFinished"}]
     assert step_events == ["StepStarted", "WeightsSynced", "StepFinished"] * 2
-    finished = [e for e in voter.events if isinstance(e, StepFinished)]
+    finished = [e for e in voter.events if isinstance(e, eb.StepFinished)]
     for key in ("reward/mean", "actor/kl", "actor/clip_frac", "timing_s/wait", "timing_s/step"):
         assert key in finished[0].metrics
 
 
 async def test_checkpoint_decision_saves_at_that_step() -> None:
     fit = PPOTrainer(tiny_config(run__steps=3, checkpoint__every=100))
-    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [Decision.CHECKPOINT]})
+    voter = ScriptedVoter({eb.SafePoint.STEP_BOUNDARY: [eb.Decision.CHECKPOINT]})
     fit.register_runtime_extension(voter)
     await fit.fit()
-    saved = [e.step for e in voter.events if isinstance(e, CheckpointSaved)]
+    saved = [e.step for e in voter.events if isinstance(e, eb.CheckpointSaved)]
     assert saved == [0, 1, 3]  # the initial one, the decision's, the final one
 
 
 async def test_restart_decision_restarts_the_rollout_side_and_training_goes_on() -> None:
     fit = PPOTrainer(tiny_config(run__steps=3))
-    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [Decision.RESTART_REQUIRED]})
+    voter = ScriptedVoter({eb.SafePoint.STEP_BOUNDARY: [eb.Decision.RESTART_REQUIRED]})
     fit.register_runtime_extension(voter)
     summary = await fit.fit()
-    restarts = [e for e in voter.events if isinstance(e, RolloutRestarted)]
+    restarts = [e for e in voter.events if isinstance(e, eb.RolloutRestarted)]
     assert len(restarts) == 1
     assert restarts[0].step == 1
     assert "scripted-voter: scripted" in restarts[0].reason
@@ -113,7 +98,7 @@ async def test_restart_decision_restarts_the_rollout_side_and_training_goes_on()
     assert summary.restarts[0]["kind"] == "rollouts"
     assert fit.backend.statistics().restarts == 1
     # Every worker was replaced by one of the next generation, before the restart's report.
-    replaced = [e for e in voter.events if isinstance(e, WorkerRestarted)]
+    replaced = [e for e in voter.events if isinstance(e, eb.WorkerRestarted)]
     workers = fit.config.rollout.workers
     assert [e.worker_id for e in replaced] == [f"local-1.{i}" for i in range(workers)]
     assert all(e.reason.startswith(f"replaces local-0.{i}: ") for i, e in enumerate(replaced))
@@ -122,35 +107,37 @@ async def test_restart_decision_restarts_the_rollout_side_and_training_goes_on()
 
 async def test_stop_decision_saves_and_finishes_cleanly(tmp_path: Path) -> None:
     fit = PPOTrainer(tiny_config(run__steps=5, checkpoint__every=100), out_dir=tmp_path)
-    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [Decision.CONTINUE, (Decision.STOP, "enough")]})
+    voter = ScriptedVoter(
+        {eb.SafePoint.STEP_BOUNDARY: [eb.Decision.CONTINUE, (eb.Decision.STOP, "enough")]}
+    )
     fit.register_runtime_extension(voter)
     summary = await fit.fit()
     assert summary.status == "stopped"
     assert summary.steps == 2
-    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert voter.points_seen()[-1] is eb.SafePoint.AFTER_FIT
     assert (tmp_path / "checkpoints" / "step-00000002.pt").exists()
     assert summary.notable_decisions[0]["why"] == "stop (scripted-voter: enough)"
 
 
 async def test_abort_decision_fails_the_run_with_a_clear_error() -> None:
     fit = PPOTrainer(tiny_config(run__steps=5))
-    voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [(Decision.ABORT, "loss exploded")]})
+    voter = ScriptedVoter({eb.SafePoint.STEP_BOUNDARY: [(eb.Decision.ABORT, "loss exploded")]})
     fit.register_runtime_extension(voter)
     with pytest.raises(RunAborted, match=r"step_boundary \(step 1\).*loss exploded"):
         await fit.fit()
-    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
-    assert any(isinstance(e, FitFailed) for e in voter.events)
+    assert voter.points_seen()[-1] is eb.SafePoint.AFTER_FIT
+    assert any(isinstance(e, eb.FitFailed) for e in voter.events)
 
 
 async def test_terminal_failure_with_restart_restores_the_checkpoint_and_continues() -> None:
     faults = FaultInjector.parse(["step-error@3"])
     fit = PPOTrainer(tiny_config(run__steps=4), faults=faults)
-    voter = ScriptedVoter({SafePoint.TERMINAL_FAILURE: [(Decision.RESTART_REQUIRED, "heal")]})
+    voter = ScriptedVoter({eb.SafePoint.TERMINAL_FAILURE: [(eb.Decision.RESTART_REQUIRED, "heal")]})
     fit.register_runtime_extension(voter)
     summary = await fit.fit()
     assert summary.status == "finished"
     assert summary.steps == 4
-    restored = [e for e in voter.events if isinstance(e, CheckpointRestored)]
+    restored = [e for e in voter.events if isinstance(e, eb.CheckpointRestored)]
     assert [e.step for e in restored] == [2]
     (recovery,) = summary.restarts
     assert recovery["kind"] == "recovery"
@@ -164,28 +151,30 @@ async def test_without_a_recovery_vote_the_original_error_surfaces() -> None:
     fit.register_runtime_extension(voter)
     with pytest.raises(InjectedFault, match="step-error at step 2"):
         await fit.fit()
-    assert SafePoint.TERMINAL_FAILURE in voter.points_seen()
-    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert eb.SafePoint.TERMINAL_FAILURE in voter.points_seen()
+    assert voter.points_seen()[-1] is eb.SafePoint.AFTER_FIT
 
 
 class Saboteur:
     """Fails in every hook it has."""
 
-    api_version = RUNTIME_EXTENSION_API_VERSION
-    required_capabilities = (Capability.EVENTS, Capability.SAFE_POINTS)
+    api_version = eb.RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (eb.Capability.EVENTS, eb.Capability.SAFE_POINTS)
 
-    def __init__(self, name: str = "saboteur", only: SafePoint | None = None) -> None:
+    def __init__(self, name: str = "saboteur", only: eb.SafePoint | None = None) -> None:
         self.name = name
         self.only = only
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
-        if self.only is None and isinstance(event, FitFailed):
+    def on_event(self, context: eb.ExtensionContext, event: eb.Event) -> None:
+        if self.only is None and isinstance(event, eb.FitFailed):
             raise RuntimeError("saboteur on_event")
 
-    def on_safe_point(self, context: ExtensionContext, safe_point: SafePointReached) -> Decision:
+    def on_safe_point(
+        self, context: eb.ExtensionContext, safe_point: eb.SafePointReached
+    ) -> eb.Decision:
         if self.only is None or safe_point.point is self.only:
             raise RuntimeError(f"saboteur at {safe_point.point.value}")
-        return Decision.CONTINUE
+        return eb.Decision.CONTINUE
 
 
 async def test_an_extension_failing_during_a_training_error_never_replaces_it() -> None:
@@ -197,7 +186,7 @@ async def test_an_extension_failing_during_a_training_error_never_replaces_it() 
     with pytest.raises(InjectedFault) as caught:
         await fit.fit()
     assert str(caught.value) == "injected step-error at step 2"
-    failures = [e for e in recorder.events if isinstance(e, ExtensionFailed)]
+    failures = [e for e in recorder.events if isinstance(e, eb.ExtensionFailed)]
     hooks = {(e.hook, e.event_type) for e in failures}
     assert ("on_safe_point", "SafePointReached") in hooks
     assert ("on_event", "FitFailed") in hooks
@@ -205,7 +194,7 @@ async def test_an_extension_failing_during_a_training_error_never_replaces_it() 
 
 async def test_a_failing_after_fit_hook_on_success_is_reported(tmp_path: Path) -> None:
     fit = PPOTrainer(tiny_config(run__steps=1), out_dir=tmp_path)
-    fit.register_runtime_extension(Saboteur(only=SafePoint.AFTER_FIT))
+    fit.register_runtime_extension(Saboteur(only=eb.SafePoint.AFTER_FIT))
     summary = await fit.fit()
     assert summary.status == "finished"
     assert summary.after_fit_errors == ["saboteur: RuntimeError: saboteur at after_fit"]
@@ -218,20 +207,20 @@ async def test_sample_wait_restart_abandons_the_wait_and_waits_again() -> None:
 
     class RestartOnLongWait(ScriptedVoter):
         async def on_safe_point(  # type: ignore[override]
-            self, context: ExtensionContext, safe_point: SafePointReached
-        ) -> tuple[Decision, str]:
+            self, context: eb.ExtensionContext, safe_point: eb.SafePointReached
+        ) -> tuple[eb.Decision, str]:
             self.safe_points.append(safe_point)
             # Only the hung step waits with groups running and nothing arriving for long.
             wait = safe_point.details.get("wait")
-            if safe_point.point is SafePoint.SAMPLE_WAIT and wait.elapsed_s > 1.0:
-                return Decision.RESTART_REQUIRED, "no progress"
-            return Decision.CONTINUE, ""
+            if safe_point.point is eb.SafePoint.SAMPLE_WAIT and wait.elapsed_s > 1.0:
+                return eb.Decision.RESTART_REQUIRED, "no progress"
+            return eb.Decision.CONTINUE, ""
 
     voter = RestartOnLongWait(sample_wait=True)
     fit.register_runtime_extension(voter)
     summary = await fit.fit()
     assert summary.steps == 3
-    restarts = [e for e in voter.events if isinstance(e, RolloutRestarted)]
+    restarts = [e for e in voter.events if isinstance(e, eb.RolloutRestarted)]
     assert [r.step for r in restarts] == [2]
     assert restarts[0].reissued  # the hung worker's rollouts, under a new attempt
     assert summary.dropped_rollouts.get("superseded_attempt", 0) == 0  # the hung one sent none
@@ -241,9 +230,9 @@ async def test_request_stop_finishes_the_current_step_saves_and_stops(tmp_path: 
     fit = PPOTrainer(tiny_config(run__steps=50, checkpoint__every=100), out_dir=tmp_path)
 
     class StopAfterTwo(ScriptedVoter):
-        def on_event(self, context: ExtensionContext, event: Event) -> None:
+        def on_event(self, context: eb.ExtensionContext, event: eb.Event) -> None:
             super().on_event(context, event)
-            if isinstance(event, StepFinished) and event.step == 2:
+            if isinstance(event, eb.StepFinished) and event.step == 2:
                 fit.request_stop("operator asked")
 
     voter = StopAfterTwo()
@@ -252,23 +241,23 @@ async def test_request_stop_finishes_the_current_step_saves_and_stops(tmp_path: 
     assert summary.status == "stopped"
     assert 2 <= summary.steps < 50
     assert (tmp_path / "checkpoints" / f"step-{summary.steps:08d}.pt").exists()
-    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert voter.points_seen()[-1] is eb.SafePoint.AFTER_FIT
 
 
 async def test_request_stop_now_cancels_the_run_but_still_cleans_up(tmp_path: Path) -> None:
     fit = PPOTrainer(tiny_config(run__steps=50), out_dir=tmp_path)
 
     class StopNow(ScriptedVoter):
-        def on_event(self, context: ExtensionContext, event: Event) -> None:
+        def on_event(self, context: eb.ExtensionContext, event: eb.Event) -> None:
             super().on_event(context, event)
-            if isinstance(event, StepFinished) and event.step == 2:
+            if isinstance(event, eb.StepFinished) and event.step == 2:
                 fit.request_stop("operator insists", now=True)
 
     voter = StopNow()
     fit.register_runtime_extension(voter)
     with pytest.raises(asyncio.CancelledError):
         await fit.fit()
-    assert voter.points_seen()[-1] is SafePoint.AFTER_FIT
+    assert voter.points_seen()[-1] is eb.SafePoint.AFTER_FIT
     assert '"status": "interrupted"' in (tmp_path / "summary.json").read_text()
     assert fit.backend.statistics().workers == 0  # the workers were stopped
 

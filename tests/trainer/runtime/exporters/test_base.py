@@ -9,24 +9,7 @@ from typing import Any
 
 import pytest
 
-from eventbus import (
-    BatchReconciled,
-    BatchReport,
-    Capability,
-    CheckpointRestored,
-    Decision,
-    EventBus,
-    ExtensionFailed,
-    FitFinished,
-    FitStarted,
-    RolloutRestarted,
-    SafePoint,
-    SafePointOutcome,
-    SafePointResolved,
-    StallDiagnosed,
-    StepFinished,
-    Vote,
-)
+import eventbus as eb
 from tests.trainer.helpers import tiny_config
 from trainer import PPOTrainer
 from trainer.runtime.exporters._base import Exporter, RunEnd, RunStart
@@ -67,7 +50,7 @@ class Collector:
     """Keeps the events of one type."""
 
     api_version = "1.0"
-    required_capabilities = (Capability.EVENTS,)
+    required_capabilities = (eb.Capability.EVENTS,)
 
     def __init__(self, kind: type[Any]) -> None:
         self.name = f"collect-{kind.__name__}"
@@ -79,28 +62,32 @@ class Collector:
             self.events.append(event)
 
 
-def _outcome(decision: Decision) -> SafePointOutcome:
-    vote = Vote(participant="healer", decision=decision, reason="stalled")
-    return SafePointOutcome(point=SafePoint.STEP_BOUNDARY, step=1, decision=decision, votes=(vote,))
+def _outcome(decision: eb.Decision) -> eb.SafePointOutcome:
+    vote = eb.Vote(participant="healer", decision=decision, reason="stalled")
+    return eb.SafePointOutcome(
+        point=eb.SafePoint.STEP_BOUNDARY, step=1, decision=decision, votes=(vote,)
+    )
 
 
 async def test_events_become_records_in_order_off_the_event_loop() -> None:
-    bus = EventBus()
+    bus = eb.EventBus()
     recorder = Recorder()
     bus.register_extension(recorder)
-    report = BatchReport(step=1, registered=8, succeeded=8, dropped={"earlier_step": 3})
+    report = eb.BatchReport(step=1, registered=8, succeeded=8, dropped={"earlier_step": 3})
     async with bus.running():
-        bus.publish(FitStarted(run_id="r1", total_steps=1))
-        bus.publish(RolloutRestarted(step=1, reason="stalled", workers=2))
-        bus.publish(BatchReconciled(report=report))
-        bus.publish(SafePointResolved(outcome=_outcome(Decision.CONTINUE)))
-        bus.publish(SafePointResolved(outcome=_outcome(Decision.RESTART_REQUIRED)))
-        bus.publish(StepFinished(step=1, metrics={"reward/mean": 0.5}))
-        bus.publish(CheckpointRestored(step=0, path="x", reason="recovering"))
-        stall = StallDiagnosed(step=2, stage="update", waited_s=6.0, stalled_s=6.0)
+        bus.publish(eb.FitStarted(run_id="r1", total_steps=1))
+        bus.publish(eb.RolloutRestarted(step=1, reason="stalled", workers=2))
+        bus.publish(eb.BatchReconciled(report=report))
+        bus.publish(eb.SafePointResolved(outcome=_outcome(eb.Decision.CONTINUE)))
+        bus.publish(eb.SafePointResolved(outcome=_outcome(eb.Decision.RESTART_REQUIRED)))
+        bus.publish(eb.StepFinished(step=1, metrics={"reward/mean": 0.5}))
+        bus.publish(eb.CheckpointRestored(step=0, path="x", reason="recovering"))
+        stall = eb.StallDiagnosed(step=2, stage="update", waited_s=6.0, stalled_s=6.0)
         bus.publish(stall)
-        bus.publish(StallDiagnosed(step=2, stage="update", waited_s=9.0, stalled_s=9.0, repeat=1))
-        bus.publish(FitFinished(step=1))
+        bus.publish(
+            eb.StallDiagnosed(step=2, stage="update", waited_s=9.0, stalled_s=9.0, repeat=1)
+        )
+        bus.publish(eb.FitFinished(step=1))
     kinds = [call[0] for call in recorder.calls]
     assert kinds == ["open", "text", "text", "scalars", "text", "text", "close"]
     assert recorder.calls[0][1].run_id == "r1"
@@ -121,7 +108,7 @@ async def test_a_failing_hook_is_reported_and_the_run_finishes(tmp_path: Path) -
     trainer = PPOTrainer(tiny_config(run__steps=3), out_dir=tmp_path)
     recorder = Recorder(fail_at=2)
     trainer.register_runtime_extension(recorder)
-    failures = Collector(ExtensionFailed)
+    failures = Collector(eb.ExtensionFailed)
     trainer.register_runtime_extension(failures)
     summary = await trainer.fit()
     assert summary.status == "finished" and summary.steps == 3
@@ -147,13 +134,13 @@ async def test_a_stuck_writer_does_not_hold_the_trainer_back(tmp_path: Path) -> 
 
     class Releaser(Collector):
         def on_event(self, context: object, event: object) -> None:
-            if isinstance(event, StepFinished) and event.step == 4:
+            if isinstance(event, eb.StepFinished) and event.step == 4:
                 release.set()
 
     trainer = PPOTrainer(tiny_config(run__steps=4, self_heal__enabled=True), out_dir=tmp_path)
     stuck = Stuck()
     trainer.register_runtime_extension(stuck)
-    trainer.register_runtime_extension(Releaser(StepFinished))
+    trainer.register_runtime_extension(Releaser(eb.StepFinished))
     summary = await trainer.fit()
     assert summary.steps == 4
     assert [c[1] for c in stuck.calls if c[0] == "scalars"] == [1, 2, 3, 4]

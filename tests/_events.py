@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventbus import SampleWait, SampleWaitState
+from eventbus import SampleWait, SampleWaitState, StallDiagnosed
 
 _WAIT_DEFAULTS: dict[str, Any] = {
     "mode": "sync",
@@ -30,3 +30,11 @@ def wait_state(**fields: Any) -> SampleWaitState:
 def sample_wait(**fields: Any) -> SampleWait:
     """A ``SampleWait`` event carrying :func:`wait_state` ``(**fields)``."""
     return SampleWait(state=wait_state(**fields))
+
+
+def stall(**fields: Any) -> StallDiagnosed:
+    """A ``StallDiagnosed``: ``fields`` over a rollouts stall at step 3, 7 s into the wait
+    and 6.2 s without progress, with nothing stuck and no stack."""
+    return StallDiagnosed(
+        **{"step": 3, "stage": "rollouts", "waited_s": 7.0, "stalled_s": 6.2, **fields}
+    )

@@ -14,25 +14,15 @@ from eventbus import (
     EventDecodeError,
     SafePoint,
     SafePointOutcome,
-    SampleWaitState,
     Vote,
     decode_event,
     encode_event,
     event_types,
 )
+from tests._events import wait_state
 
-STATE = SampleWaitState(
-    mode="sync",
-    step=3,
-    partition="train",
-    required=16,
-    available=12,
-    pending_groups=1,
-    running_groups=3,
-    elapsed_s=8.2,
-    poll_interval_s=2.0,
-    poll_count=4,
-)
+# Every field off its default, so a field that does not round-trip shows.
+STATE = wait_state(pending_groups=1, elapsed_s=8.2, poll_interval_s=2.0, poll_count=4)
 OUTCOME = SafePointOutcome(
     point=SafePoint.STEP_BOUNDARY,
     step=3,

@@ -23,11 +23,11 @@ from eventbus import (
     SafePointReached,
     SafePointResolved,
     SampleWait,
-    SampleWaitState,
     StepFinished,
     StepStarted,
 )
 from eventbus.testing import ScriptedVoter, record_events
+from tests._events import wait_state
 
 
 class Recorder:
@@ -269,18 +269,7 @@ async def test_a_slow_extension_never_delays_the_publisher_or_other_subscribers(
 
 
 async def test_sample_wait_reaches_only_extensions_that_ask_for_it() -> None:
-    state = SampleWaitState(
-        mode="sync",
-        step=1,
-        partition="train",
-        required=4,
-        available=1,
-        pending_groups=0,
-        running_groups=3,
-        elapsed_s=1.0,
-        poll_interval_s=0.5,
-        poll_count=1,
-    )
+    state = wait_state(step=1, required=4, available=1)
     bus = EventBus()
     plain = ScriptedVoter(name="plain")
     watcher = ScriptedVoter(name="watcher", sample_wait=True)

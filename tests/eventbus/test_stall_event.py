@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from eventbus import StackFrame, StallDiagnosed, StuckRollout, ThreadStack
+from eventbus import StackFrame, StuckRollout, ThreadStack
+from tests._events import stall
 
 LIB = StackFrame(file="/usr/lib/python3.11/threading.py", line=327, function="wait", library=True)
 USER = StackFrame(file="/home/me/myrewards.py", line=41, function="score")
@@ -24,11 +25,7 @@ def test_where_is_the_innermost_frame_outside_libraries() -> None:
 
 
 def test_headline_names_worker_count_duration_and_place() -> None:
-    event = StallDiagnosed(
-        step=3,
-        stage="rollouts",
-        waited_s=7.0,
-        stalled_s=6.2,
+    event = stall(
         stuck=stuck("ray-1", 4, 6.2),
         stacks=(ThreadStack(owner="ray-1", frames=(OUTER, USER, LIB)),),
     )
@@ -39,11 +36,7 @@ def test_headline_names_worker_count_duration_and_place() -> None:
 
 
 def test_headline_without_a_stack_says_why() -> None:
-    event = StallDiagnosed(
-        step=3,
-        stage="rollouts",
-        waited_s=7.0,
-        stalled_s=6.2,
+    event = stall(
         stuck=stuck("ray-1", 1, 2.0) + stuck("ray-2", 2, 3.0),
         stacks=(ThreadStack(owner="ray-1", note="py-spy is not installed"),),
     )
@@ -54,7 +47,7 @@ def test_headline_without_a_stack_says_why() -> None:
 
 
 def test_headline_of_a_trainer_stage_uses_the_trainer_stack() -> None:
-    event = StallDiagnosed(
+    event = stall(
         step=5,
         stage="weight_sync",
         waited_s=9.0,

@@ -22,7 +22,7 @@ from eventbus import (
     ThreadStack,
 )
 from replay import PromptGroup
-from tests._events import sample_wait
+from tests._events import sample_wait, stall
 from trainer import Holding, RolloutWork, load_config
 from trainer.cli._inspect import format_entry
 from trainer.cli._live import LiveProgress
@@ -76,9 +76,8 @@ def test_events_prints_the_headline_then_holdings_and_indented_stacks() -> None:
 
 
 def test_a_stack_that_could_not_be_read_shows_why() -> None:
-    event = StallDiagnosed(
+    event = stall(
         step=2,
-        stage="rollouts",
         waited_s=3.0,
         stalled_s=3.0,
         stuck=DIAGNOSIS.stuck[:1],

@@ -279,6 +279,7 @@ class Subscription(metaclass=NoPublicConstructor):
             return
         if self._accepting:
             queue.append(event)
+            # self._wake(), inlined: this runs for every event a subscriber receives.
             waiter = self._waiter
             if waiter is not None:
                 self._waiter = None
@@ -296,14 +297,7 @@ class Subscription(metaclass=NoPublicConstructor):
         if self._accepting:
             queue.append(event)
             self._requests.append(event)  # type: ignore[arg-type]  # always a SafePointReached
-            waiter = self._waiter
-            if waiter is not None:
-                self._waiter = None
-                if _get_ident() == self._waiter_thread:
-                    if not waiter.done():
-                        waiter.set_result(None)
-                else:
-                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+            self._wake()
 
     def _make_room(self, *, request: bool) -> bool:
         """The queue is at its bound: apply the policy. True when the new entry may go in."""

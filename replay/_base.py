@@ -135,17 +135,16 @@ class BufferBase:
         why: str = "",
     ) -> SampleDeadlineExceeded:
         self._deadlines += 1
-        last = timeout.last
-        return SampleDeadlineExceeded(
-            mode=self._mode,
-            step=step,
-            partition=partition,
-            required=required,
-            available=last.available,
-            pending_groups=last.pending,
-            running_groups=last.running,
+        state = self._reporter.state(
+            step,
+            partition,
+            required,
+            timeout.last,
             elapsed_s=timeout.elapsed_s,
-            polls=timeout.polls,
+            poll_count=timeout.polls,
+        )
+        return SampleDeadlineExceeded(
+            state,
             outstanding=self._tracker.outstanding(partition)[:10],
             detail="; ".join(filter(None, (why, f"wait_timeout_s={self.wait_timeout_s:g}"))),
         )

@@ -25,47 +25,21 @@ class SampleDeadlineExceeded(ReplayError, TimeoutError):
     """A sample wait passed its deadline; the message says what it was waiting for.
 
     Attributes:
-        mode: ``"sync"`` or ``"async"``.
-        step: The step the samples were for.
-        partition: ``"train"`` or ``"val"``.
-        required: Groups needed.
-        available: Groups available when the deadline passed.
-        pending_groups: Groups not yet started.
-        running_groups: Groups with rollouts in flight.
-        elapsed_s: Seconds waited.
-        polls: Unsuccessful polls during the wait.
+        state: The wait when the deadline passed: mode, step, partition, groups required,
+            available, pending and running, seconds waited, unsuccessful polls.
         outstanding: Up to 10 rollout ids still without a final result.
     """
 
     def __init__(
-        self,
-        *,
-        mode: str,
-        step: int,
-        partition: str,
-        required: int,
-        available: int,
-        pending_groups: int,
-        running_groups: int,
-        elapsed_s: float,
-        polls: int,
-        outstanding: tuple[str, ...] = (),
-        detail: str = "",
+        self, state: SampleWaitState, *, outstanding: tuple[str, ...] = (), detail: str = ""
     ) -> None:
-        self.mode = mode
-        self.step = step
-        self.partition = partition
-        self.required = required
-        self.available = available
-        self.pending_groups = pending_groups
-        self.running_groups = running_groups
-        self.elapsed_s = elapsed_s
-        self.polls = polls
+        self.state = state
         self.outstanding = outstanding
+        s = state
         message = (
-            f"{mode} sample wait for step {step} (partition {partition!r}) gave up after "
-            f"{elapsed_s:.3f} s and {polls} polls: {available} of {required} prompt groups "
-            f"ready, {running_groups} running, {pending_groups} pending"
+            f"{s.mode} sample wait for step {s.step} (partition {s.partition!r}) gave up after "
+            f"{s.elapsed_s:.3f} s and {s.poll_count} polls: {s.available} of {s.required} "
+            f"prompt groups ready, {s.running_groups} running, {s.pending_groups} pending"
         )
         if outstanding:
             message += f"; outstanding rollouts include {', '.join(outstanding)}"

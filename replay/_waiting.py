@@ -145,6 +145,31 @@ class WaitReporter:
         self.reported = 0
         self.interrupted = 0
 
+    def state(
+        self,
+        step: int,
+        partition: str,
+        required: int,
+        poll: Poll[object],
+        *,
+        elapsed_s: float,
+        poll_count: int,
+    ) -> SampleWaitState:
+        """The wait as a ``SampleWaitState``, after ``poll`` (what events, safe points and
+        the deadline error report)."""
+        return SampleWaitState(
+            mode=self.mode,
+            step=step,
+            partition=partition,
+            required=required,
+            available=poll.available,
+            pending_groups=poll.pending,
+            running_groups=poll.running,
+            elapsed_s=elapsed_s,
+            poll_interval_s=self.poll_interval,
+            poll_count=poll_count,
+        )
+
     def on_poll(
         self, step: int, partition: str, required: int
     ) -> Callable[[Poll[object], int, float], Awaitable[None]]:
@@ -173,18 +198,7 @@ class WaitReporter:
         vote = bus.wants_safe_point(SafePoint.SAMPLE_WAIT)
         if not (publish or vote):
             return
-        state = SampleWaitState(
-            mode=self.mode,
-            step=step,
-            partition=partition,
-            required=required,
-            available=poll.available,
-            pending_groups=poll.pending,
-            running_groups=poll.running,
-            elapsed_s=elapsed,
-            poll_interval_s=self.poll_interval,
-            poll_count=count,
-        )
+        state = self.state(step, partition, required, poll, elapsed_s=elapsed, poll_count=count)
         self.reported += 1
         if publish:
             bus.publish(SampleWait(state=state))

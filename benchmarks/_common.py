@@ -44,7 +44,6 @@ __all__ = [
     "measure_group",
     "op_loop",
     "print_table",
-    "print_targets_met",
     "use_clock",
     "versions",
     "write_results",
@@ -391,9 +390,11 @@ def write_results(
     rows: Sequence[Result],
     extra: Mapping[str, Any] | None = None,
     *,
+    packages: Sequence[str] = (),
     directory: Path = RESULTS_DIR,
 ) -> Path:
-    """Write ``<directory>/<name>.json``: machine info, ``extra`` and every row."""
+    """Write ``<directory>/<name>.json``: machine info, the ``packages``' versions, ``extra``,
+    which targets were met and every row."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     document: dict[str, Any] = {
@@ -401,7 +402,9 @@ def write_results(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "clock": _clock_kind,
         "machine": machine_info(),
+        "versions": versions(*packages),
         **(extra or {}),
+        "met": {f"{r.group} / {r.case} / {r.variant}": r.met for r in rows if r.met is not None},
         "results": [row.to_json() for row in rows],
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
@@ -435,8 +438,15 @@ def _format_target(row: Result) -> str:
     return f"{row.target} {row.threshold:g}x"
 
 
-def print_table(rows: Sequence[Result], *, file: TextIO | None = None) -> None:
-    """Print the rows as a fixed-width table, one block per group."""
+def print_table(
+    rows: Sequence[Result], *, targets: str | None = None, file: TextIO | None = None
+) -> list[Result]:
+    """Print the rows as a fixed-width table, one block per group; with ``targets``, then
+    the line ``N/M targets met (targets)``.
+
+    Returns:
+        The rows that missed their target.
+    """
     out = file if file is not None else sys.stdout
     header = ("group", "case", "variant", "median", "spread", "vs", "ratio", "target", "met")
     table: list[tuple[str, ...]] = []
@@ -473,14 +483,8 @@ def print_table(rows: Sequence[Result], *, file: TextIO | None = None) -> None:
         shown = ("" if cells[0] == previous else cells[0], *cells[1:])
         print(line(shown), file=out)
         previous = cells[0]
-
-
-def print_targets_met(
-    rows: Sequence[Result], detail: str, *, file: TextIO | None = None
-) -> list[Result]:
-    """Print the closing line, ``N/M targets met (detail)``; returns the rows that missed."""
     checked = [r for r in rows if r.met is not None]
     missed = [r for r in checked if not r.met]
-    out = file if file is not None else sys.stdout
-    print(f"\n{len(checked) - len(missed)}/{len(checked)} targets met ({detail})", file=out)
+    if targets is not None:
+        print(f"\n{len(checked) - len(missed)}/{len(checked)} targets met ({targets})", file=out)
     return missed

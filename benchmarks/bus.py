@@ -65,9 +65,7 @@ from benchmarks._common import (
     measure_group,
     op_loop,
     print_table,
-    print_targets_met,
     use_clock,
-    versions,
     write_results,
 )
 from eventbus import (
@@ -708,12 +706,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = run(settings, selected)
     seconds = time.perf_counter() - started
 
-    print_table(rows)
-    headline = headline_ratios(rows)
-    print_headline(headline)
     clock = "cpu" if args.cpu_time else "wall"
     kind = "quick" if args.quick else "full"
-    missed = print_targets_met(rows, f"{kind} run, {clock} clock, {seconds:.1f} s")
+    missed = print_table(rows, targets=f"{kind} run, {clock} clock, {seconds:.1f} s")
+    headline = headline_ratios(rows)
+    print_headline(headline)
     if not args.no_write:
         path = write_results(
             NAME,
@@ -722,9 +719,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "quick": args.quick,
                 "loadavg_before": load_before,
                 "settings": dataclasses.asdict(settings),
-                "versions": versions(
-                    "msgspec", "anyio", "uvloop", "blinker", "pyee", "bubus", "pydantic"
-                ),
                 "seconds": round(seconds, 2),
                 "targets": {
                     "publish_vs_empty_call_max": PUBLISH_VS_EMPTY_MAX,
@@ -734,10 +728,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "safe_point_16_vs_queue_max": SAFE_POINT_VS_QUEUE_MAX,
                 },
                 "headline": headline,
-                "met": {
-                    f"{r.group} / {r.case} / {r.variant}": r.met for r in rows if r.met is not None
-                },
             },
+            packages=("msgspec", "anyio", "uvloop", "blinker", "pyee", "bubus", "pydantic"),
             directory=args.results_dir,
         )
         print(f"results written to {path}")

@@ -47,7 +47,6 @@ from benchmarks._common import (  # noqa: E402
     Result,
     add_output_arguments,
     print_table,
-    print_targets_met,
     versions,
     write_results,
 )
@@ -308,10 +307,8 @@ def main() -> None:
                 print(f"seed {seed} {run['case']:<8} steps {run['steps_to_target']}, {shown}")
     results = _rows(runs, args)
     print()
-    print_table(results)
-    missed = print_targets_met(
-        results, f"{len(args.seeds)} seeds, load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}"
-    )
+    load = f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    missed = print_table(results, targets=f"{len(args.seeds)} seeds, {load}")
     if not args.no_write:
         path = write_results(
             "learning",
@@ -319,8 +316,8 @@ def main() -> None:
             {
                 "runs": runs,
                 "load_average": [load_before, os.getloadavg()],
-                "versions": versions("torch", "transformers", "trl"),
             },
+            packages=("torch", "transformers", "trl"),
             directory=args.results_dir,
         )
         print(f"wrote {path}")

@@ -64,14 +64,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before anything imports
 
 import torch
 
-from benchmarks._common import (
-    Result,
-    add_output_arguments,
-    print_table,
-    print_targets_met,
-    versions,
-    write_results,
-)
+from benchmarks._common import Result, add_output_arguments, print_table, write_results
 from eventbus import (
     BatchReconciled,
     Decision,
@@ -492,11 +485,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
     seconds = time.perf_counter() - started
 
-    print_table(table)
+    kind = "quick" if args.quick else "full"
+    missed = print_table(table, targets=f"{kind} run, {', '.join(selected)}, {seconds:.1f} s")
     print()
     print_summary(table)
-    kind = "quick" if args.quick else "full"
-    missed = print_targets_met(table, f"{kind} run, {', '.join(selected)}, {seconds:.1f} s")
     for error in errors:
         print(f"FAILED: {error}")
     if not args.no_write and table:
@@ -507,14 +499,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             merged,
             {
                 "quick": args.quick,
-                "versions": versions("torch", "ray", "anyio"),
                 "torch_threads": torch.get_num_threads(),
                 "targets": {
                     f"resumed_within_stall_timeout_plus_s_{b}": SLACK_S[b] for b in BACKENDS
                 },
-                "met": {f"{r.group} / {r.variant}": r.met for r in merged if r.met is not None},
                 "backends": {**previous_details, **details},
             },
+            packages=("torch", "ray", "anyio"),
             directory=args.results_dir,
         )
         print(f"results written to {path}")

@@ -77,14 +77,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the pack
 import anyio
 import torch
 
-from benchmarks._common import (
-    Result,
-    add_output_arguments,
-    print_table,
-    print_targets_met,
-    versions,
-    write_results,
-)
+from benchmarks._common import Result, add_output_arguments, print_table, write_results
 from eventbus import CheckpointSaved, JsonlSink, StepFinished
 from eventbus.testing import ScriptedVoter
 from trainer import FitSummary, PPOTrainer, TrainerConfig, load_config
@@ -567,7 +560,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = rows(runs, settings.steps)
     work = check_same_work(runs)
     quartiles = paired_ratio_quartiles(runs)
-    print_table(table)
+    kind = "quick" if args.quick else "full"
+    runs_done = f"{settings.steps} steps x {settings.repeat} runs per variant, {seconds:.1f} s"
+    missed = print_table(table, targets=f"{kind} run: {runs_done}")
+    print(f"same work in every run: {work['same_work']}")
     counts = _per_step_counts(runs[FIT_EXT], settings.steps)
     print(
         f"\n{FIT_EXT}, per step: {counts['events']:.1f} events published, "
@@ -588,12 +584,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{key}: run-by-run ratios, quartiles {low:.3f} / {mid:.3f} / {high:.3f}")
     if breakdown is not None:
         print_breakdown(breakdown)
-    kind = "quick" if args.quick else "full"
-    missed = print_targets_met(
-        table,
-        f"{kind} run: {settings.steps} steps x {settings.repeat} runs per variant, {seconds:.1f} s",
-    )
-    print(f"same work in every run: {work['same_work']}")
     if not args.no_write:
         path = write_results(
             NAME,
@@ -603,16 +593,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "loadavg_before": load_before,
                 "settings": dataclasses.asdict(settings),
                 "config": make_config(settings.steps).to_dict(),
-                "versions": versions("torch", "msgspec", "anyio"),
                 "seconds": round(seconds, 2),
                 "torch_threads": torch.get_num_threads(),
                 "targets": {
                     "fit_vs_work_max": FIT_VS_WORK_MAX,
                     "fit_extensions_vs_work_max": FIT_EXTENSIONS_VS_WORK_MAX,
                     "fit_extensions_vs_fit_max": FIT_EXTENSIONS_VS_FIT_MAX,
-                },
-                "met": {
-                    f"{r.group} / {r.case} / {r.variant}": r.met for r in table if r.met is not None
                 },
                 **work,
                 "paired_ratio_quartiles": quartiles,
@@ -621,6 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "runs": {v: [dataclasses.asdict(r) for r in rs] for v, rs in runs.items()},
                 "profile": breakdown,
             },
+            packages=("torch", "msgspec", "anyio"),
             directory=args.results_dir,
         )
         print(f"results written to {path}")

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from trainer.rl._hparams import Completion, PPOConfig
+from trainer.rl._policy import Scores, TokenBatch
 from trainer.rl._tasks import Prompt
 
 
@@ -26,11 +27,8 @@ class TrainablePolicy(Protocol):
     """What the update needs of a policy: the built-in ones and ``HFPolicy`` both are."""
 
     def response_logprobs(
-        self,
-        prompts: Sequence[Sequence[int]],
-        responses: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        self, prompts: TokenBatch, responses: TokenBatch, temperature: float = 1.0
+    ) -> Scores:
         """``(logprobs, entropy, mask)`` of the responses, with gradients."""
         ...
 

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ._hf import ModelLoadError, check_model_folder, transformers
 from ._hparams import Completion, WorkloadError
-from ._policy import score_responses
+from ._policy import Scores, TokenBatch, score_responses
 
 __all__ = ["HFPolicy", "ModelLoadError", "check_model_folder", "resolve_device"]
 
@@ -164,11 +164,8 @@ class HFPolicy(nn.Module):
         return logits
 
     def response_logprobs(
-        self,
-        prompts: Sequence[Sequence[int]],
-        responses: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        self, prompts: TokenBatch, responses: TokenBatch, temperature: float = 1.0
+    ) -> Scores:
         """Per-token log-probs and entropies of ``responses`` (see
         :func:`~trainer.rl._policy.score_responses`), right-padded."""
         return score_responses(
@@ -180,7 +177,7 @@ class HFPolicy(nn.Module):
     @torch.inference_mode()
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: TokenBatch,
         n: int,
         max_new_tokens: int,
         generator: torch.Generator,

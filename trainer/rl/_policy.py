@@ -21,6 +21,11 @@ from torch import Tensor, nn
 from trainer.rl._hparams import Completion, PolicyConfig
 from trainer.rl._tasks import EOS, PAD, Prompt
 
+TokenBatch = Sequence[Sequence[int]]
+"""Token ids of several sequences, one per row (prompts, or responses)."""
+Scores = tuple[Tensor, Tensor, Tensor]
+"""``(logprobs, entropy, mask)`` of each response token, each ``[B, R]``, right-padded."""
+
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
@@ -43,11 +48,8 @@ class Policy(nn.Module):
         self.config = config
 
     def response_logprobs(
-        self,
-        prompts: Sequence[Sequence[int]],
-        responses: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        self, prompts: TokenBatch, responses: TokenBatch, temperature: float = 1.0
+    ) -> Scores:
         """See :func:`response_logprobs` (the update calls every policy through this)."""
         return response_logprobs(self, prompts, responses, temperature)
 
@@ -256,13 +258,13 @@ Forward = Callable[[Tensor, Tensor], Tensor]
 
 def score_responses(
     forward: Forward,
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]],
+    prompts: TokenBatch,
+    responses: TokenBatch,
     temperature: float = 1.0,
     *,
     pad: int = PAD,
     device: torch.device | str = "cpu",
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> Scores:
     """Per-token log-probs and entropies of ``responses`` given ``prompts``, with gradients.
 
     The one implementation behind every policy's ``response_logprobs``. Sequences are
@@ -309,11 +311,8 @@ def score_responses(
 
 
 def response_logprobs(
-    policy: Policy,
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]],
-    temperature: float = 1.0,
-) -> tuple[Tensor, Tensor, Tensor]:
+    policy: Policy, prompts: TokenBatch, responses: TokenBatch, temperature: float = 1.0
+) -> Scores:
     """Per-token log-probs and entropies of ``responses`` under a built-in policy (see
     :func:`score_responses`)."""
     return score_responses(lambda seqs, _mask: policy(seqs), prompts, responses, temperature)

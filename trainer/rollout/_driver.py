@@ -17,6 +17,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 
 from eventbus import (
     EventBus,
@@ -50,13 +51,14 @@ logger = logging.getLogger("trainbus.rollouts")
 RestartRecord = dict[str, object]
 
 
+@dataclass(eq=False)
 class RolloutDriver(ABC):
     """Dispatches prompt groups to a backend and hands finished batches to the trainer.
 
     What differs between the modes (which prompts to dispatch when, how to sample, what a
     resume reissues) is abstract here; the rest is shared.
 
-    Args:
+    Attributes:
         config: The run configuration.
         stream: The training prompt stream (its position is the run's data position).
         backend: The rollout workers.
@@ -68,30 +70,23 @@ class RolloutDriver(ABC):
             from before the restore are dropped as superseded.
     """
 
-    def __init__(
-        self,
-        config: TrainerConfig,
-        stream: PromptSource,
-        backend: RolloutBackend,
-        bus: EventBus,
-        *,
-        interrupts: WaitInterrupts,
-        attempt_floor: int = 1,
-    ) -> None:
-        self.config = config
-        self.interrupts = interrupts
-        self.stream = stream
-        self.backend = backend
-        self.bus = bus
-        self.attempt_floor = attempt_floor
-        self.max_attempt = attempt_floor
+    config: TrainerConfig
+    stream: PromptSource
+    backend: RolloutBackend
+    bus: EventBus
+    _: KW_ONLY
+    interrupts: WaitInterrupts
+    attempt_floor: int = 1
+
+    def __post_init__(self) -> None:
+        self.max_attempt = self.attempt_floor
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
         # time.monotonic() of the last result or pickup: progress, for the stall watch.
         self.progress_at = -math.inf
         self._membership_step = 0  # the step boundary of the last resize
         self._build_buffer()
 
-    buffer: ReplayBuffer | AsyncReplayBuffer
+    buffer: ReplayBuffer | AsyncReplayBuffer = field(init=False, repr=False)
 
     def _build_buffer(self) -> None:
         rollout = self.config.rollout

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Generic, Literal, TypeVar
 
 from eventbus import Decision, EventBus, SafePoint, SampleWait, SampleWaitState
@@ -25,6 +26,7 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
+@dataclass(frozen=True, slots=True)
 class Poll(Generic[T_co]):
     """What one check of a wait condition found.
 
@@ -37,22 +39,12 @@ class Poll(Generic[T_co]):
             deadline ending), if any: the loop sleeps no longer than that.
     """
 
-    __slots__ = ("available", "pending", "running", "value", "wake_at")
-
-    def __init__(
-        self,
-        value: T_co | None,
-        *,
-        available: int = 0,
-        pending: int = 0,
-        running: int = 0,
-        wake_at: float = math.inf,
-    ) -> None:
-        self.value = value
-        self.available = available
-        self.pending = pending
-        self.running = running
-        self.wake_at = wake_at
+    value: T_co | None
+    _: KW_ONLY
+    available: int = 0
+    pending: int = 0
+    running: int = 0
+    wake_at: float = math.inf
 
 
 class PollTimeout(Generic[T_co]):
@@ -116,34 +108,30 @@ decision table says so (the trainer's: restart, stop and abort do); the buffers 
 table of their own."""
 
 
+@dataclass(eq=False)
 class WaitReporter:
     """Reports unsuccessful polls on a bus, if anybody listens.
 
-    Args:
+    Attributes:
         bus: The bus, or None for no reporting at all.
         mode: ``"sync"`` or ``"async"``.
         poll_interval: Reported as ``poll_interval_s``.
         safe_point_timeout: Seconds the ``SAMPLE_WAIT`` safe point waits for votes (None:
             the bus default).
         interrupts: Which decisions of the safe point end the wait.
+        unsuccessful: Unsuccessful polls seen.
+        reported: Those reported (someone listened).
+        interrupted: Waits a decision ended.
     """
 
-    def __init__(
-        self,
-        bus: EventBus | None,
-        mode: Literal["sync", "async"],
-        poll_interval: float,
-        safe_point_timeout: float | None,
-        interrupts: WaitInterrupts,
-    ) -> None:
-        self.bus = bus
-        self.mode: Literal["sync", "async"] = mode
-        self.poll_interval = poll_interval
-        self.safe_point_timeout = safe_point_timeout
-        self.interrupts = interrupts
-        self.unsuccessful = 0
-        self.reported = 0
-        self.interrupted = 0
+    bus: EventBus | None
+    mode: Literal["sync", "async"]
+    poll_interval: float
+    safe_point_timeout: float | None
+    interrupts: WaitInterrupts
+    unsuccessful: int = 0
+    reported: int = 0
+    interrupted: int = 0
 
     def state(
         self,

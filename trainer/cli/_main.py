@@ -384,6 +384,14 @@ def _train(args: argparse.Namespace) -> int:
         close = getattr(view, "close", None)
         if close is not None:
             close()  # the live view stops drawing even if the run ended without FitFinished
+    if trainer.already_finished:
+        # Not an error (the folder holds what was asked for), and the folder is unchanged.
+        print(
+            f"run {trainer.run_id} in {out} is already finished: {summary.steps} of "
+            f"{config.run.steps} steps. Nothing to do, nothing written; to train further, "
+            f"run it again with a larger --steps (e.g. --steps {2 * summary.steps})"
+        )
+        return 0
     average = summary.reward_moving_average
     print(
         f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "

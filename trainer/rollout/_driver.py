@@ -274,9 +274,17 @@ class RolloutDriver(ABC):
 
 class SyncDriver(RolloutDriver):
     """Sync mode (on-policy): each step dispatches its own prompts and waits for exactly that
-    batch; nothing is in flight between steps."""
+    batch; nothing is in flight between steps.
+
+    A checkpoint taken inside a step (a ``STOP`` decided during its sample wait) holds all
+    of that step's prompts as in flight, finished groups included: the resumed run redoes the
+    step with exactly those prompts (:meth:`resubmit` hands them to the next
+    :meth:`dispatch_step`), so it trains on what an uninterrupted run would have.
+    """
 
     buffer: ReplayBuffer
+    _unfinished: tuple[Prompt, ...] = ()  # the prompts of the step being collected
+    _carried: tuple[Prompt, ...] = ()  # resubmitted prompts, for the next step
 
     def _new_buffer(self, tracker: RolloutTracker) -> ReplayBuffer:
         return ReplayBuffer(
@@ -287,25 +295,36 @@ class SyncDriver(RolloutDriver):
             safe_point_timeout_s=self.config.safe_point_timeout_s,
         )
 
+    def reset(self) -> None:
+        """Forget every open group (see :meth:`RolloutDriver.reset`): the unfinished step is
+        redrawn from the restored data position."""
+        super().reset()
+        self._unfinished = self._carried = ()
+
     def dispatch_step(self, step: int, version: int) -> None:
-        """Register and dispatch the prompt groups of ``step``."""
-        prompts = self.stream.next_prompts(self.config.rollout.prompts_per_step)
+        """Register and dispatch the prompt groups of ``step`` (first the prompts carried
+        over from a checkpoint taken inside a step, then new ones from the stream)."""
+        n = self.config.rollout.prompts_per_step
+        carried, self._carried = self._carried[:n], self._carried[n:]
+        prompts = (*carried, *self.stream.next_prompts(n - len(carried)))
+        self._unfinished = prompts
         groups = self._new_groups(prompts, step, version)
         self.buffer.register(groups)
         self._dispatch(groups, step, "batch")
 
     async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
         """Wait for the groups of ``step``."""
-        return await self.buffer.sample(step, self.config.rollout.prompts_per_step)
+        batch = await self.buffer.sample(step, self.config.rollout.prompts_per_step)
+        self._unfinished = ()
+        return batch
+
+    def in_flight_prompts(self) -> list[Prompt]:
+        """Every prompt of a step not yet collected (the whole step is redone on resume)."""
+        return list(self._unfinished)
 
     def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
-        """Nothing to do (a sync checkpoint holds no prompt in flight).
-
-        Raises:
-            RuntimeError: ``prompts`` is not empty.
-        """
-        if prompts:
-            raise RuntimeError("sync mode has no prompts in flight between steps")
+        """Keep the prompts of the step a checkpoint was taken in for the next step."""
+        self._carried = tuple(prompts)
 
 
 class AsyncDriver(RolloutDriver):

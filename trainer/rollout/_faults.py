@@ -14,15 +14,20 @@
 ``checkpoint-crash``  the process dies in the middle of a checkpoint write
 =================  ============================================================
 
-Each fault fires once (``slow`` lasts ``slow_steps`` steps), so a recovered run goes on.
+Each fault fires once per run (``slow`` lasts ``slow_steps`` steps), so a recovered run goes
+on. With a run folder the faults that fired are kept in its ``faults.json``
+(:meth:`FaultInjector.keep_record`), written before the fault acts, so a resumed process
+(``checkpoint-crash`` kills the process) does not fire them again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +71,11 @@ class Fault:
 
     name: str
     step: int
+
+    @property
+    def spec(self) -> str:
+        """``NAME@STEP``, as ``--inject`` takes it."""
+        return f"{self.name}@{self.step}"
 
     @classmethod
     def parse(cls, text: str) -> Fault:
@@ -112,6 +122,46 @@ class FaultInjector:
         self._earlier_step = -1
         self.fired: list[tuple[str, int]] = []
         self.extra_results: dict[str, int] = {}  # results sent beyond the real ones, by fault
+        self._record: Path | None = None
+
+    def keep_record(self, path: Path) -> None:
+        """Keep the faults that fired in ``path`` (a run folder's ``faults.json``), and mark
+        those it already lists as fired: each planned fault fires once per run, however
+        many processes the run takes.
+
+        A file that cannot be read is reported and treated as empty (the faults may fire
+        again, never silently).
+        """
+        self._record = path
+        fired: list[str] = []
+        try:
+            fired = list(json.loads(path.read_text())["fired"]) if path.exists() else []
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.error("cannot read %s (%s): every planned fault may fire again", path, exc)
+        unmatched = Counter(fired)
+        with self._lock:
+            for index, fault in enumerate(self.faults):
+                if unmatched[fault.spec] > 0:
+                    unmatched[fault.spec] -= 1
+                    self._fired.add(index)
+        if fired:
+            logger.info("faults that fired earlier in this run (not again): %s", fired)
+
+    def _write_record_locked(self) -> None:
+        # Durable before the fault acts: checkpoint-crash kills the process right after.
+        path = self._record
+        if path is None:
+            return
+        fired = [self.faults[i].spec for i in sorted(self._fired)]
+        temporary = path.with_name(path.name + ".tmp")
+        try:
+            with temporary.open("w") as file:
+                json.dump({"fired": fired}, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except OSError as exc:
+            logger.error("cannot write %s (%s): a resumed run may fire %s again", path, exc, fired)
 
     @classmethod
     def parse(cls, specs: Iterable[str], *, bus: EventBus | None = None) -> FaultInjector:
@@ -132,6 +182,7 @@ class FaultInjector:
                 if fault.name == name and step >= fault.step and index not in self._fired:
                     self._fired.add(index)
                     self.fired.append((name, step))
+                    self._write_record_locked()
                     break
             else:
                 return False

@@ -20,11 +20,19 @@ from eventbus import Event, read_events
 
 from ._fold import FitSummary
 
-__all__ = ["EVENTS_FILE", "METRICS_FILE", "SUMMARY_FILE", "RunFolder", "repair_torn_tail"]
+__all__ = [
+    "EVENTS_FILE",
+    "FAULTS_FILE",
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+    "RunFolder",
+    "repair_torn_tail",
+]
 
 logger = logging.getLogger("trainbus.run")
 
 EVENTS_FILE = "events.jsonl"
+FAULTS_FILE = "faults.json"  # the injected faults that fired (FaultInjector.keep_record)
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 

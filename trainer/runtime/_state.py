@@ -57,6 +57,8 @@ class RunState:
             run folder's ``model/`` for a Hugging Face model).
         run_id: The run's id, stable across resumes (a checkpoint carries it).
         stages: The trainer's stages (the write is marked as a wait for stall diagnosis).
+        saved_step: The step of the last checkpoint written or applied (None: none yet), so
+            that the trainer writes a step's checkpoint once.
     """
 
     config: TrainerConfig
@@ -69,6 +71,7 @@ class RunState:
     export: Callable[[], None] | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     stages: Stages = field(default_factory=Stages)
+    saved_step: int | None = None
 
     async def save(self) -> StoredCheckpoint:
         """Write a checkpoint of the current step; publishes ``CheckpointSaved``."""
@@ -97,6 +100,7 @@ class RunState:
 
     def _write(self, state: dict[str, Any]) -> StoredCheckpoint:
         stored = self.store.save(self.learner.step, state)
+        self.saved_step = stored.step
         if self.export is not None:
             self.export()
         return stored
@@ -124,6 +128,7 @@ class RunState:
             raise RuntimeError(f"unsupported checkpoint format {state.get('format')!r}")
         self.run_id = state["run_id"]
         self.learner.load_state_dict(state)
+        self.saved_step = self.learner.step
         self.stream.position = state["stream_position"]
         if resuming:
             self._load_extension_states(state.get("extensions", {}))

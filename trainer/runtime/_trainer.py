@@ -60,7 +60,7 @@ from ._learner import Learner
 from ._membership import MembershipRequests
 from ._metrics import named
 from ._recovery import Recovery
-from ._run import EVENTS_FILE, RunFolder
+from ._run import EVENTS_FILE, FAULTS_FILE, RunFolder
 from ._state import RunState
 from ._view import TrainerView, ViewedParts
 from ._workload import RunWorkload
@@ -115,6 +115,8 @@ class PPOTrainer:
         self.faults = faults
         if faults is not None:
             faults.bus = self.bus
+            if self.out_dir is not None:
+                faults.keep_record(self.out_dir / FAULTS_FILE)
         self.checkpoints = CheckpointStore(
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
@@ -145,6 +147,7 @@ class PPOTrainer:
         self._fitting = False
         self._stop_requested: str | None = None
         self._active_step: int | None = None  # the step being trained, for FitFailed
+        self.already_finished = False  # the last fit() found the run done and did nothing
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._diagnoser: StallDiagnoser | None = None  # one per fit(), when diagnosis is on
@@ -212,6 +215,10 @@ class PPOTrainer:
     async def fit(self) -> FitSummary:
         """Train for ``config.run.steps`` steps (resuming from the run folder if asked).
 
+        A run folder whose run already has ``config.run.steps`` steps is left as it is: no
+        worker starts, nothing is written, the run's summary is returned and
+        ``already_finished`` is True. A larger ``run.steps`` extends the run.
+
         Returns:
             What happened: steps, rewards, restarts, waits, decisions.
 
@@ -263,6 +270,17 @@ class PPOTrainer:
         began = time.perf_counter()
         resumed = self.state.resume(self.out_dir)
         start_step = self.step
+        self.already_finished = resumed is not None and start_step >= config.run.steps
+        if self.already_finished:
+            # A rerun of a finished run: nothing to train, so nothing is written either (a
+            # larger run.steps extends it).
+            logger.warning(
+                "run %s already has %d of %d steps: nothing to do",
+                self.run_id,
+                start_step,
+                config.run.steps,
+            )
+            return self.record.summary()
         self.files.rewind_metrics(start_step)
         await self.driver.start(self.learner.weights(), self.policy_version)
         error: BaseException | None = None
@@ -283,13 +301,13 @@ class PPOTrainer:
                 stored, in_flight = resumed
                 self.state.announce_restored(stored, "resume")
                 self.driver.resubmit(in_flight, self.step + 1, self.policy_version)
-            if not self.checkpoints.list() and (
+            # A checkpoint of step 0, so that a recovery from a failure can always restore
+            # something (written once, after the BEFORE_FIT decision).
+            first = not self.checkpoints.list() and (
                 self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
-            ):
-                # Step 0, so that a recovery from a failure can always restore something.
-                await self.state.save()
+            )
             try:
-                await self._decide(SafePoint.BEFORE_FIT)
+                await self._decide(SafePoint.BEFORE_FIT, checkpoint_due=first)
                 while self.step < config.run.steps:
                     if self._stop_requested is not None:
                         raise StopRequested(self._stop_requested)
@@ -303,7 +321,8 @@ class PPOTrainer:
             except StopRequested as stop:
                 stop_reason = str(stop)
                 logger.warning("stopping at step %d: %s", self.step, stop_reason)
-                await self.state.save()
+                if self.state.saved_step != self.step:  # not already written at this step
+                    await self.state.save()
         except BaseException as exc:
             error = exc
             self._report_failure(exc)
@@ -414,10 +433,9 @@ class PPOTrainer:
         self.files.append_metrics(step, metrics)
         if bus.wants(StepFinished):
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
-        if step % config.checkpoint.every == 0 or step == config.run.steps:
-            await self.state.save()
         await self._drain_record()
-        await self._decide(SafePoint.STEP_BOUNDARY)
+        due = step % config.checkpoint.every == 0 or step == config.run.steps
+        await self._decide(SafePoint.STEP_BOUNDARY, checkpoint_due=due)
         await self.membership.apply(step, self.driver)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
@@ -457,9 +475,17 @@ class PPOTrainer:
         self.record.apply_outcome(outcome)
         return outcome
 
-    async def _decide(self, point: SafePoint) -> None:
-        """Reach ``point`` (``BEFORE_FIT`` or ``STEP_BOUNDARY``) and act on its decision."""
+    async def _decide(self, point: SafePoint, *, checkpoint_due: bool = False) -> None:
+        """Reach ``point`` (``BEFORE_FIT`` or ``STEP_BOUNDARY``) and act on its decision.
+
+        With ``checkpoint_due`` (the schedule's checkpoint), the checkpoint is written after
+        the decision, so it holds what the voters did, and once: a ``CHECKPOINT`` or
+        ``STOP`` decision writes the same one.
+        """
         outcome = await self._safe_point(point)
+        action = Action.GO_ON if outcome is None else action_for(point, outcome.decision)
+        if checkpoint_due and action not in (Action.SAVE, Action.STOP):
+            await self.state.save()
         if outcome is not None:
             await self._act(point, outcome, self.learner.step)
 

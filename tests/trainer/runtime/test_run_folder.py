@@ -3,20 +3,35 @@ and torn files, driven as a user drives them (``python -m trainer`` subprocesses
 
 from __future__ import annotations
 
+import json
+import signal
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from eventbus import (
+    RUNTIME_EXTENSION_API_VERSION,
     BatchReconciled,
+    Capability,
     CheckpointSaved,
+    Decision,
+    ExtensionContext,
+    FitStarted,
     SafePoint,
+    SafePointReached,
     SafePointResolved,
     StepFinished,
 )
+from eventbus.testing import ScriptedVoter
+from trainer import FaultInjector, PPOTrainer
+from trainer.cli._rundata import load_run
 
+from ..helpers import tiny_config
 from ..runfolder import events_of, kill_at, summary_of, tiny_toml, trainbus
+
+torch.set_num_threads(1)
 
 
 def test_the_summary_of_a_killed_and_resumed_run_covers_the_whole_run(tmp_path: Path) -> None:
@@ -53,3 +68,139 @@ def test_the_summary_of_a_killed_and_resumed_run_covers_the_whole_run(tmp_path: 
     waits = sum(e.metrics["timing_s/wait"] for e in events if isinstance(e, StepFinished))
     assert summary["sample_wait_total_s"] == pytest.approx(waits)
     assert summary["steps"] == 10 and summary["final_reward"] is not None
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below ``folder``: its bytes and modification time."""
+    return {
+        str(path.relative_to(folder)): (path.read_bytes(), path.stat().st_mtime_ns)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_a_finished_run_comes_out_of_a_rerun_unchanged(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps", "3")
+    assert trainbus(*args, cwd=tmp_path).returncode == 0
+    before = snapshot(out)
+
+    again = trainbus(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "is already finished: 3 of 3 steps" in again.stdout
+    assert "--steps 6" in again.stdout  # how to extend it
+    assert snapshot(out) == before
+
+    longer = trainbus(*args[:-1], "4", cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr
+    summary = summary_of(out)
+    assert (summary["steps"], summary["start_step"], len(summary["attempts"])) == (4, 3, 2)
+    assert summary["final_reward"] is not None
+
+
+def test_a_torn_last_metrics_line_does_not_stop_a_resume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps")
+    assert trainbus(*args, "2", cwd=tmp_path).returncode == 0
+    with (out / "metrics.jsonl").open("a") as file:
+        file.write('{"step": 3, "reward/me')  # the process was killed mid-write
+
+    done = trainbus(*args, "4", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+
+
+def test_a_torn_event_log_is_reported_as_far_as_it_goes_and_repaired_on_resume(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps")
+    assert trainbus(*args, "3", cwd=tmp_path).returncode == 0
+    log = out / "events.jsonl"
+    data = log.read_bytes()
+    log.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 20])  # half a last line
+    (out / "summary.json").unlink()  # as after a kill
+
+    run = load_run(out)
+    steps = sum(isinstance(e, StepFinished) for e in events_of(out))
+    assert steps == 3 and run.summary.steps == steps and run.summary.total_steps == 3
+
+    assert trainbus(*args, "5", cwd=tmp_path).returncode == 0
+    events = events_of(out)  # every line decodes: nothing was glued to the torn fragment
+    assert sum(isinstance(e, FitStarted) for e in events) == 2
+    assert summary_of(out)["steps"] == 5
+
+
+def test_a_checkpoint_crash_fires_once_per_run_so_the_same_command_resumes(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps", "6")
+    args += ("--inject", "checkpoint-crash@4")
+    crashed = trainbus(*args, cwd=tmp_path)
+    assert crashed.returncode == -signal.SIGKILL
+    assert json.loads((out / "faults.json").read_text()) == {"fired": ["checkpoint-crash@4"]}
+
+    again = trainbus(*args, cwd=tmp_path)  # "run the same command again", as the docs say
+    assert again.returncode == 0, again.stderr
+    summary = summary_of(out)
+    assert (summary["status"], summary["steps"]) == ("finished", 6)
+    assert [a["status"] for a in summary["attempts"]] == ["killed", "finished"]
+
+
+class StopDuringWait:
+    """Votes STOP at the SAMPLE_WAIT safe points of one step."""
+
+    name = "stop-during-wait"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.SAFE_POINTS, Capability.SAMPLE_WAIT)
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_safe_point(self, context: ExtensionContext, safe_point: SafePointReached) -> Decision:
+        if safe_point.point is SafePoint.SAMPLE_WAIT and safe_point.step == self.step:
+            return Decision.STOP
+        return Decision.CONTINUE
+
+
+async def test_a_sync_run_stopped_during_a_sample_wait_resumes_as_if_never_stopped(
+    tmp_path: Path,
+) -> None:
+    straight = PPOTrainer(tiny_config(run__steps=3), out_dir=tmp_path / "straight")
+    await straight.fit()
+
+    # slow@2 makes step 2 wait over several polls, so a SAMPLE_WAIT safe point is reached.
+    stopped = PPOTrainer(
+        tiny_config(run__steps=3), out_dir=tmp_path / "run", faults=FaultInjector.parse(["slow@2"])
+    )
+    stopped.register_runtime_extension(StopDuringWait(step=2))
+    summary = await stopped.fit()
+    assert (summary.status, summary.steps) == ("stopped", 1)
+
+    resumed = PPOTrainer(tiny_config(run__steps=3), out_dir=tmp_path / "run")
+    summary = await resumed.fit()
+    assert (summary.status, summary.steps) == ("finished", 3)
+    # Step 2 was redone with the prompts it had when it stopped: the same training.
+    for a, b in zip(straight.policy.parameters(), resumed.policy.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("script", "saved"),
+    [
+        ({SafePoint.STEP_BOUNDARY: [Decision.CONTINUE, Decision.CHECKPOINT]}, [0, 2, 3]),
+        ({SafePoint.BEFORE_FIT: [Decision.CHECKPOINT]}, [0, 2, 3]),
+        ({SafePoint.STEP_BOUNDARY: [Decision.CONTINUE, Decision.STOP]}, [0, 2]),
+    ],
+    ids=["checkpoint-vote", "before-fit-vote", "stop-vote"],
+)
+async def test_a_vote_for_a_checkpoint_that_is_due_anyway_writes_it_once(
+    tmp_path: Path, script: dict[SafePoint, list[Decision]], saved: list[int]
+) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=3, checkpoint__every=2), out_dir=tmp_path)
+    voter = ScriptedVoter(script)
+    fit.register_runtime_extension(voter)
+    await fit.fit()
+    assert [e.step for e in voter.events if isinstance(e, CheckpointSaved)] == saved

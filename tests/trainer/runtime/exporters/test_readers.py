@@ -156,7 +156,8 @@ async def test_prometheus_is_scraped_while_the_run_goes(tmp_path: Path) -> None:
     assert value("trainbus_running") == 1
     assert value("trainbus_reward_mean") == pytest.approx(_rewards(tmp_path)[2])
     assert value("trainbus_step_seconds", le="+Inf") == 2  # the histogram's count
-    assert value("trainbus_checkpoints") >= 2  # steps 0 and 2
+    # Step 0's; step 2's is written once its STEP_BOUNDARY decision (where it paused) is in.
+    assert value("trainbus_checkpoints") >= 1
     assert (
         value("trainbus_last_decision", point="step_boundary", trainbus_last_decision="continue")
         == 1

@@ -248,11 +248,14 @@ class FitFailed(Event, frozen=True):
             between steps).
         error_type: The exception's type name.
         message: The exception's message.
+        wait_s: Seconds the failed step spent waiting for its rollouts (a wait that ended
+            in the failure counts as waiting time too).
     """
 
     step: int
     error_type: str
     message: str
+    wait_s: float = 0.0
 
 
 class StepStarted(Event, frozen=True):

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
 from eventbus import (
@@ -84,6 +85,11 @@ class RolloutDriver(ABC):
         # time.monotonic() of the last result or pickup: progress, for the stall watch.
         self.progress_at = -math.inf
         self._membership_step = 0  # the step boundary of the last resize
+        # Workers lost with work in flight since the rollout side last (re)started: what
+        # they held will never be delivered (see undeliverable()).
+        self._losses: list[str] = []
+        self._losses_lock = threading.Lock()
+        self.on_loss: Callable[[], None] = lambda: None  # called (from any thread) on a loss
         self._build_buffer()
 
     buffer: ReplayBuffer | AsyncReplayBuffer = field(init=False, repr=False)
@@ -114,7 +120,28 @@ class RolloutDriver(ABC):
         self.attempt_floor = self.max_attempt + 1
         self.max_attempt = self.attempt_floor
         self.retired_trackers.append(self.tracker.statistics())
+        self._forget_losses()
         self._build_buffer()
+
+    def undeliverable(self) -> str | None:
+        """Why the current wait can never complete without a restart, or None.
+
+        No worker is left to deliver anything; in sync mode, also: a worker was lost with
+        some of the batch's work (nobody else will produce those rollouts). An async wait
+        can be supplied by any group, so the loss of one worker's groups alone does not
+        block it.
+        """
+        if self.backend.statistics().workers == 0:
+            return "every rollout worker is gone"
+        return None
+
+    def _lost_work(self) -> str | None:
+        with self._losses_lock:
+            return self._losses[0] if self._losses else None
+
+    def _forget_losses(self) -> None:
+        with self._losses_lock:
+            self._losses.clear()
 
     def tracker_statistics(self) -> list[TrackerStatistics]:
         """The counters of every tracker of this run: replaced ones first, then the current."""
@@ -134,6 +161,13 @@ class RolloutDriver(ABC):
 
     def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None:
         """A worker died: report it (self-healing watches for this)."""
+        if in_flight:
+            with self._losses_lock:
+                self._losses.append(
+                    f"worker {worker_id} was lost with {in_flight} prompt groups in flight "
+                    f"({reason})"
+                )
+        self.on_loss()
         if self.bus.wants(WorkerLost):
             self.bus.publish(
                 WorkerLost(worker_id=worker_id, reason=reason, in_flight=in_flight, node=node)
@@ -199,6 +233,7 @@ class RolloutDriver(ABC):
         """Restart the rollout side: fresh workers, every in-flight rollout reissued under a
         new attempt. Late results of the old attempts are dropped as superseded."""
         workers = await self.backend.restart(reason)
+        self._forget_losses()  # the new workers get everything in flight again
         reissued = self.buffer.reissue()
         if reissued:
             self.max_attempt = max(self.max_attempt, *(g.attempt for g in reissued))
@@ -321,6 +356,11 @@ class SyncDriver(RolloutDriver):
     def in_flight_prompts(self) -> list[Prompt]:
         """Every prompt of a step not yet collected (the whole step is redone on resume)."""
         return list(self._unfinished)
+
+    def undeliverable(self) -> str | None:
+        """As for :meth:`RolloutDriver.undeliverable`: in sync mode the batch needs exactly
+        its groups, so a worker lost with some of them blocks it."""
+        return super().undeliverable() or self._lost_work()
 
     def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
         """Keep the prompts of the step a checkpoint was taken in for the next step."""

@@ -197,6 +197,28 @@ class LocalBackend(BackendBase):
             logger.error("rollout threads still running after %.0f s: %s", timeout, still)
 
     def _run(self, generation: _Generation, worker_id: str, joining: str | None) -> None:
+        """A worker thread: serve, and if the thread dies for any reason, say so.
+
+        Whatever escapes the serving loop (a bug in the worker, a sink or a fault hook) would
+        otherwise end the thread without a word, its work lost: it is logged, counted, and
+        reported as a lost worker (``WorkerLost``), which self-healing restarts.
+        """
+        try:
+            self._serve(generation, worker_id, joining)
+        except BaseException as exc:
+            held = self._holdings.snapshot((worker_id,))
+            self._holdings.release(worker_id)
+            with self._lock:
+                self._counts.workers_lost += 1
+                if worker_id in generation.members:
+                    generation.members.remove(worker_id)
+            logger.error("rollout worker thread %s died", worker_id, exc_info=exc)
+            sink = self._sink
+            if sink is not None:
+                in_flight = sum(len(h.work.groups) for h in held)
+                sink.worker_lost(worker_id, f"thread died: {type(exc).__name__}: {exc}", in_flight)
+
+    def _serve(self, generation: _Generation, worker_id: str, joining: str | None) -> None:
         sink = self._sink
         assert sink is not None
         try:

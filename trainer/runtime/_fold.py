@@ -28,6 +28,7 @@ from eventbus import (
     CheckpointSaved,
     Decision,
     Event,
+    EventBus,
     ExtensionFailed,
     FitFailed,
     FitFinished,
@@ -37,6 +38,7 @@ from eventbus import (
     SafePointOutcome,
     SafePointResolved,
     StepFinished,
+    Subscription,
     WorkerJoined,
     WorkerLeft,
     WorkerLost,
@@ -182,6 +184,16 @@ class RunFold:
         """Fold a safe point's outcome the trainer received (the bus publishes the same as
         ``SafePointResolved`` for observers)."""
         self.apply(SafePointResolved(outcome=outcome))
+
+    def follow(self, bus: EventBus) -> Subscription:
+        """Subscribe to what this fold reads of ``bus`` (:data:`LIVE_EVENTS`); feed it with
+        :meth:`drain`. Close the subscription when the run ends."""
+        return bus.subscribe(*LIVE_EVENTS, maxsize=100_000, name="trainbus.run-record")
+
+    async def drain(self, subscription: Subscription) -> None:
+        """Fold what ``subscription`` holds now (it never waits for more)."""
+        while subscription.statistics().queued:
+            self.apply(await anext(subscription))
 
     def summary(self) -> FitSummary:
         """A copy of the summary so far."""
@@ -344,6 +356,10 @@ class RunFold:
         self._close_open_attempt("stopped" if e.stopped_early else "finished", None, e.time)
 
     def _fit_failed(self, e: FitFailed) -> None:
+        # The failed step's wait (its deadline, lost rollouts) cost time no StepFinished has.
+        s = self._summary
+        s.sample_wait_total_s += e.wait_s
+        s.sample_wait_longest_s = max(s.sample_wait_longest_s, e.wait_s)
         if e.error_type == "CancelledError":
             self._close_open_attempt("interrupted", None, e.time)
         else:

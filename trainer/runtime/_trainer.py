@@ -55,12 +55,13 @@ from ._checkpoint import CheckpointStore
 from ._decisions import Action, RunAborted, StopRequested, action_for, interrupts_sample_wait
 from ._diagnosis import StallDiagnoser, start_stall_diagnosis, stop_stall_diagnosis
 from ._extload import configured_extensions
-from ._fold import LIVE_EVENTS, FitSummary, RunFold, fold_events
+from ._fold import FitSummary, RunFold, fold_events
 from ._learner import Learner
 from ._membership import MembershipRequests
 from ._metrics import named
 from ._recovery import Recovery
 from ._run import EVENTS_FILE, FAULTS_FILE, RunFolder
+from ._sample_wait import WaitClock, wait_unless_lost
 from ._state import RunState
 from ._view import TrainerView, ViewedParts
 from ._workload import RunWorkload
@@ -147,6 +148,7 @@ class PPOTrainer:
         self._fitting = False
         self._stop_requested: str | None = None
         self._active_step: int | None = None  # the step being trained, for FitFailed
+        self._waiting = WaitClock()  # how long the step being trained waited, for FitFailed
         self.already_finished = False  # the last fit() found the run done and did nothing
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -245,9 +247,7 @@ class PPOTrainer:
                 jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
                 sink = self.bus.register_extension(jsonl)
             # The live fold reads the events its summary depends on, as the log does.
-            self._tap = self.bus.subscribe(
-                *LIVE_EVENTS, maxsize=100_000, name="trainbus.run-record"
-            )
+            self._tap = self.record.follow(self.bus)
             async with self.bus.running():
                 return await self._fit()
         finally:
@@ -371,13 +371,8 @@ class PPOTrainer:
             self.files.write_summary(self.record.summary())
 
     async def _drain_record(self) -> None:
-        """Fold what the live fold's subscription holds (it never waits: only what is
-        queued now is taken)."""
-        tap = self._tap
-        if tap is None:
-            return
-        while tap.statistics().queued:
-            self.record.apply(await anext(tap))
+        if self._tap is not None:
+            await self.record.drain(self._tap)
 
     def _report_failure(self, error: BaseException) -> None:
         try:
@@ -387,6 +382,7 @@ class PPOTrainer:
                         step=self._active_step or self.step,
                         error_type=type(error).__name__,
                         message=str(error),
+                        wait_s=self._waiting.elapsed(),
                     )
                 )
         except Exception:
@@ -400,7 +396,7 @@ class PPOTrainer:
         if bus.wants(StepStarted):
             bus.publish(StepStarted(step=step))
         self.driver.dispatch_step(step, learner.policy_version)
-        with self.stages.stage("rollouts", step):
+        with self.stages.stage("rollouts", step), self._waiting.timing():
             batch = await self._collect(step)
         waited = time.perf_counter() - began
         if self.faults is not None:
@@ -430,6 +426,7 @@ class PPOTrainer:
         )
         metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
         self._active_step = None
+        self._waiting.counted()  # StepFinished carries this wait
         self.files.append_metrics(step, metrics)
         if bus.wants(StepFinished):
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
@@ -442,7 +439,9 @@ class PPOTrainer:
         """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decisions that end it."""
         while True:
             try:
-                return await self.driver.wait_batch(step, self.learner.policy_version)
+                return await wait_unless_lost(
+                    self.driver, self.bus, step, self.learner.policy_version
+                )
             except SampleWaitInterrupted as interrupt:
                 outcome = interrupt.outcome
             self.record.apply_outcome(outcome)

@@ -43,7 +43,10 @@ __all__ = [
     "measure",
     "measure_group",
     "op_loop",
+    "load_average",
     "print_table",
+    "run_facts",
+    "save_results",
     "use_clock",
     "versions",
     "write_results",
@@ -409,6 +412,40 @@ def write_results(
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, rounded (None where the system has none)."""
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def run_facts(
+    args: argparse.Namespace, settings: Any, load_before: list[float] | None, seconds: float
+) -> dict[str, Any]:
+    """What a run records about itself: quick or full, the machine's load before it, its
+    settings (a dataclass) and how long it took."""
+    return {
+        "quick": args.quick,
+        "loadavg_before": load_before,
+        "settings": asdict(settings),
+        "seconds": round(seconds, 2),
+    }
+
+
+def save_results(
+    args: argparse.Namespace,
+    name: str,
+    rows: Sequence[Result],
+    extra: Mapping[str, Any],
+    *,
+    packages: Sequence[str] = (),
+) -> None:
+    """Unless ``--no-write``: :func:`write_results` into ``--results-dir`` and say where
+    (the flags of :func:`add_output_arguments`)."""
+    if args.no_write:
+        return
+    path = write_results(name, rows, extra, packages=packages, directory=args.results_dir)
+    print(f"results written to {path}")
 
 
 # --- table ---------------------------------------------------------------------------------

@@ -45,8 +45,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import itertools
-import os
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -62,11 +62,13 @@ from benchmarks._common import (
     Result,
     add_output_arguments,
     clock_ns,
+    load_average,
     measure_group,
     op_loop,
     print_table,
+    run_facts,
+    save_results,
     use_clock,
-    write_results,
 )
 from eventbus import (
     Decision,
@@ -145,6 +147,14 @@ class _Empty:
         pass
 
 
+# Peer libraries timed against a no-subscriber publish when they are installed (the dev
+# extra): (row, module, the class to build, its name in the loop, the timed call).
+_PUBLISH_PEERS = (
+    ("blinker Signal.send", "blinker", "Signal", "signal", "signal.send(event)"),
+    ("pyee EventEmitter.emit", "pyee", "EventEmitter", "emitter", 'emitter.emit("step", event)'),
+)
+
+
 def publish_bodies() -> tuple[dict[str, Body], dict[str, str]]:
     """Bodies timing one call each (unrolled loops); and what each one's baseline is."""
     bus = EventBus()
@@ -161,22 +171,14 @@ def publish_bodies() -> tuple[dict[str, Body], dict[str, str]]:
         "EventBus.publish": op_loop("bus.publish(event)", names),
     }
     baselines = {"EventBus.publish": "empty method call"}
-    try:
-        import blinker
-    except ImportError:
-        pass
-    else:
-        names["signal"] = blinker.Signal()
-        bodies["blinker Signal.send"] = op_loop("signal.send(event)", names)
-        baselines["blinker Signal.send"] = "EventBus.publish"
-    try:
-        import pyee
-    except ImportError:
-        pass
-    else:
-        names["emitter"] = pyee.EventEmitter()
-        bodies["pyee EventEmitter.emit"] = op_loop('emitter.emit("step", event)', names)
-        baselines["pyee EventEmitter.emit"] = "EventBus.publish"
+    for row, module, factory, name, stmt in _PUBLISH_PEERS:
+        try:
+            library = importlib.import_module(module)
+        except ImportError:
+            continue
+        names[name] = getattr(library, factory)()
+        bodies[row] = op_loop(stmt, names)
+        baselines[row] = "EventBus.publish"
     build = "StepStarted(step=1)"
     bodies["empty method call + build"] = op_loop(f"obj.method({build})", names)
     bodies["EventBus.publish + build"] = op_loop(f"bus.publish({build})", names)
@@ -701,7 +703,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = dataclasses.replace(settings, repeat=args.repeat)
     selected = args.backend or backends()
     use_clock("cpu" if args.cpu_time else "wall")
-    load_before = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    load_before = load_average()
     started = time.perf_counter()
     rows = run(settings, selected)
     seconds = time.perf_counter() - started
@@ -711,28 +713,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     missed = print_table(rows, targets=f"{kind} run, {clock} clock, {seconds:.1f} s")
     headline = headline_ratios(rows)
     print_headline(headline)
-    if not args.no_write:
-        path = write_results(
-            NAME,
-            rows,
-            {
-                "quick": args.quick,
-                "loadavg_before": load_before,
-                "settings": dataclasses.asdict(settings),
-                "seconds": round(seconds, 2),
-                "targets": {
-                    "publish_vs_empty_call_max": PUBLISH_VS_EMPTY_MAX,
-                    "blinker_vs_publish_min": BLINKER_VS_PUBLISH_MIN,
-                    "delivery_1_vs_queue_min": DELIVERY_1_VS_QUEUE_MIN,
-                    "delivery_16_vs_queue_min": DELIVERY_16_VS_QUEUE_MIN,
-                    "safe_point_16_vs_queue_max": SAFE_POINT_VS_QUEUE_MAX,
-                },
-                "headline": headline,
-            },
-            packages=("msgspec", "anyio", "uvloop", "blinker", "pyee", "bubus", "pydantic"),
-            directory=args.results_dir,
-        )
-        print(f"results written to {path}")
+    targets = {
+        "publish_vs_empty_call_max": PUBLISH_VS_EMPTY_MAX,
+        "blinker_vs_publish_min": BLINKER_VS_PUBLISH_MIN,
+        "delivery_1_vs_queue_min": DELIVERY_1_VS_QUEUE_MIN,
+        "delivery_16_vs_queue_min": DELIVERY_16_VS_QUEUE_MIN,
+        "safe_point_16_vs_queue_max": SAFE_POINT_VS_QUEUE_MAX,
+    }
+    save_results(
+        args,
+        NAME,
+        rows,
+        {
+            **run_facts(args, settings, load_before, seconds),
+            "targets": targets,
+            "headline": headline,
+        },
+        packages=("msgspec", "anyio", "uvloop", "blinker", "pyee", "bubus", "pydantic"),
+    )
     return 1 if args.check and missed else 0
 
 

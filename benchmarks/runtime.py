@@ -77,7 +77,14 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the pack
 import anyio
 import torch
 
-from benchmarks._common import Result, add_output_arguments, print_table, write_results
+from benchmarks._common import (
+    Result,
+    add_output_arguments,
+    load_average,
+    print_table,
+    run_facts,
+    save_results,
+)
 from eventbus import CheckpointSaved, JsonlSink, StepFinished
 from eventbus.testing import ScriptedVoter
 from trainer import FitSummary, PPOTrainer, TrainerConfig, load_config
@@ -550,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = dataclasses.replace(settings, profile=args.profile)
     torch.set_num_threads(1)
 
-    load_before = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    load_before = load_average()
     started = time.perf_counter()
     runs = measure(settings)
     breakdown = profile(settings.steps) if settings.profile else None
@@ -584,33 +591,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{key}: run-by-run ratios, quartiles {low:.3f} / {mid:.3f} / {high:.3f}")
     if breakdown is not None:
         print_breakdown(breakdown)
-    if not args.no_write:
-        path = write_results(
-            NAME,
-            table,
-            {
-                "quick": args.quick,
-                "loadavg_before": load_before,
-                "settings": dataclasses.asdict(settings),
-                "config": make_config(settings.steps).to_dict(),
-                "seconds": round(seconds, 2),
-                "torch_threads": torch.get_num_threads(),
-                "targets": {
-                    "fit_vs_work_max": FIT_VS_WORK_MAX,
-                    "fit_extensions_vs_work_max": FIT_EXTENSIONS_VS_WORK_MAX,
-                    "fit_extensions_vs_fit_max": FIT_EXTENSIONS_VS_FIT_MAX,
-                },
-                **work,
-                "paired_ratio_quartiles": quartiles,
-                "per_step_counts": {FIT_EXT: counts},
-                "checkpoint_wall_ms": checkpoint_s * 1e3,
-                "runs": {v: [dataclasses.asdict(r) for r in rs] for v, rs in runs.items()},
-                "profile": breakdown,
+    save_results(
+        args,
+        NAME,
+        table,
+        {
+            **run_facts(args, settings, load_before, seconds),
+            "config": make_config(settings.steps).to_dict(),
+            "torch_threads": torch.get_num_threads(),
+            "targets": {
+                "fit_vs_work_max": FIT_VS_WORK_MAX,
+                "fit_extensions_vs_work_max": FIT_EXTENSIONS_VS_WORK_MAX,
+                "fit_extensions_vs_fit_max": FIT_EXTENSIONS_VS_FIT_MAX,
             },
-            packages=("torch", "msgspec", "anyio"),
-            directory=args.results_dir,
-        )
-        print(f"results written to {path}")
+            **work,
+            "paired_ratio_quartiles": quartiles,
+            "per_step_counts": {FIT_EXT: counts},
+            "checkpoint_wall_ms": checkpoint_s * 1e3,
+            "runs": {v: [dataclasses.asdict(r) for r in rs] for v, rs in runs.items()},
+            "profile": breakdown,
+        },
+        packages=("torch", "msgspec", "anyio"),
+    )
     failed = bool(missed) or not work["same_work"]
     return 1 if args.check and failed else 0
 

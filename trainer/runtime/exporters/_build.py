@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from eventbus import ExtensionError
 
 from ...config._export import ExportConfig
@@ -48,11 +50,16 @@ def _build(name: str, config: ExportConfig, out_dir: Path | None) -> object:
     if name == "tensorboard":
         from ._tensorboard import TensorBoardExporter
 
-        return TensorBoardExporter.from_config(config.tensorboard, out_dir, flush_timeout_s=timeout)
+        log_dir = out_dir / config.tensorboard.log_dir
+        return TensorBoardExporter(log_dir, flush_timeout_s=timeout)
+    # [export.mlflow] and [export.wandb]: the section's keys are the constructor's keyword
+    # arguments.
     if name == "mlflow":
         from ._mlflow import MlflowExporter
 
-        return MlflowExporter.from_config(config.mlflow, out_dir, flush_timeout_s=timeout)
+        return MlflowExporter(
+            out_dir, **msgspec.structs.asdict(config.mlflow), flush_timeout_s=timeout
+        )
     from ._wandb import WandbExporter
 
-    return WandbExporter.from_config(config.wandb, out_dir, flush_timeout_s=timeout)
+    return WandbExporter(out_dir, **msgspec.structs.asdict(config.wandb), flush_timeout_s=timeout)

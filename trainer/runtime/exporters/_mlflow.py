@@ -17,11 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from eventbus import ExtensionError
 
-from ...config._export import MlflowExportConfig
 from ._base import Exporter, RunEnd, RunStart
 from ._deps import require
 from ._tensorboard import flatten
@@ -81,14 +78,6 @@ class MlflowExporter(Exporter):
                 raise ExtensionError(
                     f"--export mlflow: cannot open the store {self.tracking_uri}: {exc}"
                 ) from None
-
-    @classmethod
-    def from_config(
-        cls, config: MlflowExportConfig, out_dir: Path, *, flush_timeout_s: float
-    ) -> MlflowExporter:
-        """Build from ``[export.mlflow]`` for the run folder ``out_dir``."""
-        # The section's keys are the constructor's keyword arguments.
-        return cls(out_dir, **msgspec.structs.asdict(config), flush_timeout_s=flush_timeout_s)
 
     def describe(self) -> str:
         """Where the runs go and how to look at them."""

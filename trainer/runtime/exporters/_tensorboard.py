@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...config._export import TensorBoardExportConfig
 from ._base import Exporter, RunEnd, RunStart
 from ._deps import require
 
@@ -32,13 +31,6 @@ class TensorBoardExporter(Exporter):
         super().__init__(name="export-tensorboard", flush_timeout_s=flush_timeout_s)
         self.log_dir = Path(log_dir)
         self._writer: Any = None
-
-    @classmethod
-    def from_config(
-        cls, config: TensorBoardExportConfig, out_dir: Path, *, flush_timeout_s: float
-    ) -> TensorBoardExporter:
-        """Build from ``[export.tensorboard]`` for the run folder ``out_dir``."""
-        return cls(out_dir / config.log_dir, flush_timeout_s=flush_timeout_s)
 
     def describe(self) -> str:
         """Where the event files go and how to look at them."""

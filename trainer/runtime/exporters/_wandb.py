@@ -14,9 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
-from ...config._export import WandbExportConfig
 from ._base import Exporter, RunEnd, RunStart
 from ._deps import require
 
@@ -54,14 +51,6 @@ class WandbExporter(Exporter):
         self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
         self._run: Any = None
         self._notes: list[list[Any]] = []
-
-    @classmethod
-    def from_config(
-        cls, config: WandbExportConfig, out_dir: Path, *, flush_timeout_s: float
-    ) -> WandbExporter:
-        """Build from ``[export.wandb]`` for the run folder ``out_dir``."""
-        # The section's keys are the constructor's keyword arguments.
-        return cls(out_dir, **msgspec.structs.asdict(config), flush_timeout_s=flush_timeout_s)
 
     def describe(self) -> str:
         """Where the run goes."""

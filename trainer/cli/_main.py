@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..rollout._faults import FAULT_HELP, FAULTS
 from ._errors import EXIT_USAGE, UsageError
 from ._workload import add_workload_commands, run_workload_command
 
@@ -79,7 +81,12 @@ def _parser() -> argparse.ArgumentParser:
         help="diagnose a wait without progress for S seconds (StallDiagnosed; 0: off)",
     )
     train.add_argument(
-        "--inject", action="append", default=[], metavar="FAULT@STEP", help="inject a fault"
+        "--inject",
+        action="append",
+        default=[],
+        metavar="FAULT@STEP",
+        help=f"inject a fault at a step (repeatable); FAULT is one of {', '.join(FAULTS)}"
+        " (--inject help says what each does)",
     )
     train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
     train.add_argument("--model", metavar="DIR", help="a Hugging Face causal LM folder")
@@ -135,29 +142,39 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trainbus`` console script."""
     try:
-        args = _parser().parse_args(argv)
-        if args.command == "train":
-            return _train(args)
-        if args.command == "report":
-            from ._report import run_report
-
-            return run_report(args)
-        if args.command == "events":
-            from ._inspect import run_events
-
-            return run_events(args)
-        if args.command == "config":
-            return _config_command(args)
-        if args.command == "bench":
-            return _bench(args)
-        if args.command in ("model", "dataset"):
-            return run_workload_command(args)
+        status = _command(_parser().parse_args(argv))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`trainbus report R | head`): what it wanted it has. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return status
+
+
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "train":
+        return _train(args)
+    if args.command == "report":
+        from ._report import run_report
+
+        return run_report(args)
+    if args.command == "events":
+        from ._inspect import run_events
+
+        return run_events(args)
+    if args.command == "config":
+        return _config_command(args)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command in ("model", "dataset"):
+        return run_workload_command(args)
     return 0
 
 
@@ -305,6 +322,18 @@ def _link_latest(folder: Path) -> None:
         pass  # e.g. no symlinks on this filesystem
 
 
+def _check_run_folder(out: Path) -> None:
+    """Refuse, before anything is loaded or written, a run folder that cannot be one: a file
+    there or at one of its parents."""
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            raise UsageError(
+                f"--out {out}: {path} is a file, not a folder; choose another --out"
+                if path != out
+                else f"--out {out}: that is a file, not a folder; choose another --out"
+            )
+
+
 def _train(args: argparse.Namespace) -> int:
     from eventbus import ExtensionError
 
@@ -312,6 +341,12 @@ def _train(args: argparse.Namespace) -> int:
     from ..rl._hparams import WorkloadError
     from ..rollout._faults import FaultInjector
 
+    if "help" in args.inject:
+        width = max(map(len, FAULTS))
+        print("--inject FAULT@STEP: FAULT fires once, at step STEP or the first chance after it")
+        for name, what in FAULT_HELP.items():
+            print(f"  {name:<{width}}  {what}")
+        return 0
     try:
         config = load_config(args.config, _overrides(args))
         if args.extension:
@@ -320,10 +355,11 @@ def _train(args: argparse.Namespace) -> int:
             )
         if args.export:
             config = convert(_with_exports(config.to_dict(), args.export))
-        faults = FaultInjector.parse(args.inject) if args.inject else None
+        faults = FaultInjector.parse(args.inject, steps=config.run.steps) if args.inject else None
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     out = Path(config.run.out) if config.run.out else _new_run_folder_name()
+    _check_run_folder(out)
     if not config.checkpoint.resume and any((out / "checkpoints").glob("step-*.pt")):
         raise UsageError(
             f"--fresh: {out} already holds a run; choose another --out (or delete that folder)"

@@ -1,18 +1,8 @@
 """Fault injection: make the failures self-healing exists for happen on purpose.
 
 ``trainbus train --inject FAULT@STEP`` (repeatable) and the Python API
-(``FaultInjector.parse(["hang@3"])``) inject, from step ``STEP`` on:
-
-=================  ============================================================
-``hang``           a rollout worker stops answering (until the rollout side restarts)
-``crash``          a rollout worker dies (with Ray: the actor is killed)
-``slow``           rollouts take several times longer, for a few steps
-``fail-retry``     rollouts fail once (a retryable placeholder), then succeed on retry
-``duplicate``      results are sent twice
-``stale``          results of an earlier step are sent again
-``step-error``     the training step raises
-``checkpoint-crash``  the process dies in the middle of a checkpoint write
-=================  ============================================================
+(``FaultInjector.parse(["hang@3"])``) inject, from step ``STEP`` on, the faults of
+:data:`FAULT_HELP` (``--inject help`` lists them).
 
 Each fault fires once per run (``slow`` lasts ``slow_steps`` steps), so a recovered run goes
 on. With a run folder the faults that fired are kept in its ``faults.json``
@@ -44,16 +34,19 @@ __all__ = ["FAULTS", "Fault", "FaultInjector", "InjectedFault", "WorkerCrashed"]
 
 logger = logging.getLogger("trainbus.faults")
 
-FAULTS: tuple[str, ...] = (
-    "hang",
-    "crash",
-    "slow",
-    "fail-retry",
-    "duplicate",
-    "stale",
-    "step-error",
-    "checkpoint-crash",
-)
+FAULT_HELP: dict[str, str] = {
+    "hang": "a rollout worker stops answering (until the rollout side restarts)",
+    "crash": "a rollout worker dies (with Ray: the actor is killed)",
+    "slow": "rollouts take several times longer, for a few steps",
+    "fail-retry": "rollouts fail once (a retryable placeholder), then succeed on retry",
+    "duplicate": "results are sent twice",
+    "stale": "results of an earlier step are sent again",
+    "step-error": "the training step raises",
+    "checkpoint-crash": "the process dies in the middle of a checkpoint write",
+}
+"""What each fault does (``--inject help`` prints it)."""
+
+FAULTS: tuple[str, ...] = tuple(FAULT_HELP)
 """The fault names ``--inject FAULT@STEP`` and :class:`Fault` accept."""
 
 
@@ -78,17 +71,28 @@ class Fault:
         return f"{self.name}@{self.step}"
 
     @classmethod
-    def parse(cls, text: str) -> Fault:
+    def parse(cls, text: str, *, steps: int | None = None) -> Fault:
         """Parse ``FAULT@STEP``.
 
+        Args:
+            text: ``FAULT@STEP``.
+            steps: The run's last step, when known: a fault planned after it never fires
+                and is refused.
+
         Raises:
-            ValueError: naming the bad part and the known faults.
+            ValueError: naming the bad part (and the known faults, or the steps it may take).
         """
         name, at, step = text.partition("@")
         if name not in FAULTS:
             raise ValueError(f"unknown fault {name!r} in {text!r}; known: {', '.join(FAULTS)}")
-        if not at or not step.isdigit():
+        if not at or not step:
             raise ValueError(f"fault {text!r} needs a step: {name}@STEP, e.g. {name}@3")
+        last = f" to {steps}" if steps is not None else " or more"
+        if not step.isdigit() or int(step) < 1 or (steps is not None and int(step) > steps):
+            raise ValueError(
+                f"fault {text!r}: STEP must be a training step, 1{last}"
+                + (" (the run's last step), or it never fires" if steps is not None else "")
+            )
         return cls(name, int(step))
 
 
@@ -164,9 +168,12 @@ class FaultInjector:
             logger.error("cannot write %s (%s): a resumed run may fire %s again", path, exc, fired)
 
     @classmethod
-    def parse(cls, specs: Iterable[str], *, bus: EventBus | None = None) -> FaultInjector:
-        """Build from ``FAULT@STEP`` strings."""
-        return cls([Fault.parse(s) for s in specs], bus=bus)
+    def parse(
+        cls, specs: Iterable[str], *, bus: EventBus | None = None, steps: int | None = None
+    ) -> FaultInjector:
+        """Build from ``FAULT@STEP`` strings (``steps``: the run's last step, see
+        :meth:`Fault.parse`)."""
+        return cls([Fault.parse(s, steps=steps) for s in specs], bus=bus)
 
     def __bool__(self) -> bool:
         return bool(self.faults)

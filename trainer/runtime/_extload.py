@@ -57,6 +57,15 @@ def load_extension(spec: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ExtensionError(f"extension {spec!r}: cannot import {module_name!r}: {exc}") from None
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else module_name
+        raise ExtensionError(
+            f"extension {spec!r}: {where}: {type(exc).__name__}: {exc.msg}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001  (its module raised on import: name it, one line)
+        raise ExtensionError(
+            f"extension {spec!r}: importing {module_name!r} raised {_one_line(exc)}"
+        ) from None
     try:
         target = getattr(module, attr)
     except AttributeError:
@@ -69,3 +78,13 @@ def load_extension(spec: str) -> object:
         except Exception as exc:  # noqa: BLE001  (reported as an ExtensionError naming it)
             raise ExtensionError(f"extension {spec!r}: building it failed: {exc}") from None
     return target
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line, with where in the user's code it was raised."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}{': ' + message if message else ''}{where}"

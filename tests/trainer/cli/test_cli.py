@@ -93,6 +93,8 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         (["train", "--bogus"], "unrecognized arguments: --bogus"),
         (["train", "--inject", "explode@2"], "unknown fault 'explode'"),
         (["train", "--inject", "hang"], "fault 'hang' needs a step"),
+        (["train", "--inject", "hang@-1"], "fault 'hang@-1': STEP must be a training step, 1 to"),
+        (["train", "--steps", "3", "--inject", "hang@999"], "1 to 3 (the run's last step)"),
         (["train", "--extension", "nosuchmodule:X"], "cannot import 'nosuchmodule'"),
         (["train", "--extension", "json:NoSuchThing"], "module 'json' has no 'NoSuchThing'"),
         (["train", "--extension", "json"], "'json' is not of the form MODULE:ATTR"),
@@ -112,6 +114,70 @@ def test_bad_input_is_one_line_and_status_2_and_writes_nothing(
     assert len(lines) == 1, done.stderr
     assert message in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            "def broken(:\n",
+            "extension 'user_ext:X': {dir}/user_ext.py:1: SyntaxError: invalid syntax",
+        ),
+        (
+            "import json\nraise RuntimeError('no licence\\nfound')\n",
+            "extension 'user_ext:X': importing 'user_ext' raised RuntimeError: no licence found"
+            " ({dir}/user_ext.py:2)",
+        ),
+    ],
+)
+def test_an_extension_module_that_cannot_be_imported_is_one_line(
+    tmp_path: Path, source: str, message: str
+) -> None:
+    (tmp_path / "user_ext.py").write_text(source)
+    done = trainbus("train", "--extension", "user_ext:X", "--out", "run", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: {message.format(dir=tmp_path)}"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("out", ["taken", "taken/run"])
+def test_out_naming_a_file_is_refused_before_anything_runs(tmp_path: Path, out: str) -> None:
+    (tmp_path / "taken").write_text("a file the user keeps")
+    done = trainbus("train", "--out", out, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: --out {out}: "
+        + ("that is a file" if out == "taken" else "taken is a file")
+        + ", not a folder; choose another --out"
+    ]
+    assert (tmp_path / "taken").read_text() == "a file the user keeps"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_inject_help_and_help_name_every_fault(tmp_path: Path) -> None:
+    from trainer import FAULTS
+
+    listed = trainbus("train", "--inject", "help", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == list(FAULTS)
+    usage = re.sub(r"-\s+", "-", " ".join(trainbus("train", "--help", cwd=tmp_path).stdout.split()))
+    assert f"FAULT is one of {', '.join(FAULTS)}" in usage
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
+    """``trainbus ... | head``: the reader leaves first; no BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "config", "example"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the child has written anything: its first write fails
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 0, stderr
+    assert stderr == ""
 
 
 def test_bad_config_keys_and_values_are_named(tmp_path: Path) -> None:

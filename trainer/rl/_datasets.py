@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import msgspec
 
 from ._hf import datasets
 from ._hparams import WorkloadError
-from ._tasks import Prompt, PromptStream, Task
+from ._tasks import IndexedPromptStream, Prompt, PromptStream, Task
 from ._text_tasks import task_text
 
 __all__ = [
@@ -173,7 +173,7 @@ def load_prompt_table(path: str | Path, prompt_column: str = "prompt") -> Prompt
     return PromptTable(str(source), prompt_column, rows)
 
 
-class TextPromptStream:
+class TextPromptStream(IndexedPromptStream[TextPrompt]):
     """A deterministic, resumable stream of :class:`TextPrompt` (see the module docstring).
 
     Args:
@@ -196,13 +196,9 @@ class TextPromptStream:
         *,
         shuffle: bool = True,
     ) -> None:
-        if position < 0:
-            raise ValueError(f"position must be >= 0, got {position}")
+        super().__init__(seed, position, prefix)
         self.source = source
         self.encode = encode
-        self.seed = seed
-        self.position = position
-        self.prefix = prefix
         self.shuffle = shuffle
         self._order: tuple[int, list[int]] = (-1, [])
         self._tokens: dict[int, tuple[int, ...]] = {}  # a table row's tokens, encoded once
@@ -239,9 +235,3 @@ class TextPromptStream:
         if tokens is None:
             tokens = self._tokens[row] = self.encode(content)
         return TextPrompt(prompt_id, tokens, content=content, columns=columns)
-
-    def next_prompts(self, n: int) -> Sequence[TextPrompt]:
-        """The next ``n`` prompts; advances ``position`` by ``n``."""
-        start = self.position
-        self.position += n
-        return [self.prompt_at(i) for i in range(start, start + n)]

@@ -11,9 +11,10 @@ workers, checkpoints) and encode with ``msgspec.msgpack`` or pickle.
 
 from __future__ import annotations
 
+import abc
 import random
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -31,6 +32,9 @@ class Prompt(msgspec.Struct, frozen=True):
 
     prompt_id: str
     tokens: tuple[int, ...]
+
+
+P = TypeVar("P", bound=Prompt)
 
 
 def render(tokens: Sequence[int]) -> str:
@@ -221,27 +225,52 @@ class PromptSource(Protocol):
         ...
 
 
-class PromptStream:
-    """A deterministic, resumable stream of prompts for one task.
+class IndexedPromptStream(abc.ABC, Generic[P]):
+    """A deterministic, resumable stream in which prompt ``i`` depends only on ``(seed, i)``.
 
-    Prompt ``i`` depends only on ``(seed, i)``, never on how the stream was batched, so a run
-    resumed from a saved ``position`` sees exactly the prompts the original run would have.
+    It never depends on how the stream was batched, so a run resumed from a saved
+    ``position`` sees exactly the prompts the original run would have. Subclasses say what
+    prompt ``i`` is (:meth:`prompt_at`).
 
     Args:
-        task: the task that generates the prompts.
         seed: the stream seed (use different seeds for train and validation streams).
         position: index of the next prompt; save it and pass it back to resume.
         prefix: prompt ids are ``f"{prefix}{index}"``; distinct prefixes keep the ids of
             different streams (e.g. ``"val"``) apart.
     """
 
-    def __init__(self, task: Task, seed: int, position: int = 0, prefix: str = "p") -> None:
+    def __init__(self, seed: int, position: int = 0, prefix: str = "p") -> None:
         if position < 0:
             raise ValueError(f"position must be >= 0, got {position}")
-        self.task = task
         self.seed = seed
         self.position = position
         self.prefix = prefix
+
+    @abc.abstractmethod
+    def prompt_at(self, index: int) -> P:
+        """The prompt at ``index``, without moving the stream."""
+
+    def next_prompts(self, n: int) -> list[P]:
+        """The next ``n`` prompts; advances ``position`` by ``n``."""
+        start = self.position
+        self.position += n
+        return [self.prompt_at(i) for i in range(start, start + n)]
+
+
+class PromptStream(IndexedPromptStream[Prompt]):
+    """A deterministic, resumable stream of prompts for one task (see
+    :class:`IndexedPromptStream`).
+
+    Args:
+        task: the task that generates the prompts.
+        seed: the stream seed (use different seeds for train and validation streams).
+        position: index of the next prompt; save it and pass it back to resume.
+        prefix: prompt ids are ``f"{prefix}{index}"``.
+    """
+
+    def __init__(self, task: Task, seed: int, position: int = 0, prefix: str = "p") -> None:
+        super().__init__(seed, position, prefix)
+        self.task = task
 
     def prompt_at(self, index: int) -> Prompt:
         """The prompt at ``index``, without moving the stream."""
@@ -249,9 +278,3 @@ class PromptStream:
         # and Python runs (unlike hash()), and distinct (seed, index) pairs never collide.
         rng = random.Random(f"{self.seed}/{index}")
         return self.task.sample_prompt(rng, f"{self.prefix}{index}")
-
-    def next_prompts(self, n: int) -> list[Prompt]:
-        """The next ``n`` prompts; advances ``position`` by ``n``."""
-        start = self.position
-        self.position += n
-        return [self.prompt_at(i) for i in range(start, start + n)]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import msgspec
 import torch
 
-from replay import PromptGroup, RolloutResult, RolloutStatus
+from replay import PromptGroup, RolloutResult
 
 from ..rl._datasets import decode_prompt
 from ..rl._policy import load_weights
@@ -96,25 +96,14 @@ class RolloutWorker:
             ):
                 if isinstance(reward, RewardFailure):
                     # Nothing retries a reward call or shortens a prompt: settle at once.
-                    failure = group.failure(
-                        index, reward.message, kind=reward.kind, retryable=False
-                    )
-                    results.append(
-                        msgspec.structs.replace(failure, worker_id=self.worker_id, node=self.node)
-                    )
-                    continue
+                    result = group.failure(index, reward.message, kind=reward.kind, retryable=False)
+                    version = result.policy_version
+                else:
+                    result = group.result(index, reward=reward, payload=completion)
+                    version = self.version  # the version that sampled it
                 results.append(
-                    RolloutResult(
-                        rollout_id=group.rollout_ids[index],
-                        group_id=group.group_id,
-                        step=group.step,
-                        attempt=group.attempt,
-                        policy_version=self.version,
-                        status=RolloutStatus.SUCCEEDED,
-                        reward=reward,
-                        payload=completion,
-                        worker_id=self.worker_id,
-                        node=self.node,
+                    msgspec.structs.replace(
+                        result, policy_version=version, worker_id=self.worker_id, node=self.node
                     )
                 )
         return results

@@ -32,7 +32,7 @@ from ._reasons import EvictionReason, StalenessStrategy
 from ._records import Group
 from ._tracker import RolloutTracker
 from ._validate import check_count
-from ._waiting import Poll, PollTimeout, WaitInterrupts
+from ._waiting import Poll, WaitInterrupts
 
 __all__ = ["AsyncReplayBuffer", "RefillCallback"]
 
@@ -177,21 +177,21 @@ class AsyncReplayBuffer(BufferBase):
         first = check()
         if first.value is not None:
             return first.value
-        self._waits += 1
-        outcome = await registry.wait(
-            check,
-            deadline_at=self._tracker.clock() + self.wait_timeout_s,
-            on_poll=self._reporter.on_poll(step, part, target),
+        why = ""
+        if self.strategy is StalenessStrategy.WAIT:
+            why = (
+                f"strategy 'wait' holds sampling while a group in flight is "
+                f"{self.max_off_policy} or more versions behind policy version {current}"
+            )
+        return await self._wait_to_deadline(
+            lambda deadline_at, on_poll: registry.wait(
+                check, deadline_at=deadline_at, on_poll=on_poll
+            ),
+            step=step,
+            partition=part,
+            required=target,
+            why=why,
         )
-        if isinstance(outcome, PollTimeout):
-            why = ""
-            if self.strategy is StalenessStrategy.WAIT:
-                why = (
-                    f"strategy 'wait' holds sampling while a group in flight is "
-                    f"{self.max_off_policy} or more versions behind policy version {current}"
-                )
-            raise self._deadline_error(outcome, step=step, partition=part, required=target, why=why)
-        return outcome
 
     def _handle_evictions(self, evicted: list[tuple[PromptGroup, EvictionReason]]) -> None:
         for reason in (EvictionReason.FAILED, EvictionReason.STALE):

@@ -9,8 +9,8 @@ reporting and deadlines.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import ClassVar, Literal
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, ClassVar, Literal, TypeVar
 
 from eventbus import EventBus
 
@@ -23,6 +23,9 @@ from ._validate import check_seconds
 from ._waiting import PollTimeout, WaitInterrupts, WaitReporter
 
 __all__ = ["BufferBase"]
+
+T = TypeVar("T")
+OnPoll = Callable[[Any, int, float], Awaitable[None]]
 
 
 class BufferBase:
@@ -124,6 +127,32 @@ class BufferBase:
     def _evicted(self, reason: EvictionReason, n: int) -> None:
         if n:
             self._evictions[reason.value] = self._evictions.get(reason.value, 0) + n
+
+    async def _wait_to_deadline(
+        self,
+        wait: Callable[[float, OnPoll], Awaitable[T | PollTimeout[T]]],
+        *,
+        step: int,
+        partition: Partition,
+        required: int,
+        why: str = "",
+    ) -> T:
+        """Count a wait and run ``wait(deadline_at, on_poll)`` to this buffer's deadline,
+        reporting its unsuccessful polls as ``SampleWait``.
+
+        Raises:
+            SampleDeadlineExceeded: The deadline passed first (``why`` says what held it).
+        """
+        self._waits += 1
+        outcome = await wait(
+            self._tracker.clock() + self.wait_timeout_s,
+            self._reporter.on_poll(step, partition, required),
+        )
+        if isinstance(outcome, PollTimeout):
+            raise self._deadline_error(
+                outcome, step=step, partition=partition, required=required, why=why
+            )
+        return outcome
 
     def _deadline_error(
         self,

@@ -32,7 +32,7 @@ from ._model import (
 from ._reasons import EvictionReason
 from ._stats import PartitionCounts
 from ._tracker import RolloutTracker
-from ._waiting import PollTimeout, WaitInterrupts
+from ._waiting import WaitInterrupts
 
 __all__ = ["ReplayBuffer"]
 
@@ -192,16 +192,14 @@ class ReplayBuffer(BufferBase):
                 f"for step {step} ({partition})"
             )
         if batches.check(batch).value is None:
-            self._waits += 1
-            outcome = await batches.wait(
-                batch,
-                deadline_at=self._tracker.clock() + self.wait_timeout_s,
-                on_poll=self._reporter.on_poll(step, partition, batch_size),
+            await self._wait_to_deadline(
+                lambda deadline_at, on_poll: batches.wait(
+                    batch, deadline_at=deadline_at, on_poll=on_poll
+                ),
+                step=step,
+                partition=partition,
+                required=batch_size,
             )
-            if isinstance(outcome, PollTimeout):
-                raise self._deadline_error(
-                    outcome, step=step, partition=partition, required=batch_size
-                )
         reconciled = batches.finalize(partition)
         ready = self._ready.get(partition)
         if ready is None or ready.step != step:  # a concurrent sample may have been first

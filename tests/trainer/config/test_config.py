@@ -53,7 +53,17 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
     ("overrides", "message"),
     [
         ({"run.steps": 0}, "run.steps: expected `int` >= 1"),
-        ({"run.mode": "turbo"}, "run.mode: invalid enum value 'turbo'"),
+        ({"run.mode": "turbo"}, "run.mode: 'turbo' is not one of 'async', 'sync'"),
+        (
+            {"run.mode": "asnyc"},
+            "run.mode: 'asnyc' is not one of 'async', 'sync'; did you mean 'async'?",
+        ),
+        (
+            {"rollout.failure_policy": "drop"},
+            "rollout.failure_policy: 'drop' is not one of 'drop_group', 'drop_rollout', 'fill',",
+        ),
+        ({"rollout.workerz": 2}, "rollout.workerz: unknown key; did you mean 'workers'?"),
+        ({"runs.steps": 2}, "runs: unknown key; did you mean 'run'?"),
         ({"rollout.group_size": 1}, "rollout.group_size: expected `int` >= 2"),
         (
             {"rollout.max_failed_fraction": 1.5},

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,28 +31,37 @@ def tiny_toml(folder: Path, extra: str = "") -> Path:
     return path
 
 
-def trainbus(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m trainer ARGS`` to its end."""
+def trainbus(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m trainer ARGS`` to its end (``env``: variables added to :data:`ENV`)."""
     return subprocess.run(
         [sys.executable, "-m", "trainer", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=ENV,
+        env={**ENV, **(env or {})},
         timeout=300,
     )
 
 
-def kill_at(pattern: str, *args: str | Path, cwd: Path | None = None) -> str:
+def kill_at(
+    pattern: str,
+    *args: str | Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    before_kill: Callable[[int], None] = lambda pid: None,
+) -> str:
     """Run ``python -m trainer ARGS`` and SIGKILL it as soon as it prints a line that
-    starts with the regular expression ``pattern``; returns what it printed up to there."""
+    starts with the regular expression ``pattern`` (``before_kill(pid)`` is called just
+    before); returns what it printed up to there."""
     process = subprocess.Popen(
         [sys.executable, "-m", "trainer", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         cwd=cwd,
-        env=ENV,
+        env={**ENV, **(env or {})},
     )
     assert process.stdout is not None
     printed = []
@@ -59,6 +69,7 @@ def kill_at(pattern: str, *args: str | Path, cwd: Path | None = None) -> str:
         for line in process.stdout:
             printed.append(line)
             if re.match(pattern, line):
+                before_kill(process.pid)
                 process.send_signal(signal.SIGKILL)
                 break
         else:

@@ -59,7 +59,7 @@ from ._backend import BackendBase, Leave, ResultSink
 from ._faults import FaultInjector
 from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import ActorView, first_line, remote_actor_class
-from ._ray_session import init_ray
+from ._ray_session import init_ray, note_local_processes, shutdown_ray
 from ._ray_stacks import read_actor_stacks
 from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
@@ -157,6 +157,7 @@ class RayBackend(BackendBase):
         except BaseException:
             await self.close()
             raise
+        note_local_processes()  # the agents and actors are up by now
 
     def submit(self, work: RolloutWork) -> None:
         """Queue ``work`` for the current actors (thread-safe, never blocks)."""
@@ -240,7 +241,7 @@ class RayBackend(BackendBase):
         if self._owns_ray:
             self._owns_ray = False
             # Blocks for about a second and a half; nothing else runs on this loop by now.
-            ray.shutdown()
+            shutdown_ray()
 
     def _current_workers(self) -> list[tuple[str, bool]]:
         generation = self._generation

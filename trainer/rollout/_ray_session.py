@@ -2,7 +2,10 @@
 
 :func:`init_ray` joins ``address`` (or ``RAY_ADDRESS``) when one is given, leaves a Ray that
 is already initialised (a test fixture, a user's script) as it is, and otherwise starts a
-small local instance confined to loopback. Whoever it returns True to shuts Ray down again.
+small local instance confined to loopback: a new one always, never another run's or user's
+that happens to run on this machine. Before it does, it stops what a killed trainbus run's
+local instance left behind (:mod:`._ray_leftovers`). Whoever it returns True to shuts Ray down
+again with :func:`shutdown_ray`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import threading
 
 import ray
 
-__all__ = ["init_ray"]
+from ._ray_leftovers import clean_leftovers, forget_local_instance, record_local_instance
+
+__all__ = ["init_ray", "note_local_processes", "shutdown_ray"]
 
 logger = logging.getLogger("trainbus.ray")
 
@@ -63,8 +68,13 @@ def _start(address: str | None, cpus_needed: float) -> None:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         return
     cpus = max(_LOCAL_MIN_CPUS, math.ceil(cpus_needed))
+    clean_leftovers()
     logger.info("starting a local Ray instance (%d CPUs)", cpus)
+    global _local_instance
     ray.init(
+        # "local": a new instance, even when a `ray start` cluster runs on this machine
+        # (without it Ray would join that one, and refuse num_cpus).
+        address="local",
         num_cpus=cpus,
         include_dashboard=False,
         object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
@@ -73,3 +83,24 @@ def _start(address: str | None, cpus_needed: float) -> None:
         # A local instance serves this process only: keep it off the network.
         _node_ip_address="127.0.0.1",
     )
+    _local_instance = True
+    record_local_instance()
+
+
+_local_instance = False  # this process started a local Ray instance (and records it)
+
+
+def note_local_processes() -> None:
+    """Record the processes the local instance has started since (its agents, the actors),
+    so a killed run leaves nothing the next start does not stop."""
+    if _local_instance:
+        record_local_instance()
+
+
+def shutdown_ray() -> None:
+    """Disconnect from Ray (and stop the local instance this process started)."""
+    global _local_instance
+    ray.shutdown()
+    if _local_instance:
+        _local_instance = False
+        forget_local_instance()

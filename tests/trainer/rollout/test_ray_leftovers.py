@@ -1,0 +1,98 @@
+"""What a killed run leaves of its local Ray instance is stopped at the next start: the
+record-and-clean logic on plain processes (fast), and a SIGKILLed ``--backend ray`` run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trainer.rollout import _ray_leftovers
+from trainer.rollout._ray_leftovers import clean_leftovers
+
+from ..runfolder import kill_at, tiny_toml, trainbus
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+
+
+def started(pid: int) -> int | None:
+    return _ray_leftovers._started(pid)
+
+
+def alive(pid: int, start: int | None) -> bool:
+    return start is not None and started(pid) == start
+
+
+def record(folder: Path, driver: tuple[int, int | None], processes: list[int]) -> Path:
+    path = folder / "trainbus-ray" / f"{driver[0]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    listed = [[pid, started(pid)] for pid in processes]
+    path.write_text(json.dumps({"driver": list(driver), "processes": listed}))
+    return path
+
+
+def test_what_a_dead_driver_left_is_stopped_and_a_live_drivers_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
+    dead_driver = subprocess.Popen(["true"])
+    dead_driver.wait()
+    orphan = subprocess.Popen(["sleep", "60"])
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        # A driver that is gone (its pid, with a start time no live process has).
+        gone = record(tmp_path, (dead_driver.pid, 1), [orphan.pid])
+        # A driver that still runs: this process.
+        mine = record(tmp_path, (os.getpid(), started(os.getpid())), [bystander.pid])
+        assert clean_leftovers() == 1
+        assert orphan.wait(timeout=10) == -signal.SIGTERM
+        assert bystander.poll() is None
+        assert not gone.exists() and mine.exists()
+    finally:
+        orphan.kill()
+        bystander.kill()
+
+
+def test_a_reused_pid_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        path = record(tmp_path, (999_999_999, 1), [])
+        data = json.loads(path.read_text())
+        data["processes"] = [[other.pid, 1]]  # the same pid, started at another time
+        path.write_text(json.dumps(data))
+        assert clean_leftovers() == 0
+        assert other.poll() is None
+    finally:
+        other.kill()
+
+
+def descendants(pid: int) -> dict[int, int | None]:
+    return {p: started(p) for p in _ray_leftovers._descendants(pid)}
+
+
+@pytest.mark.ray
+def test_a_sigkilled_ray_run_leaves_nothing_once_the_next_one_starts(tmp_path: Path) -> None:
+    env = {"TRAINBUS_RAY_RECORDS": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0"}
+    config = tiny_toml(tmp_path)
+    tree: dict[int, int | None] = {}  # its local Ray instance: GCS, raylet, agents, actors
+    kill_at(
+        "step 2/",
+        *("train", "--backend", "ray", "--config", config, "--steps", "50"),
+        *("--out", tmp_path / "a"),
+        env=env,
+        before_kill=lambda pid: tree.update(descendants(pid)),
+    )
+    assert tree  # the instance was there to be left behind
+    second = trainbus(
+        *("train", "--backend", "ray", "--config", config, "--steps", "1"),
+        *("--out", tmp_path / "b"),
+        env=env,
+    )
+    assert second.returncode == 0, second.stderr
+    assert [pid for pid, start in tree.items() if alive(pid, start)] == []
+    assert list((tmp_path / "trainbus-ray").glob("*.json")) == []  # both records are gone

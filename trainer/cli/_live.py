@@ -104,6 +104,7 @@ class LiveProgress:
         self._live: Live | None = None
         self._progress_fold = WaitProgress()
         self._clock: Callable[[], float] = time.monotonic
+        self.failure_shown = False  # a FitFailed line printed: the CLI need not repeat it
 
     def start(self, status: str = "starting") -> None:
         """Draw the first frame now, with ``status`` under the bar. Idempotent."""
@@ -129,6 +130,7 @@ class LiveProgress:
         elif is_notice(event):
             if isinstance(event, FitFinished | FitFailed):
                 self.close()  # the last frame first, then the closing line below it
+                self.failure_shown = isinstance(event, FitFailed)
             self.console.print(describe(event, self._context), highlight=False, markup=False)
         self._refresh()
 

@@ -369,7 +369,9 @@ def _train(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)  # small models next to a busy event loop (see DEVELOPERS.md)
 
+    from ..rollout._logs import also_an_event
     from ..runtime._trainer import PPOTrainer
+    from ._live import LiveProgress
     from ._progress import PlainProgress
 
     try:
@@ -390,18 +392,22 @@ def _train(args: argparse.Namespace) -> int:
     # The progress view reports restarts, faults and drops as events; logs add only errors
     # (and everything with --verbose).
     level = logging.INFO if args.verbose else logging.ERROR
+    handler: logging.Handler
     if args.no_progress or not sys.stdout.isatty():
-        view: object = PlainProgress()
-        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        view: PlainProgress | LiveProgress = PlainProgress()
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
         from rich.logging import RichHandler
-
-        from ._live import LiveProgress
 
         view = LiveProgress()
         # Log records go through the live view's console, above the bar, not through it.
         handler = RichHandler(console=view.console, show_path=False, markup=False)
-        logging.basicConfig(level=level, format="%(name)s: %(message)s", handlers=[handler])
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    if not args.verbose:
+        # The view prints the events; a record that repeats one would print it twice.
+        handler.addFilter(lambda record: not also_an_event(record))
+    logging.basicConfig(level=level, handlers=[handler])
     registration = trainer.register_runtime_extension(view)
     previous = _stop_on_signals(trainer)
     try:
@@ -410,8 +416,9 @@ def _train(args: argparse.Namespace) -> int:
         print(f"interrupted; run folder {out} (the same --out resumes)", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)
-        print(f"trainbus train: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(f"run folder: {out}", file=sys.stderr)
+        if not view.failure_shown:  # failed before the view could say so
+            print(f"trainbus train: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"run folder: {out} (the same --out resumes)", file=sys.stderr)
         return 1
     finally:
         for signum, handler_before in previous.items():

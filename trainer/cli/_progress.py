@@ -79,6 +79,7 @@ class PlainProgress:
         self.wait_every_s = wait_every_s
         self.context = Context()
         self._last_wait_print = -1.0
+        self.failure_shown = False  # a FitFailed line printed: the CLI need not repeat it
 
     def on_event(self, context: ExtensionContext, event: Event) -> None:
         """Print what a user should see of ``event``."""
@@ -102,6 +103,8 @@ class PlainProgress:
             return f"  {describe(event, self.context)}"
         if not is_notice(event):
             return None
+        if isinstance(event, FitFailed):
+            self.failure_shown = True
         # A batch's account is about the step above it: indented, like the waits.
         indent = "  " if isinstance(event, BatchReconciled) else ""
         return indent + describe(event, self.context)

@@ -174,11 +174,11 @@ class RolloutDriver(ABC):
             )
 
     def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
-        """A worker took another's place: report it."""
+        """A worker took another's place: report it. The restart's ``reason`` is reported
+        once, by the restart's own event (``RolloutRestarted``, ``CheckpointRestored``), not
+        nested into each of its workers' lines."""
         if self.bus.wants(WorkerRestarted):
-            self.bus.publish(
-                WorkerRestarted(worker_id=new_id, reason=f"replaces {old_id}: {reason}")
-            )
+            self.bus.publish(WorkerRestarted(worker_id=new_id, reason=f"replaces {old_id}"))
 
     def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
         """A worker added at a step boundary is ready: report it."""

@@ -27,6 +27,7 @@ from eventbus import ThreadStack
 
 from ._backend import BackendBase, Leave, ResultSink
 from ._faults import FaultInjector, WorkerCrashed
+from ._logs import ALSO_AN_EVENT
 from ._stacks import StackReader
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
@@ -212,7 +213,9 @@ class LocalBackend(BackendBase):
                 self._counts.workers_lost += 1
                 if worker_id in generation.members:
                     generation.members.remove(worker_id)
-            logger.error("rollout worker thread %s died", worker_id, exc_info=exc)
+            logger.error(
+                "rollout worker thread %s died", worker_id, exc_info=exc, extra=ALSO_AN_EVENT
+            )
             sink = self._sink
             if sink is not None:
                 in_flight = sum(len(h.work.groups) for h in held)
@@ -272,7 +275,7 @@ class LocalBackend(BackendBase):
                 self._holdings.release(worker_id)
                 with self._lock:
                     self._counts.workers_lost += 1
-                logger.error("rollout worker %s crashed: %s", worker_id, exc)
+                logger.error("rollout worker %s crashed: %s", worker_id, exc, extra=ALSO_AN_EVENT)
                 sink.worker_lost(worker_id, str(exc), len(work.groups), worker.node)
                 return
             except Exception as exc:

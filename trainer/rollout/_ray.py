@@ -57,6 +57,7 @@ from replay import RolloutResult
 
 from ._backend import BackendBase, Leave, ResultSink
 from ._faults import FaultInjector
+from ._logs import ALSO_AN_EVENT
 from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import ActorView, first_line, remote_actor_class
 from ._ray_session import init_ray, note_local_processes, shutdown_ray
@@ -424,7 +425,9 @@ class RayBackend(BackendBase):
                 actor.alive = False
                 self._counts.workers_lost += 1
                 reason = f"{type(exc).__name__}: {first_line(exc)}"
-                logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)
+                logger.error(
+                    "ray rollout actor %s died: %s", actor.worker_id, reason, extra=ALSO_AN_EVENT
+                )
                 sink.worker_lost(actor.worker_id, reason, len(work.groups), actor.node)
                 return
             except Exception as exc:

@@ -172,7 +172,8 @@ def _checkpoint_restored(e: CheckpointRestored, context: Context) -> str:
     if e.reason == "resume":
         return f"resumed from the checkpoint of step {e.step} ({Path(e.path).name})"
     failed = f"step {e.failed_step} failed" if e.failed_step is not None else "a step failed"
-    error = f" ({e.error})" if e.error else ""
+    # A recovering vote usually names the error itself: say it once.
+    error = f" ({e.error})" if e.error and e.error not in e.reason else ""
     why = f": {e.reason}" if e.reason else ""
     return f"{failed}{error}; restored the checkpoint of step {e.step}{why}"
 

@@ -66,9 +66,8 @@ class Recovery:
         in_flight = state.apply(checkpoint, resuming=False)
         driver.reset()
         with state.stages.stage("restart", learner.step):
-            workers = await self.backend.restart(
-                f"restoring checkpoint of step {stored.step}: {reason}"
-            )
+            # The why is CheckpointRestored's (announced below), not repeated here.
+            workers = await self.backend.restart(f"restoring the checkpoint of step {stored.step}")
         driver.resubmit(in_flight, learner.step + 1, learner.policy_version)
         await self.backend.update_weights(learner.weights(), learner.policy_version)
         logger.warning(

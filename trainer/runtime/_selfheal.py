@@ -153,7 +153,7 @@ class SelfHealingExtension:
         if isinstance(event, SampleWait):
             self._observe(event.state)
         elif isinstance(event, WorkerLost):
-            self._stall = f"worker {event.worker_id} lost ({event.reason})"
+            self._stall = f"worker {event.worker_id} lost: {event.reason}"
         elif isinstance(event, StallDiagnosed) and event.stage == "rollouts":
             self._diagnosis = event
 
@@ -216,8 +216,8 @@ class SelfHealingExtension:
         self.history.append({"kind": "recovery", "step": safe_point.step, "reason": error})
         return (
             Decision.RESTART_REQUIRED,
-            f"recovering from {error} (restart {self.restarts_used} of {self.max_restarts}, "
-            f"after {delay:.1f} s backoff)",
+            f"recovering from {error}; restart {self.restarts_used} of {self.max_restarts}, "
+            f"after {delay:.1f} s backoff",
         )
 
     # --- state ----------------------------------------------------------------------------

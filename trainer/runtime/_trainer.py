@@ -51,6 +51,7 @@ from ..rollout._backend import RolloutBackend
 from ..rollout._driver import make_driver
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
+from ..rollout._logs import ALSO_AN_EVENT
 from ._checkpoint import CheckpointStore
 from ._decisions import Action, RunAborted, StopRequested, action_for, interrupts_sample_wait
 from ._diagnosis import StallDiagnoser, start_stall_diagnosis, stop_stall_diagnosis
@@ -514,7 +515,11 @@ class PPOTrainer:
 
         Never raises: a failure here must not replace ``error``.
         """
-        logger.error("step %d failed: %s: %s", self.step + 1, type(error).__name__, error)
+        logger.error(
+            "step %d failed: %s: %s",
+            *(self.step + 1, type(error).__name__, error),
+            extra=ALSO_AN_EVENT,  # FitFailed, or the recovery's events
+        )
         try:
             outcome = await self._safe_point(
                 SafePoint.TERMINAL_FAILURE,

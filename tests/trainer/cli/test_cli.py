@@ -180,6 +180,42 @@ def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
     assert stderr == ""
 
 
+def test_a_failure_is_printed_once(tmp_path: Path) -> None:
+    done = trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "3", "--no-progress"),
+        *("--inject", "step-error@2", "--out", "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    assert (done.stdout + done.stderr).count("injected step-error at step 2") == 1, done
+    assert "failed at step 2: InjectedFault: injected step-error at step 2" in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "run folder: run (the same --out resumes)"
+
+
+def _nesting(line: str) -> int:
+    depth = deepest = 0
+    for char in line:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_recovery_lines_say_each_reason_once_without_nesting(tmp_path: Path) -> None:
+    done = trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "4", "--no-progress"),
+        *("--self-heal", "--stall-timeout", "2", "--out", "run"),
+        *("--inject", "step-error@2", "--inject", "crash@3"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = (done.stdout + done.stderr).splitlines()
+    assert [line for line in lines if _nesting(line) > 1] == []
+    assert sum("injected step-error at step 2" in line for line in lines) == 1, lines
+    restarted = [line for line in lines if " restarted: " in line and line.startswith("worker")]
+    assert len(restarted) == 4
+    assert all(re.fullmatch(r"worker \S+ restarted: replaces \S+", line) for line in restarted)
+
+
 def test_bad_config_keys_and_values_are_named(tmp_path: Path) -> None:
     cases = {
         "[rollout]\nworkerz = 2\n": "rollout.workerz: unknown key",

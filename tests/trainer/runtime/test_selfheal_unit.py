@@ -82,7 +82,7 @@ async def test_a_lost_worker_votes_restart_at_the_next_boundary(
     healer.on_event(CONTEXT, WorkerLost(worker_id="w1", reason="actor died"))
     decision, reason = await healer.on_safe_point(CONTEXT, at(SafePoint.STEP_BOUNDARY))
     assert decision is Decision.RESTART_REQUIRED
-    assert reason == "worker w1 lost (actor died)"
+    assert reason == "worker w1 lost: actor died"
 
 
 async def test_stall_restarts_per_step_are_bounded() -> None:
@@ -107,7 +107,7 @@ async def test_terminal_failures_are_recovered_within_the_budget(
         Decision.RESTART_REQUIRED,
         Decision.CONTINUE,
     ]
-    assert "recovering from OSError: disk (restart 2 of 2" in second[1]
+    assert "recovering from OSError: disk; restart 2 of 2" in second[1]
     assert third[1].startswith("restart budget exhausted (2 of 2 used)")
 
 
@@ -121,7 +121,7 @@ async def test_recoveries_back_off_doubling_up_to_the_longest_wait() -> None:
     failure = at(SafePoint.TERMINAL_FAILURE, error_type="OSError", message="disk")
     reasons = [(await healer.on_safe_point(CONTEXT, failure))[1] for _ in range(5)]
     assert slept == [0.5, 1.0, 2.0, 3.0, 3.0]
-    assert reasons[2].endswith("after 2.0 s backoff)")
+    assert reasons[2].endswith("after 2.0 s backoff")
 
 
 def test_the_backoff_formula_is_bounded_for_any_recovery_count() -> None:

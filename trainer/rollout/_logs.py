@@ -1,0 +1,21 @@
+"""Marking a log record that repeats an event the bus publishes.
+
+The trainer logs every error it handles (a log is what a Python user without a view sees),
+and also publishes most of them as events. The command line's views print the events, so its
+log handler leaves out the records marked here unless ``--verbose`` asks for everything:
+a failure is printed once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["ALSO_AN_EVENT", "also_an_event"]
+
+ALSO_AN_EVENT: dict[str, object] = {"trainbus_also_an_event": True}
+"""``extra=`` of a log call whose record repeats a published event."""
+
+
+def also_an_event(record: logging.LogRecord) -> bool:
+    """Whether ``record`` was logged with ``extra=ALSO_AN_EVENT``."""
+    return bool(getattr(record, "trainbus_also_an_event", False))

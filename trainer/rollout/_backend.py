@@ -240,6 +240,20 @@ class BackendBase:
         """Each worker of the current generation, and whether it is alive (none: stopped)."""
         raise NotImplementedError
 
+    def _report_died(self, worker_id: str, what: str, error: BaseException, node: str = "") -> None:
+        """``worker_id``'s serving loop (``what``: its thread, its slot task) died of
+        ``error`` (the caller logged it): count the worker lost, and report it to the sink
+        with the work it held (``WorkerLost``; self-healing restarts). Without this the loop
+        would end without a word and its work would be lost."""
+        held = self._holdings.snapshot((worker_id,))
+        self._holdings.release(worker_id)
+        with self._lock:
+            self._counts.workers_lost += 1
+        if self._sink is not None:
+            in_flight = sum(len(h.work.groups) for h in held)
+            reason = f"{what} died: {type(error).__name__}: {error}"
+            self._sink.worker_lost(worker_id, reason, in_flight, node)
+
     def _report_replaced(self, old: Iterable[str], new: Iterable[str], reason: str) -> None:
         """Tell the sink which new worker took which old one's place. The two may differ
         in number (workers still leaving after a resize): the surplus has no pair."""

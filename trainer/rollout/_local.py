@@ -207,19 +207,13 @@ class LocalBackend(BackendBase):
         try:
             self._serve(generation, worker_id, joining)
         except BaseException as exc:
-            held = self._holdings.snapshot((worker_id,))
-            self._holdings.release(worker_id)
             with self._lock:
-                self._counts.workers_lost += 1
                 if worker_id in generation.members:
                     generation.members.remove(worker_id)
             logger.error(
                 "rollout worker thread %s died", worker_id, exc_info=exc, extra=ALSO_AN_EVENT
             )
-            sink = self._sink
-            if sink is not None:
-                in_flight = sum(len(h.work.groups) for h in held)
-                sink.worker_lost(worker_id, f"thread died: {type(exc).__name__}: {exc}", in_flight)
+            self._report_died(worker_id, "thread", exc)
 
     def _serve(self, generation: _Generation, worker_id: str, joining: str | None) -> None:
         sink = self._sink

@@ -327,9 +327,27 @@ class RayBackend(BackendBase):
     def _serve_in(self, generation: _Generation, actor: ActorView) -> None:
         """Start ``actor``'s slot task in ``generation``."""
         task = asyncio.create_task(
-            self._serve(generation, actor), name=f"trainbus {actor.worker_id}"
+            self._slot(generation, actor), name=f"trainbus {actor.worker_id}"
         )
         generation.tasks.append(task)
+
+    async def _slot(self, generation: _Generation, actor: ActorView) -> None:
+        """An actor's slot task: serve it, and if the task dies for any reason, say so.
+
+        Whatever escapes :meth:`_serve` (a bug in a sink or the bookkeeping) would leave the
+        actor idle and its work lost without a word: the actor is killed and reported lost.
+        """
+        try:
+            await self._serve(generation, actor)
+        except Exception as exc:  # not CancelledError: a retired generation's slots end so
+            logger.error(
+                "ray rollout actor %s: its slot task died",
+                actor.worker_id,
+                exc_info=exc,
+                extra=ALSO_AN_EVENT,
+            )
+            self._kill_all([actor])
+            self._report_died(actor.worker_id, "slot task", exc, actor.node)
 
     async def _retire(self, generation: _Generation, *, confirm: bool) -> None:
         """Cancel and await the generation's slot tasks, then kill its actors.

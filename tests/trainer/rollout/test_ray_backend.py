@@ -227,6 +227,38 @@ async def test_crash_fault_kills_the_actor_and_a_restart_brings_fresh_ones() -> 
     assert our_actors() == []
 
 
+class BreaksOnStart(FakeSink):
+    """A sink with a bug: its first ``started`` call raises (in the actor's slot task)."""
+
+    def started(self, group_ids: tuple[str, ...]) -> None:
+        if not self.lost:
+            raise RuntimeError("a bug in the bookkeeping")
+        super().started(group_ids)
+
+
+async def test_a_slot_task_that_dies_reports_its_actor_lost_and_kills_it() -> None:
+    backend = RayBackend(SPEC, 2)
+    sink = BreaksOnStart()
+    await backend.start(sink, weights(0), 0)
+    try:
+        doomed = make_work("doomed")
+        backend.submit(doomed)
+        await until(lambda: bool(sink.lost))
+        ((worker_id, reason, in_flight),) = sink.lost
+        assert reason == "slot task died: RuntimeError: a bug in the bookkeeping"
+        assert in_flight == len(doomed.groups)
+        stats = backend.statistics()
+        assert (stats.workers, stats.workers_lost) == (1, 1)
+        # Killed, not left idle with nobody feeding it; the other actor still serves.
+        await until(lambda: f"{backend.actor_prefix}-{worker_id}" not in our_actors())
+        fine = make_work("fine")
+        backend.submit(fine)
+        await until(lambda: len(sink.results_of(fine)) == 8)
+    finally:
+        await backend.close()
+    assert our_actors() == []
+
+
 async def test_a_hung_actor_blocks_neither_restart_nor_close() -> None:
     faults = FaultInjector([Fault("hang", 1), Fault("hang", 3)])
     backend = RayBackend(SPEC, 2, faults=faults)

@@ -351,6 +351,8 @@ class BusState:
         with self.lock:
             self.extension_failures += 1
         event_type = type(event).__name__ if event is not None else None
+        # A failure while handling ExtensionFailed is only logged: publishing it would loop.
+        published = type(event) is not ExtensionFailed and bool(self.subscribers)
         logger.error(
             "extension %r failed in %s (handling %s): %s",
             name,
@@ -358,9 +360,11 @@ class BusState:
             event_type,
             describe_error(error),
             exc_info=error,
+            # Marks a record that repeats the ExtensionFailed published below, so a view that
+            # shows events can leave it out (trainer/rollout/_logs.py reads the same key).
+            extra={"trainbus_also_an_event": published},
         )
-        # A failure while handling ExtensionFailed is only logged: publishing it would loop.
-        if type(event) is not ExtensionFailed and self.subscribers:
+        if published:
             self.publish(
                 ExtensionFailed(
                     extension=name,

@@ -13,7 +13,8 @@ import logging
 __all__ = ["ALSO_AN_EVENT", "also_an_event"]
 
 ALSO_AN_EVENT: dict[str, object] = {"trainbus_also_an_event": True}
-"""``extra=`` of a log call whose record repeats a published event."""
+"""``extra=`` of a log call whose record repeats a published event (the event bus marks its
+``extension failed`` records with the same key)."""
 
 
 def also_an_event(record: logging.LogRecord) -> bool:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,17 +224,54 @@ class RunState:
                 self.bus.report_extension_failure(registration, "load_state_dict", exc)
 
 
+PLAIN = "dicts with string keys, lists, tuples, numbers, strings, bools, None and tensors"
+"""What an extension's ``state_dict()`` may hold: what a ``weights_only`` load reads back."""
+
+
 def _check_plain(state: Any) -> None:
     """Raise unless ``state`` survives a checkpoint: checkpoints load with
     ``weights_only=True``, which takes tensors and plain data only. Without this check an
-    extension returning, say, a dataclass would make every later checkpoint unreadable."""
+    extension returning, say, a dataclass would make every later checkpoint unreadable.
+
+    Raises:
+        TypeError: naming the first value that is not plain data, by its key path.
+    """
+    where = _first_not_plain(state, "state")
+    if where is not None:
+        path, value = where
+        raise TypeError(
+            f"state_dict() must return plain data ({PLAIN}); {path} is a "
+            f"{type(value).__module__}.{type(value).__qualname__}"
+        )
+    # The walk above names the usual mistakes; the round trip is the authority.
     buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
     try:
+        torch.save(state, buffer)
+        buffer.seek(0)
         torch.load(buffer, weights_only=True)
     except Exception as exc:  # noqa: BLE001  (re-raised with what to do about it)
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()
         raise TypeError(
-            "state_dict() must return plain data (dicts, lists, numbers, strings, tensors): "
-            f"{exc}".splitlines()[0]
+            f"state_dict() must return plain data ({PLAIN}): {first[0] if first else exc!r}"
         ) from None
+
+
+def _first_not_plain(value: Any, path: str) -> tuple[str, Any] | None:
+    """The key path and value of the first part of ``value`` that is not plain data."""
+    if value is None or isinstance(value, bool | int | float | str | bytes | torch.Tensor):
+        return None
+    if type(value) in (dict, OrderedDict):  # a subclass (defaultdict) does not load back
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                return f"a key of {path}", key
+            found = _first_not_plain(item, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if type(value) in (list, tuple):
+        for index, item in enumerate(value):
+            found = _first_not_plain(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    return path, value

@@ -192,6 +192,30 @@ def test_a_failure_is_printed_once(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines()[-1] == "run folder: run (the same --out resumes)"
 
 
+def test_an_extension_failure_is_one_line_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "keeper.py").write_text(
+        "from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability\n"
+        "class Keeper:\n"
+        "    name = 'keeper'\n"
+        "    api_version = RUNTIME_EXTENSION_API_VERSION\n"
+        "    required_capabilities = (Capability.EVENTS, Capability.STATE)\n"
+        "    def on_event(self, context, event): pass\n"
+        "    def state_dict(self): return {'best': object()}\n"
+        "    def load_state_dict(self, state): pass\n"
+    )
+    done = trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "1", "--no-progress"),
+        *("--extension", "keeper:Keeper", "--out", "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    failures = [line for line in done.stdout.splitlines() if "keeper failed" in line]
+    assert failures and all(
+        line.endswith("state['best'] is a builtins.object") for line in failures
+    )
+
+
 def _nesting(line: str) -> int:
     depth = deepest = 0
     for char in line:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ from eventbus import (
     Capability,
     Event,
     ExtensionContext,
+    ExtensionFailed,
     StepFinished,
+    read_events,
 )
 from trainer import CheckpointStore, PPOTrainer
 
@@ -153,6 +156,41 @@ async def test_extension_state_that_a_checkpoint_cannot_hold_is_reported_not_sav
     assert registration.statistics().failures >= 1
     state = CheckpointStore.load(tmp_path / "checkpoints" / "step-00000002.pt")  # still loads
     assert "bad" not in state["extensions"]
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("state", "named"),
+    [
+        ({"best": Opaque()}, "state['best'] is a tests.trainer.runtime.test_checkpoints.Opaque"),
+        ({"seen": [1, {"when": lambda: 0}]}, "state['seen'][1]['when'] is a builtins.function"),
+        ({"counts": defaultdict(int)}, "state['counts'] is a collections.defaultdict"),
+    ],
+)
+async def test_extension_state_that_is_not_plain_data_is_named_by_extension_and_key(
+    tmp_path: Path, state: dict[str, Any], named: str
+) -> None:
+    class Bad(Counter):
+        def state_dict(self) -> dict[str, Any]:
+            return state
+
+    fit = PPOTrainer(tiny_config(run__steps=1), out_dir=tmp_path)
+    bad = Bad()
+    bad.name = "bad"
+    fit.register_runtime_extension(bad)
+    await fit.fit()
+    failed = [e for e in read_events(tmp_path / "events.jsonl") if isinstance(e, ExtensionFailed)]
+    assert failed, "the failure was published"
+    assert {(e.extension, e.hook, e.error_type) for e in failed} == {
+        ("bad", "state_dict", "TypeError")
+    }
+    message = failed[0].message
+    assert message.startswith("state_dict() must return plain data (")
+    assert message.endswith(named)
+    assert "\x1b" not in message and "\n" not in message
 
 
 async def test_a_stuck_extension_costs_checkpoints_nothing(tmp_path: Path) -> None:

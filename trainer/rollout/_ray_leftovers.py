@@ -4,7 +4,8 @@ A local Ray instance is a process tree under the driver (GCS, raylet, dashboard,
 the actors). When the driver is killed outright (SIGKILL, out of memory) most of the tree
 goes with it, but Ray's dashboard and runtime-env agents linger for about a minute, holding
 memory and ports. So each driver that starts a local instance records the processes of that
-instance (pid and start time, in ``$TMPDIR/trainbus-ray/<driver pid>.json``); the next start
+instance (pid and start time, in ``$TMPDIR/trainbus-ray-<uid>/<driver pid>.json``: one
+folder per user, so no user's start reads another's records); the next start
 stops whatever a dead driver's record still lists (``clean_leftovers``), and a clean shutdown
 removes its own record. Only processes a trainbus driver started are ever touched: a pid is
 matched with its start time, so a pid the system reused is left alone, and nothing of a
@@ -32,7 +33,19 @@ _GRACE_S = 2.0  # between SIGTERM and SIGKILL
 
 
 def _records() -> Path:
-    return Path(os.environ.get("TRAINBUS_RAY_RECORDS") or tempfile.gettempdir()) / "trainbus-ray"
+    """This user's folder of records (``TRAINBUS_RAY_RECORDS`` replaces the temporary
+    folder it is in, for tests)."""
+    base = Path(os.environ.get("TRAINBUS_RAY_RECORDS") or tempfile.gettempdir())
+    return base / f"trainbus-ray-{os.getuid()}"
+
+
+def _forget(path: Path) -> None:
+    """Remove a record; a record that cannot be removed is reported, never fatal (the run
+    starts all the same)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("cannot remove the Ray process record %s: %s", path, exc)
 
 
 def _started(pid: int) -> int | None:
@@ -93,7 +106,7 @@ def record_local_instance() -> None:
 
 def forget_local_instance() -> None:
     """This driver shut its instance down cleanly: nothing to clean up after it."""
-    (_records() / f"{os.getpid()}.json").unlink(missing_ok=True)
+    _forget(_records() / f"{os.getpid()}.json")
 
 
 def clean_leftovers() -> int:
@@ -111,7 +124,7 @@ def clean_leftovers() -> int:
             driver_pid, driver_started = record["driver"]
             processes = [(int(p), int(s)) for p, s in record["processes"]]
         except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # unreadable: nothing can be matched safely
+            _forget(path)  # unreadable: nothing can be matched safely
             continue
         if _started(driver_pid) == driver_started:
             continue  # that run is alive
@@ -125,7 +138,7 @@ def clean_leftovers() -> int:
                 left,
             )
             stopped += _stop(left, dict(processes))
-        path.unlink(missing_ok=True)
+        _forget(path)
     return stopped
 
 

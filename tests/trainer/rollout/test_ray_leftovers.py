@@ -27,8 +27,8 @@ def alive(pid: int, start: int | None) -> bool:
     return start is not None and started(pid) == start
 
 
-def record(folder: Path, driver: tuple[int, int | None], processes: list[int]) -> Path:
-    path = folder / "trainbus-ray" / f"{driver[0]}.json"
+def record(driver: tuple[int, int | None], processes: list[int]) -> Path:
+    path = _ray_leftovers._records() / f"{driver[0]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     listed = [[pid, started(pid)] for pid in processes]
     path.write_text(json.dumps({"driver": list(driver), "processes": listed}))
@@ -45,9 +45,9 @@ def test_what_a_dead_driver_left_is_stopped_and_a_live_drivers_is_not(
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         # A driver that is gone (its pid, with a start time no live process has).
-        gone = record(tmp_path, (dead_driver.pid, 1), [orphan.pid])
+        gone = record((dead_driver.pid, 1), [orphan.pid])
         # A driver that still runs: this process.
-        mine = record(tmp_path, (os.getpid(), started(os.getpid())), [bystander.pid])
+        mine = record((os.getpid(), started(os.getpid())), [bystander.pid])
         assert clean_leftovers() == 1
         assert orphan.wait(timeout=10) == -signal.SIGTERM
         assert bystander.poll() is None
@@ -61,7 +61,7 @@ def test_a_reused_pid_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
     other = subprocess.Popen(["sleep", "60"])
     try:
-        path = record(tmp_path, (999_999_999, 1), [])
+        path = record((999_999_999, 1), [])
         data = json.loads(path.read_text())
         data["processes"] = [[other.pid, 1]]  # the same pid, started at another time
         path.write_text(json.dumps(data))
@@ -95,4 +95,5 @@ def test_a_sigkilled_ray_run_leaves_nothing_once_the_next_one_starts(tmp_path: P
     )
     assert second.returncode == 0, second.stderr
     assert [pid for pid, start in tree.items() if alive(pid, start)] == []
-    assert list((tmp_path / "trainbus-ray").glob("*.json")) == []  # both records are gone
+    records = tmp_path / f"trainbus-ray-{os.getuid()}"
+    assert list(records.glob("*.json")) == []  # both records are gone

@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FAULT@STEP",
-        help=f"inject a fault at a step (repeatable); FAULT is one of {', '.join(FAULTS)}"
+        help=f"inject a fault from step STEP on (repeatable); FAULT is one of {', '.join(FAULTS)}"
         " (--inject help says what each does)",
     )
     train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")

@@ -150,6 +150,13 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         staleness: Async mode: ``drop`` stale groups and refill, or ``wait`` for them.
         wait_timeout_s: Deadline of any sample wait; after it the run fails with a clear
             error unless an extension decided otherwise.
+        sync_timeout_s: Deadline of pushing new weights to the workers; a sync past it fails
+            the step (WaitDeadlineExceeded), which self-healing recovers from by restoring
+            the last checkpoint and restarting the rollout side.
+        start_timeout_s: Deadline of starting the workers (at the start of the run and at
+            each restart): Ray actors that cannot be placed or do not answer fail it.
+        close_timeout_s: How long stopping the workers at the end of the run may take;
+            workers still running after it are logged by name and left behind.
         poll_interval_s: Longest sleep between two checks of a wait (waits wake on every
             result; this bounds how often ``SampleWait`` is reported while nothing arrives).
         grace_s: How long a failed rollout waits for its retry.
@@ -170,6 +177,9 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     max_off_policy: NonNegativeInt = 2
     staleness: Literal["drop", "wait"] = "drop"
     wait_timeout_s: Seconds = 120.0
+    sync_timeout_s: Seconds = 60.0
+    start_timeout_s: Seconds = 120.0
+    close_timeout_s: Seconds = 30.0
     poll_interval_s: Seconds = 0.5
     grace_s: NonNegativeSeconds = 2.0
     failure_policy: Literal["fill", "drop_rollout", "drop_group", "raise"] = "drop_group"
@@ -187,11 +197,15 @@ class CheckpointConfig(_Section, frozen=True, kw_only=True):
         every: Save every N steps (and at the end of the run).
         keep: Newest checkpoints kept.
         resume: Continue from the run folder's last checkpoint when there is one.
+        timeout_s: Deadline of writing one checkpoint (and, for a Hugging Face model, its
+            model/ folder); a write past it fails the step (WaitDeadlineExceeded) and is
+            abandoned: it never replaces a checkpoint written after it.
     """
 
     every: PositiveInt = 10
     keep: PositiveInt = 3
     resume: bool = True
+    timeout_s: Seconds = 300.0
 
 
 class SelfHealConfig(_Section, frozen=True, kw_only=True):

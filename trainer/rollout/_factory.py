@@ -20,7 +20,16 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
     if rollout.backend == "ray":
         from ._ray import RayBackend
 
-        return RayBackend(spec, rollout.workers, address=rollout.ray_address, faults=faults)
+        return RayBackend(
+            spec,
+            rollout.workers,
+            address=rollout.ray_address,
+            faults=faults,
+            start_timeout_s=rollout.start_timeout_s,
+            kill_timeout_s=rollout.close_timeout_s,
+        )
     from ._local import LocalBackend
 
-    return LocalBackend(spec, rollout.workers, faults=faults)
+    return LocalBackend(
+        spec, rollout.workers, faults=faults, close_timeout_s=rollout.close_timeout_s
+    )

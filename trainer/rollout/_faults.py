@@ -7,7 +7,10 @@
 Each fault fires once per run (``slow`` lasts ``slow_steps`` steps), so a recovered run goes
 on. With a run folder the faults that fired are kept in its ``faults.json``
 (:meth:`FaultInjector.keep_record`), written before the fault acts, so a resumed process
-(``checkpoint-crash`` kills the process) does not fire them again.
+(``checkpoint-crash`` kills the process) does not fire them again. The ``hang`` variants
+exist so that every wait of the trainer with a deadline has a fault that runs past it.
+:data:`FAULT_HELP` says in a line what each one does (``trainbus train --inject help``
+prints it).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import os
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from eventbus import EventBus, FaultInjected
 
@@ -30,21 +35,25 @@ if TYPE_CHECKING:
 
     from ._worker import RolloutWork
 
-__all__ = ["FAULTS", "Fault", "FaultInjector", "InjectedFault", "WorkerCrashed"]
+__all__ = ["FAULTS", "FAULT_HELP", "Fault", "FaultInjector", "InjectedFault", "WorkerCrashed"]
 
 logger = logging.getLogger("trainbus.faults")
 
-FAULT_HELP: dict[str, str] = {
+FAULT_HELP: Mapping[str, str] = {
     "hang": "a rollout worker stops answering (until the rollout side restarts)",
     "crash": "a rollout worker dies (with Ray: the actor is killed)",
     "slow": "rollouts take several times longer, for a few steps",
-    "fail-retry": "rollouts fail once (a retryable placeholder), then succeed on retry",
-    "duplicate": "results are sent twice",
-    "stale": "results of an earlier step are sent again",
+    "fail-retry": "rollouts fail once (retryable), then succeed on retry",
+    "duplicate": "a worker sends its results twice",
+    "stale": "a worker re-sends results of an earlier step",
     "step-error": "the training step raises",
-    "checkpoint-crash": "the process dies in the middle of a checkpoint write",
+    "checkpoint-crash": "the process is killed in the middle of a checkpoint write",
+    "sync-hang": "the weight sync after the update hangs (rollout.sync_timeout_s)",
+    "checkpoint-hang": "a checkpoint write hangs (checkpoint.timeout_s)",
+    "reward-hang": "a worker's reward call hangs (task.reward_timeout_s)",
+    "close-hang": "local backend: a worker ignores the stop at the end (rollout.close_timeout_s)",
 }
-"""What each fault does (``--inject help`` prints it)."""
+"""Each fault ``--inject`` accepts, with what it does in a line."""
 
 FAULTS: tuple[str, ...] = tuple(FAULT_HELP)
 """The fault names ``--inject FAULT@STEP`` and :class:`Fault` accept."""
@@ -127,6 +136,9 @@ class FaultInjector:
         self.fired: list[tuple[str, int]] = []
         self.extra_results: dict[str, int] = {}  # results sent beyond the real ones, by fault
         self._record: Path | None = None
+        self.last_step = 0  # the last step the trainer began (close-hang fires after it)
+        # Releases what close-hang holds (tests; the thread is a daemon otherwise).
+        self.released = threading.Event()
 
     def keep_record(self, path: Path) -> None:
         """Keep the faults that fired in ``path`` (a run folder's ``faults.json``), and mark
@@ -213,6 +225,25 @@ class FaultInjector:
         if self._take("crash", work.step, f"worker {worker_id} dies"):
             raise WorkerCrashed(f"injected crash of {worker_id} at step {work.step}")
 
+    def stamp(self, worker_id: str, work: RolloutWork) -> RolloutWork:
+        """``work`` carrying the faults its worker enacts itself (``reward-hang``): how a
+        fault reaches a Ray actor, which has no injector of its own."""
+        if self._take("reward-hang", work.step, f"worker {worker_id}: a reward call hangs"):
+            return msgspec.structs.replace(work, faults=(*work.faults, "reward-hang"))
+        return work
+
+    def hang_weight_sync(self, version: int, release: threading.Event) -> None:
+        """Called by a backend as it pushes weights ``version`` (after the update of that
+        step): ``sync-hang`` blocks here until ``release`` is set (a restart, or closing)."""
+        if self._take("sync-hang", version, "the weight sync to the workers hangs"):
+            release.wait()
+
+    def hang_at_close(self, worker_id: str) -> None:
+        """Called by a local worker thread as it stops: ``close-hang`` keeps it running
+        (stuck in this function) until :attr:`released` is set."""
+        if self._take("close-hang", self.last_step, f"worker {worker_id} ignores the stop"):
+            self.released.wait()
+
     def should_kill_actor(self, worker_id: str, step: int) -> bool:
         """Ray backend: kill the actor running this work (the ``crash`` fault)."""
         return self._take("crash", step, f"actor {worker_id} killed")
@@ -279,12 +310,18 @@ class FaultInjector:
 
     def check_step(self, step: int) -> None:
         """Called by the trainer before its update: may raise ``step-error``."""
+        self.last_step = max(self.last_step, step)
         if self._take("step-error", step, "the training step raises"):
             raise InjectedFault(f"injected step-error at step {step}")
 
-    def before_checkpoint_rename(self, step: int, temporary: Path) -> None:
-        """Checkpoint-store hook: ``checkpoint-crash`` kills the process here, after the
-        temporary file is written and before the rename that would publish it."""
+    def before_checkpoint_rename(
+        self, step: int, temporary: Path, abandoned: threading.Event
+    ) -> None:
+        """Checkpoint-store hook, after the temporary file is written and before the rename
+        that would publish it: ``checkpoint-crash`` kills the process here;
+        ``checkpoint-hang`` blocks until the write is ``abandoned`` (at its deadline)."""
         if self._take("checkpoint-crash", step, f"process killed while writing {temporary}"):
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._take("checkpoint-hang", step, f"the write of {temporary.name} hangs"):
+            abandoned.wait()

@@ -10,6 +10,10 @@ are late results of an old attempt, which the tracker drops as superseded.
 in its queue: the thread that takes one (an idle thread at once, a busy one after it has
 delivered its current work) reports that it left and ends. No work is lost that way, and
 nobody has to pick which thread goes.
+
+Closing waits at most ``close_timeout_s`` for every thread together; a thread that does not
+stop by then (stuck in native code, say) is named in the log and left behind (the threads
+are daemons, so it cannot keep the process alive).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from eventbus import ThreadStack
 from ._backend import BackendBase, Leave, ResultSink
 from ._faults import FaultInjector, WorkerCrashed
 from ._logs import ALSO_AN_EVENT
-from ._stacks import StackReader
+from ._stacks import StackReader, helpers_of, helping
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
 __all__ = ["LocalBackend"]
@@ -53,6 +57,7 @@ class LocalBackend(BackendBase):
         workers: Worker threads.
         faults: Fault injection (tests and ``--inject``); None for none.
         worker_factory: Builds a worker (tests substitute fakes).
+        close_timeout_s: How long :meth:`close` waits for the threads to stop.
     """
 
     name = "local"
@@ -64,9 +69,11 @@ class LocalBackend(BackendBase):
         *,
         faults: FaultInjector | None = None,
         worker_factory: Callable[[WorkerSpec, str], RolloutWorker] = RolloutWorker,
+        close_timeout_s: float = 30.0,
     ) -> None:
         super().__init__(spec, workers, faults)
         self._factory = worker_factory
+        self._close_timeout_s = close_timeout_s
         self._weights: tuple[int, bytes] = (-1, b"")
         self._generation: _Generation | None = None
         self._retired: list[_Generation] = []
@@ -90,6 +97,14 @@ class LocalBackend(BackendBase):
 
     async def update_weights(self, weights: bytes, version: int) -> None:
         """Workers load ``version`` before their next piece of work."""
+        faults, generation = self._faults, self._generation
+        if faults is not None and generation is not None and "sync-hang" in faults.names():
+            # The sync-hang fault (a swap cannot hang): released by a restart or close.
+            def hang() -> None:
+                with helping("trainer"):
+                    faults.hang_weight_sync(version, generation.stop)
+
+            await anyio.to_thread.run_sync(hang, abandon_on_cancel=True)
         self._weights = (version, weights)  # one tuple swap: readers see old or new, whole
         self._counts.weight_syncs += 1
 
@@ -128,16 +143,22 @@ class LocalBackend(BackendBase):
         self._closed = True
         self._retire_current()
         self._generation = None
-        await self._reap(timeout=30.0)
+        await self._reap(timeout=self._close_timeout_s)
 
     def _current_workers(self) -> list[tuple[str, bool]]:
         generation = self._generation
         return [(t.name, t.is_alive()) for t in generation.threads] if generation else []
 
+    def stopping(self) -> tuple[str, ...]:
+        """Threads told to stop (by a restart or close) that still run."""
+        return tuple(t.name for g in self._retired for t in g.threads if t.is_alive())
+
     def read_stacks(
         self, worker_ids: Sequence[str], reader: StackReader
     ) -> tuple[ThreadStack, ...]:
-        """The worker threads' stacks (``sys._current_frames``: no cooperation needed)."""
+        """The worker threads' stacks (``sys._current_frames``: no cooperation needed),
+        each after those of the threads working for it (a reward call with its deadline:
+        the worker only waits for it)."""
         threads = {
             t.name: t
             for g in (*self._retired, self._generation)
@@ -146,6 +167,8 @@ class LocalBackend(BackendBase):
         }
         stacks = []
         for worker_id in worker_ids:
+            for helper, name in helpers_of(worker_id).items():
+                stacks.append(reader.thread(helper, worker_id, name))
             thread = threads.get(worker_id)
             ident = thread.ident if thread is not None else None
             stacks.append(reader.thread(ident, worker_id, worker_id))
@@ -186,12 +209,13 @@ class LocalBackend(BackendBase):
         """Join retired threads that have finished (all of them, within ``timeout``)."""
 
         def join() -> None:
+            deadline = time.monotonic() + timeout
             for generation in self._retired:
                 for thread in generation.threads:
-                    thread.join(timeout)
+                    thread.join(max(0.0, deadline - time.monotonic()))
 
         if timeout > 0:
-            await anyio.to_thread.run_sync(join)
+            await anyio.to_thread.run_sync(join, abandon_on_cancel=True)
         still = [t.name for g in self._retired for t in g.threads if t.is_alive()]
         self._retired = [g for g in self._retired if any(t.is_alive() for t in g.threads)]
         if still and timeout > 0:
@@ -234,12 +258,14 @@ class LocalBackend(BackendBase):
         while not generation.stop.is_set():
             work = generation.work.get()
             if work is None or generation.stop.is_set():
-                return
+                break
             if isinstance(work, Leave):
                 with self._lock:
                     generation.members.remove(worker_id)
                 sink.worker_left(worker_id, worker.node, work.reason)
                 return
+            if faults is not None:
+                work = faults.stamp(worker_id, work)
             self._holdings.take(worker_id, work)
             version, weights = self._weights
             if worker.version != version:
@@ -289,3 +315,5 @@ class LocalBackend(BackendBase):
             self._holdings.release(worker_id)
             with self._lock:
                 self._counts.completed += 1
+        if faults is not None and self._closed:
+            faults.hang_at_close(worker_id)

@@ -11,7 +11,9 @@ trainer reissues it under a new attempt.
 Weights travel through the object store: :meth:`RayBackend.update_weights` puts them there
 once per version, and the next call to each actor carries the reference (Ray resolves it in
 the actor), so an actor only fetches weights it has not loaded yet and no weight sync ever
-waits for a busy or hung actor.
+waits for a busy or hung actor. The ``ray.put`` runs on a thread helping the trainer, off
+the event loop, so the trainer's deadline on the sync can abandon it and a stall diagnosis
+shows where it is.
 
 Actors are spread over the cluster's live nodes (:mod:`._placement`): each new actor goes to
 the node holding fewest of this run's actors, so losing a node loses only its share, and
@@ -62,7 +64,7 @@ from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import ActorView, first_line, remote_actor_class
 from ._ray_session import init_ray, note_local_processes, shutdown_ray
 from ._ray_stacks import read_actor_stacks
-from ._stacks import StackReader
+from ._stacks import StackReader, helping
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
 __all__ = ["RayBackend"]
@@ -153,7 +155,14 @@ class RayBackend(BackendBase):
         self._queue = asyncio.Queue()
         self._owns_ray = init_ray(self.address, self.workers * self._actor_cpus)
         try:
-            self._put_weights(weights, version)
+            try:
+                with anyio.fail_after(self._start_timeout_s):
+                    await self._put_weights(weights, version)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"putting the initial weights into Ray's object store took over "
+                    f"{self._start_timeout_s:g} s (rollout.start_timeout_s)"
+                ) from None
             self._generation = await self._spawn(self._queue)
         except BaseException:
             await self.close()
@@ -177,10 +186,14 @@ class RayBackend(BackendBase):
             loop.call_soon_threadsafe(queue.put_nowait, work)
 
     async def update_weights(self, weights: bytes, version: int) -> None:
-        """Put ``version`` in the object store; each actor loads it with its next work."""
+        """Put ``version`` in the object store; each actor loads it with its next work.
+
+        The put runs on a thread (abandoned if the caller's deadline cancels the sync): a
+        full or unreachable object store blocks it.
+        """
         if self._closed:
             raise RuntimeError("the ray backend is closed")
-        self._put_weights(weights, version)
+        await self._put_weights(weights, version)
         self._counts.weight_syncs += 1
 
     async def restart(self, reason: str) -> int:
@@ -269,11 +282,23 @@ class RayBackend(BackendBase):
 
     # --- Ray and actors -------------------------------------------------------------------
 
-    def _put_weights(self, weights: bytes, version: int) -> None:
-        serial = self._weights[0] + 1
+    async def _put_weights(self, weights: bytes, version: int) -> None:
+        """Put ``weights`` in the object store on a thread helping the trainer (abandoned
+        if the caller's deadline cancels it: a full or unreachable object store blocks)."""
+        generation = self._generation
+        release = generation.stop if generation is not None else threading.Event()
+        faults = self._faults
+
+        def put() -> ObjectRef[bytes]:
+            with helping("trainer"):
+                if faults is not None and generation is not None:
+                    faults.hang_weight_sync(version, release)  # sync-hang; a restart ends it
+                return ray.put(weights)
+
+        ref = await anyio.to_thread.run_sync(put, abandon_on_cancel=True)
         # Once per version; every actor fetches this one copy by reference. The old
         # reference is released when the last call that carries it has finished.
-        self._weights = (serial, version, ray.put(weights))
+        self._weights = (self._weights[0] + 1, version, ref)
 
     def _actor_name(self, worker_id: str) -> str:
         return f"{self.actor_prefix}-{worker_id}"
@@ -312,8 +337,8 @@ class RayBackend(BackendBase):
             if isinstance(exc, TimeoutError):
                 raise RuntimeError(
                     f"{len(actors)} ray rollout actors did not start within "
-                    f"{self._start_timeout_s:.0f} s (can the cluster place them? each asks "
-                    f"for {self._actor_cpus} CPUs)"
+                    f"{self._start_timeout_s:g} s (rollout.start_timeout_s; can the cluster "
+                    f"place them? each asks for {self._actor_cpus} CPUs)"
                 ) from None
             if isinstance(exc, RayError):
                 raise RuntimeError(f"ray rollout actors failed to start: {exc}") from exc
@@ -471,6 +496,8 @@ class RayBackend(BackendBase):
     async def _call(self, actor: ActorView, work: RolloutWork) -> list[RolloutResult]:
         """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""
         faults = self._faults
+        if faults is not None:
+            work = faults.stamp(actor.worker_id, work)  # reward-hang travels with the work
         if faults is not None and faults.should_hang(actor.worker_id, work.step):
             await actor.handle.hang.remote()  # never answers; restart and close kill the actor
             raise RuntimeError(f"actor {actor.worker_id} returned from hang()")

@@ -3,11 +3,17 @@
 A call runs on a helper thread while the caller waits at most ``timeout_s``: a function
 that hangs is abandoned (its thread finishes in the background whenever the function
 returns; threads cannot be killed) and the rollouts it was scoring fail as
-``reward_timeout``. An async function runs on its own event loop in that thread and is
+``reward_timeout``. A function with :data:`MAX_ABANDONED` abandoned calls still running is
+not called again until one returns (its rollouts fail as ``reward_timeout`` at once), so a
+function that stays hung cannot pile up a thread per call. An async function runs on its own event loop in that thread and is
 cancelled at the deadline. Nothing a reward function does (raise, hang, return the wrong
 length or a non-number) escapes as an exception: every rollout gets a reward or a
 :class:`~trainer.rl._rewards.RewardFailure` saying why, and every failure is logged (the
 first of each kind per function at ERROR) and counted.
+
+The helper thread works on its caller's behalf (:func:`~trainer.rollout._stacks.helping`):
+a stall diagnosis of the worker shows where the reward function is, not only that the
+worker waits for it.
 """
 
 from __future__ import annotations
@@ -20,10 +26,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..rl._rewards import RewardFailure, RewardFunction, combine, judge
+from ._stacks import helping
 
-__all__ = ["RewardScorer", "call_with_deadline"]
+__all__ = ["HANGING_REWARD", "MAX_ABANDONED", "RewardScorer", "call_with_deadline"]
 
 logger = logging.getLogger("trainbus.rewards")
+
+MAX_ABANDONED = 4
+"""Abandoned calls of one function that may still run before it is no longer called."""
+
+_abandoned: dict[int, int] = {}  # id(fn) -> its abandoned calls still running
+_abandoned_lock = threading.Lock()
 
 
 class _Timeout(Exception):
@@ -39,30 +52,68 @@ def call_with_deadline(
         TimeoutError: The call did not finish in time (a sync one is left running).
         Exception: Whatever the function raised.
     """
+    key = id(fn)
+    with _abandoned_lock:
+        running = _abandoned.get(key, 0)
+    if running >= MAX_ABANDONED:
+        raise TimeoutError(
+            f"not called: {running} earlier calls are still running past their "
+            f"{timeout_s:g} s deadline"
+        )
     box: dict[str, Any] = {}
     finished = threading.Event()
+    owner = threading.current_thread().name  # the worker's id, for the local backend
 
     def run() -> None:
         try:
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                value = asyncio.run(_bounded(value, timeout_s))
+            with helping(owner):
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = asyncio.run(_bounded(value, timeout_s))
             box["value"] = value
         except BaseException as exc:  # noqa: BLE001  (handed to the caller, who reports it)
             box["error"] = exc
         finally:
-            finished.set()
+            with _abandoned_lock:
+                finished.set()
+                if thread.abandoned.is_set():
+                    _abandoned[key] -= 1
 
-    thread = threading.Thread(target=run, name="trainbus-reward", daemon=True)
+    thread = _RewardThread(target=run, name=f"{owner}/reward", daemon=True)
     thread.start()
     if not finished.wait(timeout_s):
-        raise TimeoutError(f"did not return within {timeout_s:g} s")
+        with _abandoned_lock:
+            if not finished.is_set():
+                thread.abandoned.set()
+                _abandoned[key] = _abandoned.get(key, 0) + 1
+        if thread.abandoned.is_set():
+            raise TimeoutError(f"did not return within {timeout_s:g} s")
     if "error" in box:
         error = box["error"]
         if isinstance(error, _Timeout):
             raise TimeoutError(f"did not return within {timeout_s:g} s")
         raise error
     return box["value"]
+
+
+class _RewardThread(threading.Thread):
+    """The thread of one reward call; ``abandoned`` is set once its caller gave up."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.abandoned = threading.Event()
+
+
+def _hang_until_abandoned(prompts: list[Any], completions: list[Any], **columns: Any) -> None:
+    """The ``reward-hang`` fault's reward function: it does not return before its call's
+    deadline. (Unlike a real hang it then returns, so the fault leaves no thread behind.)"""
+    thread = threading.current_thread()
+    if isinstance(thread, _RewardThread):
+        thread.abandoned.wait()
+
+
+HANGING_REWARD = RewardFunction("fault:reward-hang", "reward-hang", _hang_until_abandoned)
+"""A reward function that hangs past its deadline (the ``reward-hang`` fault adds it)."""
 
 
 async def _bounded(awaitable: Any, timeout_s: float) -> Any:

@@ -9,6 +9,10 @@ Frames are outermost first, innermost last (as in a traceback). Frames of the st
 library and installed packages are marked ``library``; the outermost run of them (thread
 bootstrap, Ray's task executor) is cut, since it is the same for every thread and says
 nothing about where the code is stuck.
+
+A thread that does a bounded call on another's behalf (a reward call with its deadline, the
+Ray backend's ``ray.put`` of new weights) says so with :func:`helping`, so that a diagnosis
+of its owner shows it too, and first: the owner itself only waits for it.
 """
 
 from __future__ import annotations
@@ -21,14 +25,23 @@ import subprocess
 import sys
 import sysconfig
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from eventbus import StackFrame, ThreadStack
 
-__all__ = ["StackReader", "frames_of", "is_library", "own_stacks"]
+__all__ = [
+    "StackReader",
+    "frames_of",
+    "helpers_of",
+    "helping",
+    "is_library",
+    "own_stacks",
+    "waits_for_a_helper",
+]
 
 logger = logging.getLogger("trainbus.stacks")
 
@@ -44,6 +57,35 @@ _LIBRARY_DIRS = tuple(
     )
 )
 _MARKERS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+# Threads working on another's behalf: ident -> owner (a worker id, or "trainer"). One dict
+# store and pop per bounded call; read only by a diagnosis.
+_HELPERS: dict[int, str] = {}
+
+# Where a thread waits for a helper thread (the helper's stack says where the work is).
+_WAITING_FOR_A_HELPER = frozenset({"call_with_deadline"})
+
+
+@contextmanager
+def helping(owner: str) -> Iterator[None]:
+    """The calling thread works for ``owner`` inside this block: a diagnosis of ``owner``
+    (a worker id, or ``"trainer"``) shows this thread's stack too."""
+    ident = threading.get_ident()
+    _HELPERS[ident] = owner
+    try:
+        yield
+    finally:
+        _HELPERS.pop(ident, None)
+
+
+def helpers_of(owner: str) -> dict[int, str]:
+    """The threads working for ``owner`` now: ident -> thread name."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return {
+        ident: names.get(ident, str(ident))
+        for ident, whose in tuple(_HELPERS.items())
+        if whose == owner
+    }
 
 
 def is_library(file: str) -> bool:
@@ -130,8 +172,16 @@ def own_stacks(owner: str, *, skip: Iterable[int] = ()) -> tuple[ThreadStack, ..
 
 
 def _interesting(stacks: Sequence[ThreadStack]) -> tuple[ThreadStack, ...]:
+    """The busy stacks (running code outside libraries), or every one with frames when none
+    is; those only waiting for a helper thread go last."""
     busy = [s for s in stacks if any(not f.library for f in s.frames)]
-    return tuple(busy or [s for s in stacks if s.frames])
+    return tuple(sorted(busy or [s for s in stacks if s.frames], key=waits_for_a_helper))
+
+
+def waits_for_a_helper(stack: ThreadStack) -> bool:
+    """Whether ``stack`` only waits for another thread doing its work (a bounded call)."""
+    where = stack.where()
+    return where is not None and where.function in _WAITING_FOR_A_HELPER
 
 
 class StackReader:

@@ -40,12 +40,15 @@ class RolloutWork(msgspec.Struct, frozen=True, kw_only=True):
         groups: The groups, each carrying its :class:`Prompt` in ``prompt``.
         seed: Seeds the sampling of this work.
         step: The trainer step it was dispatched at.
+        faults: Injected faults the worker enacts itself (``reward-hang``); the backend
+            stamps them (fault injection decides in the trainer's process).
     """
 
     work_id: str
     groups: tuple[PromptGroup, ...]
     seed: int
     step: int
+    faults: tuple[str, ...] = ()
 
 
 def work_seed(run_seed: int, *parts: object) -> int:
@@ -88,7 +91,8 @@ class RolloutWorker:
         prompts: list[Prompt] = [_prompt_of(group) for group in work.groups]
         # Groups of one call share the batch: sample max(n) per prompt, keep what is needed.
         n = max(len(group.rollout_ids) for group in work.groups)
-        outcomes = self.workload.rollouts(prompts, n, generator)
+        hang_reward = "reward-hang" in work.faults
+        outcomes = self.workload.rollouts(prompts, n, generator, hang_reward=hang_reward)
         results: list[RolloutResult] = []
         for group, samples in zip(work.groups, outcomes, strict=True):
             for index, (completion, reward) in zip(

@@ -18,9 +18,9 @@ from torch import nn
 from ..config._schema import TrainerConfig
 from ..rl._hparams import Completion, PolicyConfig
 from ..rl._policy import build_policy, generate
-from ..rl._rewards import RewardFailure, load_rewards
+from ..rl._rewards import RewardFailure, RewardFunction, load_rewards
 from ..rl._tasks import Prompt, Task, make_task
-from ._scoring import RewardScorer
+from ._scoring import HANGING_REWARD, RewardScorer
 
 __all__ = ["Outcome", "WorkerSpec", "Workload", "build_workload", "worker_spec"]
 
@@ -75,10 +75,25 @@ class Workload:
         self.spec = spec
 
     def rollouts(
-        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, *, greedy: bool = False
+        self,
+        prompts: Sequence[Prompt],
+        n: int,
+        generator: torch.Generator,
+        *,
+        greedy: bool = False,
+        hang_reward: bool = False,
     ) -> list[list[Outcome]]:
-        """``n`` scored rollouts per prompt (greedy: at temperature 0)."""
+        """``n`` scored rollouts per prompt (greedy: at temperature 0).
+
+        With ``hang_reward`` (the ``reward-hang`` fault) the scoring also calls a reward
+        function that hangs past ``reward_timeout_s``: the rollouts fail as
+        ``reward_timeout``, through the same deadline a user's function has.
+        """
         raise NotImplementedError
+
+    def _scorer(self, functions: Sequence[RewardFunction], hang_reward: bool) -> RewardScorer:
+        extra = (HANGING_REWARD,) if hang_reward else ()
+        return RewardScorer((*functions, *extra), self.spec.reward_timeout_s)
 
 
 class _Builtin(Workload):
@@ -89,7 +104,13 @@ class _Builtin(Workload):
         self.task: Task = make_task(spec.task_name, **spec.task_params)
 
     def rollouts(
-        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, *, greedy: bool = False
+        self,
+        prompts: Sequence[Prompt],
+        n: int,
+        generator: torch.Generator,
+        *,
+        greedy: bool = False,
+        hang_reward: bool = False,
     ) -> list[list[Outcome]]:
         groups = generate(
             self.policy,  # type: ignore[arg-type]  # a built-in Policy (build_workload)
@@ -99,6 +120,10 @@ class _Builtin(Workload):
             generator,
             temperature=0.0 if greedy else self.spec.temperature,
         )
+        if hang_reward:  # the task's own reward cannot hang: only the injected one does
+            count = sum(len(group) for group in groups)
+            failed = iter(self._scorer((), True).score([""] * count, [""] * count, {}))
+            return [[(c, next(failed)) for c in group] for group in groups]
         return [
             [(c, self.task.reward(prompt, c.tokens)) for c in group]
             for prompt, group in zip(prompts, groups, strict=True)
@@ -114,12 +139,16 @@ class _HuggingFace(Workload):
         super().__init__(policy, spec)
         assert isinstance(policy, HFPolicy)
         self.hf = policy
-        self.scorer = RewardScorer(
-            load_rewards(spec.rewards, spec.reward_weights), spec.reward_timeout_s
-        )
+        self.scorer = self._scorer(load_rewards(spec.rewards, spec.reward_weights), False)
 
     def rollouts(
-        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, *, greedy: bool = False
+        self,
+        prompts: Sequence[Prompt],
+        n: int,
+        generator: torch.Generator,
+        *,
+        greedy: bool = False,
+        hang_reward: bool = False,
     ) -> list[list[Outcome]]:
         from ..rl._datasets import TextPrompt
 
@@ -167,7 +196,8 @@ class _HuggingFace(Workload):
             name: [row.get(name) for row in rows] for name in names
         }
         columns_arg["completion_ids"] = ids
-        scores = iter(self.scorer.score(contents, texts, columns_arg))
+        scorer = self._scorer(self.scorer.functions, True) if hang_reward else self.scorer
+        scores = iter(scorer.score(contents, texts, columns_arg))
         for i, group in zip(fits, sampled, strict=True):
             out[i] = [(completion, next(scores)) for completion in group]
         return out

@@ -4,6 +4,10 @@ A checkpoint is one ``step-NNNNNNNN.pt`` file (``torch.save`` of a plain dict). 
 rename is atomic, a reader sees either the previous checkpoint or the complete new one,
 never a torn file, even if the process is killed in the middle of a save. Leftover
 temporary files from such a kill are removed the next time the folder is opened.
+
+A save can be *abandoned* (its caller's deadline passed while the write hung): it then never
+renames, so a write that finishes late cannot replace a checkpoint written after it, and a
+new save of the same step writes a temporary file of its own.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import os
 import pickle
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +54,9 @@ class CheckpointStore:
             trainer without a run folder can still restore after a failure).
         keep: How many of the newest checkpoints to keep (older ones are deleted after a
             successful save).
-        before_rename: Test and fault-injection hook called with the step and the temporary
-            path after it is written and synced, before the rename (a crash here must lose
-            nothing).
+        before_rename: Test and fault-injection hook called with the step, the temporary
+            path and the save's ``abandoned`` event after it is written and synced, before
+            the rename (a crash here must lose nothing).
     """
 
     def __init__(
@@ -59,7 +64,7 @@ class CheckpointStore:
         folder: str | Path | None,
         *,
         keep: int = 3,
-        before_rename: Callable[[int, Path], None] | None = None,
+        before_rename: Callable[[int, Path, threading.Event], None] | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"checkpoint keep must be >= 1, got {keep}")
@@ -68,6 +73,8 @@ class CheckpointStore:
         self.keep = keep
         self.before_rename = before_rename
         self._cleaned = False
+        self._lock = threading.Lock()
+        self._writing: set[Path] = set()  # temporary files being written (abandoned ones too)
 
     def list(self) -> list[StoredCheckpoint]:
         """Checkpoints on disk, oldest first."""
@@ -85,8 +92,21 @@ class CheckpointStore:
                 found.append(StoredCheckpoint(int(match.group(1)), path, path.stat().st_size))
         return sorted(found, key=lambda c: c.step)
 
-    def save(self, step: int, state: dict[str, Any]) -> StoredCheckpoint:
-        """Write ``state`` as the checkpoint of ``step`` atomically and durably."""
+    def save(
+        self, step: int, state: dict[str, Any], abandoned: threading.Event | None = None
+    ) -> StoredCheckpoint:
+        """Write ``state`` as the checkpoint of ``step`` atomically and durably.
+
+        Args:
+            step: The step it is the checkpoint of.
+            state: What it holds.
+            abandoned: Set by a caller that stopped waiting: the write is then discarded
+                before its rename.
+
+        Raises:
+            CheckpointError: It could not be written, or it was abandoned.
+        """
+        abandoned = abandoned or threading.Event()
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getbuffer()
@@ -97,21 +117,39 @@ class CheckpointStore:
         self._remove_partial_writes()
         self.folder.mkdir(parents=True, exist_ok=True)
         final = self.folder / f"step-{step:08d}.pt"
-        temporary = final.with_name(final.name + _TMP_SUFFIX)
+        temporary = self._claim(final)
         try:
             with temporary.open("wb") as file:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
             if self.before_rename is not None:
-                self.before_rename(step, temporary)
+                self.before_rename(step, temporary, abandoned)
+            if abandoned.is_set():
+                temporary.unlink(missing_ok=True)
+                logger.warning("discarded the abandoned write of checkpoint %s", final.name)
+                raise CheckpointError(f"the write of checkpoint {final} was abandoned")
             os.replace(temporary, final)
             _fsync_folder(self.folder)
         except OSError as exc:
             temporary.unlink(missing_ok=True)
             raise CheckpointError(f"could not write checkpoint {final}: {exc}") from exc
+        finally:
+            with self._lock:
+                self._writing.discard(temporary)
         self._prune()
         return StoredCheckpoint(step, final, len(data))
+
+    def _claim(self, final: Path) -> Path:
+        """A temporary path for writing ``final`` that no other write uses (an abandoned
+        write of the same step may still be running)."""
+        with self._lock:
+            temporary, n = final.with_name(final.name + _TMP_SUFFIX), 1
+            while temporary in self._writing:
+                n += 1
+                temporary = final.with_name(f"{final.name}.{n}{_TMP_SUFFIX}")
+            self._writing.add(temporary)
+        return temporary
 
     def load_latest(self) -> tuple[StoredCheckpoint, dict[str, Any]] | None:
         """The newest checkpoint that loads, or None when there is none.

@@ -9,8 +9,10 @@ for a stall that is due. :meth:`StallDiagnoser.stop` joins it: nothing outlives 
 For a ``rollouts`` stall the event lists every rollout a worker holds and each holding
 worker's stack (the backend reads them: thread frames locally, py-spy or the actor's
 diagnosis thread on Ray). For the trainer's own stages it holds the trainer's stacks: the
-``fit`` task's await chain, the threads doing the stage's work, and the event loop's
-thread when that is busy rather than waiting for events.
+``fit`` task's await chain, the threads doing the stage's work (those the stage ran, and
+those helping the trainer, such as the Ray backend's ``ray.put``), and the event loop's
+thread when that is busy rather than waiting for events; while the rollout side stops, the
+workers that have not stopped yet.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from eventbus import EventBus, StallDiagnosed, StuckRollout, ThreadStack
 from ..config._schema import TrainerConfig
 from ..rollout._backend import Holding, RolloutBackend
 from ..rollout._driver import RolloutDriver
-from ..rollout._stacks import StackReader
+from ..rollout._stacks import StackReader, helpers_of
 from ._stall import Stages, Stall, StallWatch
 
 __all__ = ["StallDiagnoser", "start_stall_diagnosis", "stop_stall_diagnosis"]
@@ -68,6 +70,7 @@ class StallDiagnoser:
         self.backend = backend
         self.reader = reader
         self.published = 0
+        self.latest: StallDiagnosed | None = None  # the last one published
         self.errors = 0
         self._clock = clock
         self._stopped = threading.Event()
@@ -120,6 +123,7 @@ class StallDiagnoser:
             return None
         event = self.diagnose(stall)
         self.bus.publish(event)
+        self.latest = event
         self.published += 1
         logger.warning("stalled %s: %s", stall.stage, event.headline())
         return event
@@ -134,6 +138,8 @@ class StallDiagnoser:
             stacks = self._worker_stacks(holdings, notes)
         else:
             stacks = self._trainer_stacks(stall)
+            if stall.stage in ("close", "restart"):
+                stacks += self._stopping_stacks()
         return StallDiagnosed(
             step=stall.step,
             stage=stall.stage,
@@ -168,12 +174,9 @@ class StallDiagnoser:
         return stacks
 
     def _trainer_stacks(self, stall: Stall) -> tuple[ThreadStack, ...]:
+        """The event loop's thread when something blocks it, then the threads doing the
+        stage's work, then the ``fit`` task's await chain (which only waits for them)."""
         stacks: list[ThreadStack] = []
-        task = self._task
-        if task is not None and not task.done():
-            stacks.append(self.reader.task(task.get_coro(), "trainer", "fit task"))
-        for ident, name in stall.threads.items():
-            stacks.append(self.reader.thread(ident, "trainer", name))
         if self._loop_thread is not None:
             loop = self.reader.thread(self._loop_thread, "trainer", "event loop")
             innermost = loop.frames[-1].file if loop.frames else ""
@@ -183,8 +186,24 @@ class StallDiagnoser:
                 and "uvloop" not in innermost
             ):
                 # Busy, not waiting for events: something blocks the loop (its stack says what).
-                stacks.insert(0, loop)
+                stacks.append(loop)
+        threads = {**helpers_of("trainer"), **stall.threads}
+        for ident, name in threads.items():
+            stacks.append(self.reader.thread(ident, "trainer", name))
+        task = self._task
+        if task is not None and not task.done():
+            stacks.append(self.reader.task(task.get_coro(), "trainer", "fit task"))
         return tuple(stacks)
+
+    def _stopping_stacks(self) -> tuple[ThreadStack, ...]:
+        """The stacks of workers told to stop that still run (a close or restart waits)."""
+        stopping: Callable[[], tuple[str, ...]] | None = getattr(self.backend, "stopping", None)
+        read = getattr(self.backend, "read_stacks", None)
+        workers = stopping() if stopping is not None else ()
+        if not workers or read is None:
+            return ()
+        stacks: tuple[ThreadStack, ...] = read(list(workers), self.reader)
+        return stacks
 
 
 def _stuck(holdings: tuple[Holding, ...], now: float) -> tuple[StuckRollout, ...]:
@@ -220,7 +239,7 @@ def start_stall_diagnosis(
     diagnoser = StallDiagnoser(watch, bus, backend, reader)
     diagnoser.attach(asyncio.current_task())
     # The watchdog thread starts at the first stage entered while someone listens.
-    stages.watch_with(watch, diagnoser.ensure_running)
+    stages.watch_with(watch, diagnoser.ensure_running, diagnoser)
     return diagnoser
 
 

@@ -69,7 +69,9 @@ class Recovery:
             # The why is CheckpointRestored's (announced below), not repeated here.
             workers = await self.backend.restart(f"restoring the checkpoint of step {stored.step}")
         driver.resubmit(in_flight, learner.step + 1, learner.policy_version)
-        await self.backend.update_weights(learner.weights(), learner.policy_version)
+        timeout = state.config.rollout.sync_timeout_s
+        with state.stages.bounded("weight_sync", learner.step, timeout, "rollout.sync_timeout_s"):
+            await self.backend.update_weights(learner.weights(), learner.policy_version)
         logger.warning(
             "recovered from %s at step %d: restored the checkpoint of step %d (%d workers)",
             type(error).__name__,

@@ -2,13 +2,16 @@
 stall is due for diagnosis.
 
 Pure bookkeeping on an injected clock, so its rules are tested without sleeping. The
-trainer enters a *stage* around each of its waits (``rollouts``, ``update``,
-``weight_sync``, ``checkpoint``, ``restart``, ``close``); progress is the stage starting,
-an inner stage ending, and, while waiting for rollouts, a worker picking up work or
-delivering a result. A stall is due once it has lasted ``diagnose_after_s``, then again each
-time it has lasted ``repeat_factor`` times longer; any progress ends it.
+trainer enters a *stage* around each of its waits (see :data:`STAGES`); progress is the
+stage starting, an inner stage ending, and, while waiting for rollouts, a worker picking up
+work or delivering a result. A stall is due once it has lasted ``diagnose_after_s``, then
+again each time it has lasted ``repeat_factor`` times longer; any progress ends it.
 
 Entering and leaving a stage is a list append and pop; nothing here runs between stages.
+
+A wait with a deadline (:meth:`Stages.bounded`) is a stage that is also cancelled when its
+deadline passes: a stall that did not end becomes :class:`WaitDeadlineExceeded`, naming the
+setting and carrying the stall's latest diagnosis, never a silent hang.
 """
 
 from __future__ import annotations
@@ -20,12 +23,36 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
-__all__ = ["STAGES", "Stages", "Stall", "StallWatch"]
+import anyio
 
-STAGES = ("rollouts", "update", "weight_sync", "checkpoint", "restart", "close")
+from eventbus import StallDiagnosed
+
+__all__ = ["STAGES", "Stages", "Stall", "StallWatch", "WaitDeadlineExceeded"]
+
+STAGES = (
+    "start",
+    "rollouts",
+    "update",
+    "weight_sync",
+    "validation",
+    "checkpoint",
+    "restart",
+    "close",
+)
 """The waits of the trainer a stall diagnosis can name (``StallDiagnosed.stage``)."""
+
+_WHAT = {
+    "start": "starting the rollout workers",
+    "rollouts": "the wait for rollouts",
+    "update": "the update",
+    "weight_sync": "the weight sync to the rollout workers",
+    "validation": "the validation",
+    "checkpoint": "the checkpoint write",
+    "restart": "restarting the rollout workers",
+    "close": "stopping the rollout workers",
+}
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -176,9 +203,53 @@ class StallWatch:
         return max(0.0, last + threshold - self._clock())
 
 
+class WaitDeadlineExceeded(TimeoutError):
+    """A wait of the trainer ran past its deadline: a stall that did not end.
+
+    The message names the wait, the deadline's setting and, when the stall was diagnosed
+    first, where it was stuck. Raised inside the step, it reaches ``TERMINAL_FAILURE``
+    like any step failure (``RESTART_REQUIRED`` restores the last checkpoint and restarts
+    the rollout side).
+
+    Attributes:
+        stage: The wait (``weight_sync``, ``checkpoint``, ...).
+        step: The trainer step.
+        timeout_s: The deadline, in seconds.
+        setting: The configuration key holding it.
+        diagnosis: The stall's latest diagnosis, if one was published.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        step: int,
+        timeout_s: float,
+        setting: str,
+        diagnosis: StallDiagnosed | None = None,
+    ) -> None:
+        where = f"; diagnosed: {diagnosis.headline()}" if diagnosis is not None else ""
+        super().__init__(
+            f"{_WHAT.get(stage, stage)} did not finish within {timeout_s:g} s "
+            f"({setting}) at step {step}{where}"
+        )
+        self.stage = stage
+        self.step = step
+        self.timeout_s = timeout_s
+        self.setting = setting
+        self.diagnosis = diagnosis
+
+
+class Diagnoses(Protocol):
+    """What :class:`Stages` reads of the diagnoser: how many it published, and the last."""
+
+    published: int
+    latest: StallDiagnosed | None
+
+
 class Stages:
     """How the trainer's parts mark their waits: a no-op until :meth:`watch_with` attaches a
-    watch (one per ``fit()``, only when diagnosis is on).
+    watch (one per ``fit()``, only when diagnosis is on); :meth:`bounded` waits also have a
+    deadline, watch or not.
 
     Attributes:
         watch: The attached watch, or None.
@@ -187,10 +258,38 @@ class Stages:
     def __init__(self) -> None:
         self.watch: StallWatch | None = None
         self._on_enter: Callable[[], None] = lambda: None
+        self._diagnoses: Diagnoses | None = None
 
-    def watch_with(self, watch: StallWatch | None, on_enter: Callable[[], None]) -> None:
-        """Attach ``watch`` (None: detach); ``on_enter`` runs as each stage begins."""
-        self.watch, self._on_enter = watch, on_enter
+    def watch_with(
+        self,
+        watch: StallWatch | None,
+        on_enter: Callable[[], None],
+        diagnoses: Diagnoses | None = None,
+    ) -> None:
+        """Attach ``watch`` (None: detach); ``on_enter`` runs as each stage begins;
+        ``diagnoses`` is where a deadline error finds the stall's diagnosis."""
+        self.watch, self._on_enter, self._diagnoses = watch, on_enter, diagnoses
+
+    @contextmanager
+    def bounded(self, name: str, step: int, timeout_s: float, setting: str) -> Iterator[None]:
+        """The stage ``name``, cancelled after ``timeout_s`` (a synchronous call inside it
+        cannot be cancelled: run it with ``anyio.to_thread.run_sync(...,
+        abandon_on_cancel=True)``).
+
+        Raises:
+            WaitDeadlineExceeded: The deadline passed (``setting`` names it).
+        """
+        diagnoses = self._diagnoses
+        before = diagnoses.published if diagnoses is not None else 0
+        with self.stage(name, step), anyio.move_on_after(timeout_s) as scope:
+            yield
+        if scope.cancelled_caught:
+            latest = diagnoses.latest if diagnoses is not None else None
+            if diagnoses is None or diagnoses.published == before or latest is None:
+                latest = None  # nothing was diagnosed during this wait
+            elif (latest.stage, latest.step) != (name, step):
+                latest = None
+            raise WaitDeadlineExceeded(name, step, timeout_s, setting, latest)
 
     @contextmanager
     def stage(self, name: str, step: int) -> Iterator[None]:

@@ -10,9 +10,11 @@ be plain data before it is written, since checkpoints load with ``weights_only=T
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import re
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -34,7 +36,7 @@ from ..rollout._driver import RolloutDriver
 from ._checkpoint import CheckpointStore, StoredCheckpoint
 from ._learner import Learner
 from ._run import RunFolder
-from ._stall import Stages
+from ._stall import Stages, WaitDeadlineExceeded
 
 __all__ = ["CHECKPOINT_FORMAT", "RunState"]
 
@@ -83,11 +85,23 @@ class RunState:
         if stateful:
             await self.bus.drain(timeout=self.config.safe_point_timeout_s, registrations=stateful)
         began = time.perf_counter()
+        step = self.learner.step
         # Serialising and fsyncing take milliseconds: off the event loop. Nothing changes
-        # the state meanwhile, since the loop awaits the save before training on.
-        with self.stages.stage("checkpoint", self.learner.step):
-            write = self.stages.in_thread(self._write)
-            stored = await anyio.to_thread.run_sync(write, self.gather())
+        # the state meanwhile, since the loop awaits the save before training on. A write
+        # past its deadline is abandoned: it discards itself instead of renaming.
+        abandoned = threading.Event()
+        timeout = self.config.checkpoint.timeout_s
+        try:
+            with self.stages.bounded("checkpoint", step, timeout, "checkpoint.timeout_s"):
+                write = self.stages.in_thread(
+                    functools.partial(self._write, step=step, abandoned=abandoned)
+                )
+                stored = await anyio.to_thread.run_sync(
+                    write, self.gather(), abandon_on_cancel=True
+                )
+        except WaitDeadlineExceeded:
+            abandoned.set()
+            raise
         elapsed = time.perf_counter() - began
         if self.bus.wants(CheckpointSaved):
             self.bus.publish(
@@ -100,8 +114,12 @@ class RunState:
             )
         return stored
 
-    def _write(self, state: dict[str, Any]) -> StoredCheckpoint:
-        stored = self.store.save(self.learner.step, state)
+    def _write(
+        self, state: dict[str, Any], *, step: int, abandoned: threading.Event
+    ) -> StoredCheckpoint:
+        stored = self.store.save(step, state, abandoned)
+        if abandoned.is_set():
+            return stored  # discarded itself: nothing was written
         self.saved_step = stored.step
         if self.export is not None:
             self.export()

@@ -63,6 +63,7 @@ from ._metrics import named
 from ._recovery import Recovery
 from ._run import EVENTS_FILE, FAULTS_FILE, RunFolder
 from ._sample_wait import WaitClock, wait_unless_lost
+from ._stall import WaitDeadlineExceeded
 from ._state import RunState
 from ._view import TrainerView, ViewedParts
 from ._workload import RunWorkload
@@ -283,7 +284,8 @@ class PPOTrainer:
             )
             return self.record.summary()
         self.files.rewind_metrics(start_step)
-        await self.driver.start(self.learner.weights(), self.policy_version)
+        with self.stages.stage("start", start_step):  # the backend bounds it (start_timeout_s)
+            await self.driver.start(self.learner.weights(), self.policy_version)
         error: BaseException | None = None
         stop_reason = ""
         try:
@@ -338,9 +340,15 @@ class PPOTrainer:
         With an error in flight nothing here may replace it: each part is guarded.
         """
         with anyio.CancelScope(shield=True):
+            # The backends bound their own waits by close_timeout_s; this bounds the rest
+            # (and lets their own, more specific message come first).
+            close_s = self.config.rollout.close_timeout_s + 1.0
             try:
-                with self.stages.stage("close", self.step):
+                with self.stages.bounded("close", self.step, close_s, "rollout.close_timeout_s"):
                     await self.driver.close()
+            except WaitDeadlineExceeded as exc:
+                # Training is over and saved: say what is left running, do not fail the run.
+                logger.error("%s; left running", exc)
             except Exception:
                 if error is None:
                     raise
@@ -412,7 +420,9 @@ class PPOTrainer:
         sync_s = await self._sync_weights()
         if self.workload.evaluates_at(step):
             eval_began = time.perf_counter()
-            metrics.update(await anyio.to_thread.run_sync(self.workload.evaluate))
+            with self.stages.stage("validation", step):
+                evaluate = self.stages.in_thread(self.workload.evaluate)
+                metrics.update(await anyio.to_thread.run_sync(evaluate))
             metrics["eval_time_s"] = time.perf_counter() - eval_began
         duration = time.perf_counter() - began
         busy = self.backend.statistics().busy_s - busy_before
@@ -452,7 +462,8 @@ class PPOTrainer:
     async def _sync_weights(self) -> float:
         learner = self.learner
         began = time.perf_counter()
-        with self.stages.stage("weight_sync", learner.step):
+        timeout, setting = self.config.rollout.sync_timeout_s, "rollout.sync_timeout_s"
+        with self.stages.bounded("weight_sync", learner.step, timeout, setting):
             await self.backend.update_weights(learner.weights(), learner.policy_version)
         elapsed = time.perf_counter() - began
         if self.bus.wants(WeightsSynced):

@@ -14,7 +14,7 @@ import torch
 
 from eventbus import RolloutRestarted, StallDiagnosed
 from eventbus.testing import record_events
-from trainer import FaultInjector, PPOTrainer, SelfHealingExtension
+from trainer import FaultInjector, PPOTrainer, SelfHealingExtension, WaitDeadlineExceeded
 from trainer.rollout._stacks import StackReader
 
 from ..helpers import tiny_config
@@ -91,3 +91,24 @@ async def test_a_hung_actor_is_diagnosed_and_named_in_the_restart_vote() -> None
     assert stack.source == "py-spy"
     assert stack.where().function == "RolloutActor.hang"  # type: ignore[union-attr]
     assert restart.reason.endswith(f": {latest.headline()})")
+
+
+async def test_a_hung_weight_sync_is_diagnosed_where_the_put_hangs() -> None:
+    # The ray.put runs on a thread helping the trainer: the diagnosis shows it stuck there,
+    # and past rollout.sync_timeout_s the step fails naming the deadline and the diagnosis.
+    # (Recovery from it is the local tests'; restarting actors would double this test.)
+    config = tiny_config(
+        run__steps=3, rollout__backend="ray", rollout__sync_timeout_s=2.0, diagnose__after_s=0.5
+    )
+    trainer = PPOTrainer(config, faults=FaultInjector.parse(["sync-hang@2"]))
+    async with record_events(trainer.bus, StallDiagnosed) as recorder:
+        with pytest.raises(WaitDeadlineExceeded) as raised:
+            await trainer.fit()
+    first = next(d for d in recorder.of_type(StallDiagnosed) if d.stage == "weight_sync")
+    assert (first.step, first.repeat) == (2, 0)
+    [stack, *_] = [s for s in first.stacks if s.owner == "trainer"]
+    assert stack.source == "thread"
+    assert stack.where().function == "FaultInjector.hang_weight_sync"  # type: ignore[union-attr]
+    assert (raised.value.stage, raised.value.setting) == ("weight_sync", "rollout.sync_timeout_s")
+    assert raised.value.diagnosis is not None
+    assert raised.value.diagnosis.stage == "weight_sync"

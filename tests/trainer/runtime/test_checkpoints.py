@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path: Pat
     class Killed(Exception):
         pass
 
-    def die(step: int, temporary: Path) -> None:
+    def die(step: int, temporary: Path, abandoned: threading.Event) -> None:
         assert temporary.exists()  # written and synced, not yet renamed
         raise Killed
 

@@ -99,10 +99,11 @@ class StallDiagnosed(Event, frozen=True):
 
     Attributes:
         step: The trainer step.
-        stage: What the trainer is waiting for: ``rollouts`` (a batch), ``update`` (the
-            PPO update), ``weight_sync`` (new weights to the workers), ``checkpoint`` (a
-            checkpoint write), ``restart`` (the rollout side restarting), ``close`` (the
-            workers stopping).
+        stage: What the trainer is waiting for: ``start`` (the workers starting),
+            ``rollouts`` (a batch; a hung reward call is one, in its worker), ``update``
+            (the PPO update), ``weight_sync`` (new weights to the workers), ``validation``,
+            ``checkpoint`` (a checkpoint write), ``restart`` (the rollout side
+            restarting), ``close`` (the workers stopping).
         waited_s: Seconds since this wait began.
         stalled_s: Seconds since the last progress (a rollout result, or the wait's start).
         stuck: The rollouts workers hold and have not delivered (``rollouts`` stage).

@@ -3,11 +3,13 @@
 A call runs on a helper thread while the caller waits at most ``timeout_s``: a function
 that hangs is abandoned (its thread finishes in the background whenever the function
 returns; threads cannot be killed) and the rollouts it was scoring fail as
-``reward_timeout``. A function with :data:`MAX_ABANDONED` abandoned calls still running is
-not called again until one returns (its rollouts fail as ``reward_timeout`` at once), so a
-function that stays hung cannot pile up a thread per call. An async function runs on its own event loop in that thread and is
-cancelled at the deadline. Nothing a reward function does (raise, hang, return the wrong
-length or a non-number) escapes as an exception: every rollout gets a reward or a
+``reward_timeout``. An async function runs on its own event loop in that thread and is
+cancelled at the deadline. A function with :data:`MAX_ABANDONED` abandoned calls still
+running is not called again until one returns (its rollouts fail as ``reward_timeout`` at
+once), so a function that stays hung cannot pile up a thread per call.
+
+Nothing a reward function does (raise, hang, return the wrong length or a non-number)
+escapes as an exception: every rollout gets a reward or a
 :class:`~trainer.rl._rewards.RewardFailure` saying why, and every failure is logged (the
 first of each kind per function at ERROR) and counted.
 

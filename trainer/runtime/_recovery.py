@@ -45,8 +45,16 @@ class Recovery:
         self.budget = budget
         self.used = 0
 
-    async def restore_latest(self, reason: str, error: Exception) -> bool:
+    async def restore_latest(
+        self, reason: str, error: Exception, failed_step: int | None = None
+    ) -> bool:
         """Restore the last checkpoint and restart the rollout side from it.
+
+        Args:
+            reason: Why (the decision's summary).
+            error: The failure recovered from.
+            failed_step: The step that failed (default: the one after the last completed;
+                a failed weight sync or checkpoint write is of the step just completed).
 
         Returns:
             Whether the run can go on (False: the budget is spent or there is nothing to
@@ -62,7 +70,7 @@ class Recovery:
             logger.error("no checkpoint to restore from")
             return False
         stored, checkpoint = latest
-        failed_step = learner.step + 1
+        failed_step = failed_step if failed_step is not None else learner.step + 1
         in_flight = state.apply(checkpoint, resuming=False)
         driver.reset()
         with state.stages.stage("restart", learner.step):

@@ -436,7 +436,6 @@ class PPOTrainer:
             policy_version=float(learner.policy_version),
         )
         metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
-        self._active_step = None
         self._waiting.counted()  # StepFinished carries this wait
         self.files.append_metrics(step, metrics)
         if bus.wants(StepFinished):
@@ -444,6 +443,7 @@ class PPOTrainer:
         await self._drain_record()
         due = step % config.checkpoint.every == 0 or step == config.run.steps
         await self._decide(SafePoint.STEP_BOUNDARY, checkpoint_due=due)
+        self._active_step = None  # a failed save (past its deadline) is still this step's
         await self.membership.apply(step, self.driver)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
@@ -526,15 +526,16 @@ class PPOTrainer:
 
         Never raises: a failure here must not replace ``error``.
         """
+        failed = self._active_step or self.step + 1  # the sync and the save come after
         logger.error(
             "step %d failed: %s: %s",
-            *(self.step + 1, type(error).__name__, error),
+            *(failed, type(error).__name__, error),
             extra=ALSO_AN_EVENT,  # FitFailed, or the recovery's events
         )
         try:
             outcome = await self._safe_point(
                 SafePoint.TERMINAL_FAILURE,
-                step=self.step + 1,  # the step that failed, where its restart is reported
+                step=failed,  # the step that failed, where its restart is reported
                 error_type=type(error).__name__,
                 message=str(error),
             )
@@ -543,7 +544,7 @@ class PPOTrainer:
             action = await self._act(SafePoint.TERMINAL_FAILURE, outcome, self.step)
             if action is not Action.RESTORE:
                 return False
-            return await self.recovery.restore_latest(outcome.summary(), error)
+            return await self.recovery.restore_latest(outcome.summary(), error, failed)
         except Exception:
             logger.exception("recovery from %s failed", type(error).__name__)
             return False

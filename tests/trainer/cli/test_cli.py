@@ -321,3 +321,16 @@ def test_a_rejected_extension_creates_no_run_folder(tmp_path: Path) -> None:
     done = trainbus("train", "--extension", "json:NoSuchThing", cwd=tmp_path)
     assert done.returncode == 2
     assert not (tmp_path / "runs").exists()
+
+
+def test_inject_help_says_what_every_fault_does_and_help_names_them(tmp_path: Path) -> None:
+    from trainer import FAULTS
+
+    done = trainbus("train", "--inject", "help", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert listed == list(FAULTS)
+    assert {"sync-hang", "checkpoint-hang", "reward-hang", "close-hang"} <= set(listed)
+    assert not (tmp_path / "run").exists()
+    usage = " ".join(trainbus("train", "--help", cwd=tmp_path).stdout.split())
+    assert f"FAULT is one of {', '.join(FAULTS)}" in usage

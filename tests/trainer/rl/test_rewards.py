@@ -7,6 +7,7 @@ import asyncio
 import math
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from trainer.rl._rewards import (
     load_rewards,
 )
 from trainer.rl._text_tasks import task_reward
-from trainer.rollout._scoring import RewardScorer
+from trainer.rollout._scoring import MAX_ABANDONED, RewardScorer
 
 MODULE = """
 import asyncio
@@ -165,3 +166,34 @@ def test_a_raising_hanging_or_lying_reward_fails_its_rollouts_with_the_reason(
             assert scorer.failures == {kind: 3}
     finally:
         release.set()
+
+
+def test_a_reward_that_stays_hung_is_not_called_again_until_a_call_returns() -> None:
+    release = threading.Event()
+    calls: list[int] = []
+
+    def hangs(prompts: object, completions: list[str], **_: object) -> list[float]:
+        calls.append(1)
+        release.wait(30)
+        return [1.0] * len(completions)
+
+    scorer = _scorer(hangs, timeout_s=0.05)
+    try:
+        for _ in range(MAX_ABANDONED):
+            [failure] = scorer.score(["p"], ["c"], {})
+            assert isinstance(failure, RewardFailure) and "did not return" in failure.message
+        # Every thread it was given still runs: the next call fails at once, uncalled.
+        [refused] = scorer.score(["p"], ["c"], {})
+        assert isinstance(refused, RewardFailure) and refused.kind == "reward_timeout"
+        assert refused.message == (
+            f"f not called: {MAX_ABANDONED} earlier calls are still running past their "
+            "0.05 s deadline"
+        )
+        assert len(calls) == MAX_ABANDONED
+    finally:
+        release.set()
+    # Once the hung calls return, the function is called again.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and scorer.score(["p"], ["c"], {}) != [1.0]:
+        time.sleep(0.01)
+    assert len(calls) > MAX_ABANDONED

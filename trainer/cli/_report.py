@@ -22,7 +22,6 @@ from ..runtime._describe import describe
 from ..runtime._fold import REWARD_METRIC, WAIT_METRIC, FitSummary
 from ._plots import write_plots
 from ._rundata import RunData, load_run, run_folder
-from ._stalls import fold_stalls
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -197,10 +196,24 @@ def _restarts(run: RunData) -> str:
 
 
 def _stalls(run: RunData) -> str:
-    # When, how long, where, what ended it: from the event log, whatever the rest came from.
-    origin = run.events[0].time if run.events else 0.0
-    lines = [stall.line(origin) for stall in fold_stalls(run.events)]
-    return "\n".join([str(len(lines)), *lines]) if lines else "none"
+    """One line per stall of the summary: when, how long, where, what ended it."""
+    stalls = run.summary.stalls
+    if not stalls:
+        return "none"
+    origin = run.events[0].time if run.events else min(s["began"] for s in stalls)
+    return "\n".join([str(len(stalls)), *(stall_line(s, origin) for s in stalls)])
+
+
+def stall_line(stall: dict[str, Any], origin: float) -> str:
+    """``step 4 rollouts at +12.3 s, 6.2 s: worker ... stuck in ...; rollout side ...``
+    (``origin``: the wall-clock time the offsets count from)."""
+    ended_by = stall["ended_by"]
+    at_least = "" if ended_by else "at least "
+    return (
+        f"step {stall['step']} {stall['stage']} at +{stall['began'] - origin:.1f} s, "
+        f"{at_least}{stall['lasted_s']:.1f} s: {stall['where']}; "
+        f"{ended_by or 'still stalled when the log ends'}"
+    )
 
 
 def _notable(run: RunData) -> str:

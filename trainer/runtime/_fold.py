@@ -9,6 +9,12 @@ whole run, across kills, resumes and recoveries, and reads the same however it w
 Each event type the summary depends on has one function in :data:`FOLDS`; adding a fact to
 the summary means adding a function and a table entry.
 
+*Stalls*: a first ``StallDiagnosed`` (``repeat == 0``) and the repeats after it for the same
+step and stage are one stall; the next event that acts on the wait ends it (a restart of the
+rollout side, a restored checkpoint, the step finishing, the run ending). Diagnoses are
+published only while someone listens, so the trainer's live fold reads them only when
+someone did when ``fit()`` began (a run folder's log always does).
+
 *Attempts*: every ``fit()`` over a run folder (the first, and each resume) is one attempt,
 opened by its ``FitStarted``. ``status``, ``error``, ``start_step`` and ``after_fit_errors``
 are the last attempt's; ``attempts`` lists each one; every other count is the whole run's.
@@ -37,6 +43,7 @@ from eventbus import (
     SafePoint,
     SafePointOutcome,
     SafePointResolved,
+    StallDiagnosed,
     StepFinished,
     Subscription,
     WorkerJoined,
@@ -47,7 +54,7 @@ from eventbus import (
 from ._decisions import interrupts_sample_wait
 from ._metrics import named
 
-__all__ = ["FOLDS", "AttemptSummary", "FitSummary", "RunFold", "fold_events"]
+__all__ = ["FOLDS", "AttemptSummary", "FitSummary", "RunFold", "fold_events", "live_events"]
 
 MOVING_AVERAGE = 10
 """Steps in the reward's moving average."""
@@ -95,6 +102,10 @@ class FitSummary(msgspec.Struct, kw_only=True):
         reward_moving_average: Mean reward over the last 10 steps.
         best_reward_moving_average: Best 10-step moving average.
         restarts: Every restart: rollout-side restarts and checkpoint recoveries, with why.
+        stalls: Every diagnosed stall: ``step``, ``stage``, ``began`` (wall-clock time it
+            began), ``lasted_s`` (until what ended it, or its last diagnosis), ``ended_by``
+            (in words; empty while it lasts), ``diagnoses`` (how many), ``where`` (the last
+            diagnosis's headline: who holds what, stuck where).
         membership: Every change of the number of rollout workers, applied at a step
             boundary: step, workers before and after, the extension that asked, why.
         decisions: Decisions of the safe points the trainer acted on, by point, then by
@@ -126,6 +137,7 @@ class FitSummary(msgspec.Struct, kw_only=True):
     reward_moving_average: float | None = None
     best_reward_moving_average: float | None = None
     restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    stalls: list[dict[str, Any]] = msgspec.field(default_factory=list)
     membership: list[dict[str, Any]] = msgspec.field(default_factory=list)
     decisions: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
     notable_decisions: list[dict[str, Any]] = msgspec.field(default_factory=list)
@@ -171,6 +183,7 @@ class RunFold:
         self._open: AttemptSummary | None = None
         self._opened_at = 0.0
         self._last_time = 0.0
+        self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
 
     def apply(self, event: Event) -> None:
         """Fold one event (ignored unless the summary depends on it)."""
@@ -185,10 +198,11 @@ class RunFold:
         ``SafePointResolved`` for observers)."""
         self.apply(SafePointResolved(outcome=outcome))
 
-    def follow(self, bus: EventBus) -> Subscription:
-        """Subscribe to what this fold reads of ``bus`` (:data:`LIVE_EVENTS`); feed it with
+    def follow(self, bus: EventBus, *, diagnosed: bool = False) -> Subscription:
+        """Subscribe to what this fold reads of ``bus`` (:func:`live_events`); feed it with
         :meth:`drain`. Close the subscription when the run ends."""
-        return bus.subscribe(*LIVE_EVENTS, maxsize=100_000, name="trainbus.run-record")
+        events = live_events(diagnosed)
+        return bus.subscribe(*events, maxsize=100_000, name="trainbus.run-record")
 
     async def drain(self, subscription: Subscription) -> None:
         """Fold what ``subscription`` holds now (it never waits for more)."""
@@ -205,6 +219,7 @@ class RunFold:
             s.attempts = attempts
             s.duration_s = sum(a.duration_s for a in attempts)
             s.restarts = [dict(r) for r in s.restarts]
+            s.stalls = [dict(stall) for stall in s.stalls]
             s.membership = [dict(m) for m in s.membership]
             s.decisions = {point: dict(counts) for point, counts in s.decisions.items()}
             s.notable_decisions = [dict(d) for d in s.notable_decisions]
@@ -231,8 +246,38 @@ class RunFold:
         s = self._summary
         s.status, s.error = status, error
 
+    def _end_stalls(self, ended_by: str, at: float, step: int | None = None) -> None:
+        """End the open stalls (of steps up to ``step``, when given) with ``ended_by``."""
+        for stall in [s for s in self._open_stalls if step is None or s["step"] <= step]:
+            self._open_stalls.remove(stall)
+            stall["ended_by"] = ended_by
+            stall["lasted_s"] = max(stall["lasted_s"], at - stall["began"])
+
+    def _stall_diagnosed(self, e: StallDiagnosed) -> None:
+        key = (e.step, e.stage)
+        stall = next((s for s in self._open_stalls if (s["step"], s["stage"]) == key), None)
+        if stall is None or e.repeat == 0:
+            if stall is not None:  # a new stall of the same wait: the last one ended
+                self._open_stalls.remove(stall)
+                stall["ended_by"] = "the wait made progress"
+            stall = {
+                "step": e.step,
+                "stage": e.stage,
+                "began": e.time - e.stalled_s,
+                "lasted_s": 0.0,
+                "ended_by": "",
+                "diagnoses": 0,
+                "where": "",
+            }
+            self._open_stalls.append(stall)
+            self._summary.stalls.append(stall)
+        stall["diagnoses"] += 1
+        stall["lasted_s"] = max(stall["lasted_s"], e.stalled_s)
+        stall["where"] = e.headline()
+
     def _fit_started(self, e: FitStarted) -> None:
         # An attempt still open here ended without a word: its process was killed.
+        self._end_stalls("the process ended (killed)", self._last_time)
         self._close_open_attempt("killed", None, self._last_time)
         s = self._summary
         s.run_id = e.run_id or s.run_id
@@ -254,6 +299,7 @@ class RunFold:
         s.steps = e.step
         if self._open is not None:
             self._open.end_step = e.step
+        self._end_stalls("the step went on by itself", e.time, step=e.step)
         reward = metrics.get(REWARD_METRIC)
         if reward is None:
             return
@@ -275,6 +321,7 @@ class RunFold:
     def _checkpoint_restored(self, e: CheckpointRestored) -> None:
         if e.reason == "resume":
             return  # the attempt's FitStarted says where it starts
+        self._end_stalls(f"checkpoint of step {e.step} restored", e.time)
         self._rewind(e.step)
         self.restart_events.append(e)
         self._summary.restarts.append(
@@ -288,6 +335,7 @@ class RunFold:
         )
 
     def _rollout_restarted(self, e: RolloutRestarted) -> None:
+        self._end_stalls(f"rollout side restarted ({len(e.reissued)} rollouts reissued)", e.time)
         self.restart_events.append(e)
         self._summary.restarts.append(
             {
@@ -353,6 +401,7 @@ class RunFold:
         self._summary.extension_failures += 1
 
     def _fit_finished(self, e: FitFinished) -> None:
+        self._end_stalls("the run ended", e.time)
         self._close_open_attempt("stopped" if e.stopped_early else "finished", None, e.time)
 
     def _fit_failed(self, e: FitFailed) -> None:
@@ -360,6 +409,7 @@ class RunFold:
         s = self._summary
         s.sample_wait_total_s += e.wait_s
         s.sample_wait_longest_s = max(s.sample_wait_longest_s, e.wait_s)
+        self._end_stalls(f"the run failed: {e.error_type}: {e.message}", e.time)
         if e.error_type == "CancelledError":
             self._close_open_attempt("interrupted", None, e.time)
         else:
@@ -380,13 +430,24 @@ FOLDS: dict[type[Event], Callable[[RunFold, Any], None]] = {
     ExtensionFailed: RunFold._extension_failed,
     FitFinished: RunFold._fit_finished,
     FitFailed: RunFold._fit_failed,
+    StallDiagnosed: RunFold._stall_diagnosed,
 }
 """Each event type the summary depends on, and how it changes the summary."""
 
-LIVE_EVENTS: tuple[type[Event], ...] = tuple(t for t in FOLDS if t is not SafePointResolved)
-"""What the trainer's live fold subscribes to. Safe-point outcomes are not among them: the
-trainer folds the outcomes it receives, since observing ``SafePointResolved`` would make
-every safe point traversed even with nobody voting."""
+LIVE_EVENTS: tuple[type[Event], ...] = tuple(
+    t for t in FOLDS if t not in (SafePointResolved, StallDiagnosed)
+)
+"""What the trainer's live fold always subscribes to. Safe-point outcomes are not among
+them: the trainer folds the outcomes it receives, since observing ``SafePointResolved``
+would make every safe point traversed even with nobody voting. Nor are diagnoses: listening
+for ``StallDiagnosed`` is what turns diagnosis on, so the live fold reads them only when
+someone else listens (:func:`live_events`)."""
+
+
+def live_events(diagnosed: bool) -> tuple[type[Event], ...]:
+    """What the live fold subscribes to: :data:`LIVE_EVENTS`, and ``StallDiagnosed`` when
+    ``diagnosed`` (someone listens for it already)."""
+    return (*LIVE_EVENTS, StallDiagnosed) if diagnosed else LIVE_EVENTS
 
 
 def fold_events(events: Iterable[Event]) -> RunFold:

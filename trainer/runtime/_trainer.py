@@ -37,6 +37,7 @@ from eventbus import (
     Registration,
     SafePoint,
     SafePointOutcome,
+    StallDiagnosed,
     StepFinished,
     StepStarted,
     Subscription,
@@ -248,8 +249,10 @@ class PPOTrainer:
                 self.record = fold_events(self.files.earlier_events())
                 jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
                 sink = self.bus.register_extension(jsonl)
-            # The live fold reads the events its summary depends on, as the log does.
-            self._tap = self.record.follow(self.bus)
+            # The live fold reads the events its summary depends on, as the log does
+            # (diagnoses only when someone else asked for them: listening turns them on).
+            diagnosed = self._diagnoser is not None and self.bus.wants(StallDiagnosed)
+            self._tap = self.record.follow(self.bus, diagnosed=diagnosed)
             async with self.bus.running():
                 return await self._fit()
         finally:

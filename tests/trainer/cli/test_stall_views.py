@@ -26,8 +26,9 @@ from tests._events import sample_wait, stall
 from trainer import Holding, RolloutWork, load_config
 from trainer.cli._inspect import format_entry
 from trainer.cli._live import LiveProgress
-from trainer.cli._stalls import fold_stalls
+from trainer.cli._report import stall_line
 from trainer.runtime._describe import describe
+from trainer.runtime._fold import fold_events
 
 DIAGNOSIS = StallDiagnosed(
     step=4,
@@ -103,14 +104,15 @@ def test_report_lists_each_stall_with_when_how_long_where_and_what_ended_it() ->
         StepFinished(step=5, time=131.5),
         msgspec.structs.replace(DIAGNOSIS, step=6, stage="weight_sync", stuck=(), time=140.0),
     ]
-    stalls = fold_stalls(events)
-    assert [(s.step, s.stage, len(s.diagnoses)) for s in stalls] == [
+    # The run's one fold (summary.json, the report) holds them.
+    stalls = fold_events(events).summary().stalls
+    assert [(s["step"], s["stage"], s["diagnoses"]) for s in stalls] == [
         (4, "rollouts", 2),
         (4, "rollouts", 1),
         (6, "weight_sync", 1),
     ]
     headline = DIAGNOSIS.headline()
-    lines = [stall.line(origin=100.0) for stall in stalls]
+    lines = [stall_line(stall, origin=100.0) for stall in stalls]
     assert lines[0] == (
         f"step 4 rollouts at +8.0 s, 9.0 s: {headline}; rollout side restarted "
         "(2 rollouts reissued)"
@@ -118,6 +120,22 @@ def test_report_lists_each_stall_with_when_how_long_where_and_what_ended_it() ->
     assert lines[1] == f"step 4 rollouts at +28.0 s, 3.5 s: {headline}; the step went on by itself"
     assert lines[2].startswith("step 6 weight_sync at +33.8 s, at least 6.2 s: weight_sync at")
     assert lines[2].endswith("; still stalled when the log ends")
+
+
+def test_a_stall_inside_another_wait_and_the_wait_end_together() -> None:
+    # The rollout side restarting (stage restart) stalls inside the stalled wait for rollouts;
+    # the restart ends both.
+    restart = msgspec.structs.replace(DIAGNOSIS, stage="restart", stuck=(), time=112.0)
+    events = [
+        at(DIAGNOSIS, 110.0, 0, 2.0),
+        at(restart, 113.0, 0, 1.0),
+        RolloutRestarted(step=4, reissued=("p7#0",), time=114.0),
+    ]
+    stalls = fold_events(events).summary().stalls
+    assert [(s["stage"], s["ended_by"], s["lasted_s"]) for s in stalls] == [
+        ("rollouts", "rollout side restarted (1 rollouts reissued)", 6.0),
+        ("restart", "rollout side restarted (1 rollouts reissued)", 2.0),
+    ]
 
 
 class Host:

@@ -22,6 +22,7 @@ from trainer import (
     SelfHealingExtension,
     WaitDeadlineExceeded,
 )
+from trainer.cli._rundata import load_run
 
 from ..helpers import tiny_config
 
@@ -57,7 +58,7 @@ async def test_a_hung_weight_sync_is_diagnosed_then_fails_the_step_naming_its_de
         "(rollout.sync_timeout_s) at step 2; diagnosed: weight_sync at step 2 stalled for "
     )
     assert str(error).endswith("stuck in `_faults.py:{}`".format(_line("hang_weight_sync")))
-    assert trainer.record.summary.status == "failed"
+    assert trainer.record.summary().status == "failed"
 
 
 async def test_self_healing_recovers_from_a_hung_weight_sync_by_restarting_the_rollouts() -> None:
@@ -106,6 +107,14 @@ async def test_a_hung_checkpoint_write_is_abandoned_and_never_renamed(
     assert not list(folder.glob("*.tmp"))
     assert [c.step for c in CheckpointStore(folder).list()] == [2, 3, 4]  # keep = 3
     assert CheckpointStore.load(folder / "step-00000002.pt")["step"] == 2
+    # The stall is in the run's summary, as the report folds it from the log.
+    [stall] = summary.stalls
+    assert (stall["step"], stall["stage"]) == (2, "checkpoint")
+    assert stall["ended_by"] == "checkpoint of step 1 restored"
+    assert stall["where"].endswith(
+        "stuck in `_faults.py:{}`".format(_line("before_checkpoint_rename"))
+    )
+    assert load_run(tmp_path).summary.stalls == summary.stalls
 
 
 async def test_a_hung_reward_call_is_diagnosed_in_the_worker_and_its_rollouts_fail() -> None:

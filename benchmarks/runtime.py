@@ -8,7 +8,11 @@ trained by ``PPOTrainer.fit()`` two ways:
 * ``fit()``: no extension, so no safe point is traversed and no lifecycle event is built but
   the ones the benchmark reads (``StepFinished``, ``CheckpointSaved``);
 * ``fit() + sink + voter``: with a ``JsonlSink`` and a voting extension (``ScriptedVoter``
-  voting ``CONTINUE`` at every safe point, ``SAMPLE_WAIT`` included) registered.
+  voting ``CONTINUE`` at every safe point, ``SAMPLE_WAIT`` included) registered;
+* ``fit(), diagnosis off`` and ``fit(), diagnosis on``: stall diagnosis off
+  (``diagnose.after_s = 0``), and on with someone listening for ``StallDiagnosed`` (so the
+  watchdog thread runs and every wait is marked). Nothing stalls, so nothing is diagnosed:
+  this is what the diagnosis machinery costs a healthy run.
 
 A step's *training work* is the trainer's own account of it: every ``StepFinished`` carries
 ``timing_s/wait`` (waiting for the batch's rollouts), ``timing_s/update_actor`` (the PPO
@@ -46,10 +50,15 @@ all of it lands on the critical path. After the timed runs, one ``cProfile`` run
 variant (thread CPU time, event-loop thread) breaks the time down by package
 (``eventbus/``, ``replay/``, ``trainer/``, the event loop, torch, the rest).
 
+Target for the diagnosis (issue 12): not measurable above noise. The pair is judged on the
+event-loop thread's CPU time (where marking the waits happens; the watchdog thread sleeps on
+its own): no difference at all (0) must lie within the interquartile range of the run-by-run
+differences, i.e. the middle half of the pairs does not tell on from off.
+
 Every run checks that it did the same work: the final policy parameters and rewards must
 agree across variants.
 
-    .venv/bin/python benchmarks/runtime.py            # about 2 minutes
+    .venv/bin/python benchmarks/runtime.py            # about 4 minutes (5 on a loaded machine)
     .venv/bin/python benchmarks/runtime.py --quick    # smoke test, about 15 s
 """
 
@@ -85,7 +94,7 @@ from benchmarks._common import (
     run_facts,
     save_results,
 )
-from eventbus import CheckpointSaved, JsonlSink, StepFinished
+from eventbus import CheckpointSaved, JsonlSink, StallDiagnosed, StepFinished
 from eventbus.testing import ScriptedVoter
 from trainer import FitSummary, PPOTrainer, TrainerConfig, load_config
 
@@ -98,7 +107,9 @@ FIT_EXTENSIONS_VS_FIT_MAX = 1.03
 
 FIT = "fit()"
 FIT_EXT = "fit() + sink + voter"
-VARIANTS = (FIT, FIT_EXT)
+DIAG_OFF = "fit(), diagnosis off"
+DIAG_ON = "fit(), diagnosis on"
+VARIANTS = (FIT, FIT_EXT, DIAG_OFF, DIAG_ON)
 VS_WORK = {FIT: FIT_VS_WORK_MAX, FIT_EXT: FIT_EXTENSIONS_VS_WORK_MAX}
 WORK = "its training work"
 # The step's training work, as the trainer times it in every StepFinished.
@@ -177,10 +188,13 @@ class Run:
 # --- the work --------------------------------------------------------------------------------
 
 
-def make_config(steps: int) -> TrainerConfig:
+def make_config(steps: int, variant: str = FIT) -> TrainerConfig:
     """The default run for ``steps`` steps, with no checkpoint but those ``fit()`` always
-    writes (step 0 and the last step)."""
-    return load_config(overrides={"run.steps": steps, "run.seed": 0, "checkpoint.every": steps + 1})
+    writes (step 0 and the last step); stall diagnosis off for ``DIAG_OFF``."""
+    overrides: dict[str, Any] = {"run.steps": steps, "run.seed": 0, "checkpoint.every": steps + 1}
+    if variant == DIAG_OFF:
+        overrides["diagnose.after_s"] = 0.0
+    return load_config(overrides=overrides)
 
 
 def _checksum(trainer: PPOTrainer) -> float:
@@ -241,9 +255,11 @@ async def observed_fit(
 
 def run_variant(variant: str, steps: int, profiler: cProfile.Profile | None = None) -> Run:
     """Build a trainer (untimed), run ``variant`` on a fresh event loop, time it."""
-    trainer = PPOTrainer(make_config(steps))
+    trainer = PPOTrainer(make_config(steps, variant))
     sink: JsonlSink | None = None
     voter: ScriptedVoter | None = None
+    # Someone listens for diagnoses: the watchdog starts (nothing stalls, so none comes).
+    listener = trainer.bus.subscribe(StallDiagnosed) if variant == DIAG_ON else None
     with tempfile.TemporaryDirectory(prefix="trainbus-runtime-") as folder:
         registrations = []
         if variant == FIT_EXT:
@@ -260,6 +276,8 @@ def run_variant(variant: str, steps: int, profiler: cProfile.Profile | None = No
                 registration.close()
             if sink is not None:
                 sink.close()
+            if listener is not None:
+                listener.close()
     if summary.steps != steps or summary.final_reward is None:
         raise AssertionError(f"{variant}: fit() did not run {steps} steps: {summary}")
     finished = [e for e in seen if isinstance(e, StepFinished)]
@@ -383,8 +401,39 @@ def rows(runs: dict[str, list[Run]], steps: int) -> list[Result]:
                 "(fit() wall per step + added event-loop CPU per step) / fit() wall"
             )
         overheads.append(overhead)
+        overheads.append(_diagnosis_cost(made[DIAG_ON], made[DIAG_OFF], clock, steps))
+        made[DIAG_ON].compare(made[DIAG_OFF])  # context: the target is on the differences
         out += made.values()
     return out + overheads
+
+
+def _diagnosis_cost(on: Result, off: Result, clock: str, steps: int) -> Result:
+    """What stall diagnosis adds per step with nothing stalling: the run-by-run differences
+    (on the event-loop thread: met when 0 lies within their quartile range)."""
+    scale, unit = (1e3, "us") if clock == "loop cpu" else (1.0, "ms")
+    diffs = tuple((a - b) * scale for a, b in zip(on.runs, off.runs, strict=True))
+    quartiles = statistics.quantiles(diffs, n=4) if len(diffs) >= 2 else [diffs[0]] * 3
+    row = Result.from_runs(
+        f"what stall diagnosis adds per step (vs {DIAG_OFF})",
+        DIAG_ON,
+        diffs,
+        unit=unit,
+        n=steps,
+        variant=clock,
+        params={
+            "value_us": statistics.median(diffs) * 1e3 / scale,
+            "difference_quartiles": [round(q, 3) for q in quartiles],
+            "diagnosis_on_per_step": on.value,
+            "diagnosis_off_per_step": off.value,
+        },
+    )
+    if clock == "loop cpu":
+        row.met = quartiles[0] <= 0.0 <= quartiles[2]
+        row.params["target"] = (
+            "not measurable above noise: 0 (no cost at all) lies within the quartile range "
+            "of the run-by-run differences"
+        )
+    return row
 
 
 def paired_ratio_quartiles(runs: dict[str, list[Run]]) -> dict[str, list[float]]:
@@ -392,8 +441,9 @@ def paired_ratio_quartiles(runs: dict[str, list[Run]]) -> dict[str, list[float]]
     time over its training work, and the extensions over plain ``fit()`` on each clock."""
     ratios = {f"wall / {WORK} / {v}": [r.wall_s / r.work_s for r in runs[v]] for v in VARIANTS}
     for group, _, get in _CLOCKS:
-        pairs = zip(runs[FIT_EXT], runs[FIT], strict=True)
-        ratios[f"{group} / {FIT_EXT} / {FIT}"] = [get(a) / get(b) for a, b in pairs]
+        for new, old in ((FIT_EXT, FIT), (DIAG_ON, DIAG_OFF)):
+            pairs = zip(runs[new], runs[old], strict=True)
+            ratios[f"{group} / {new} / {old}"] = [get(a) / get(b) for a, b in pairs]
     return {
         key: [round(q, 4) for q in statistics.quantiles(values, n=4)]
         for key, values in ratios.items()

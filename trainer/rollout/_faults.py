@@ -2,15 +2,15 @@
 
 ``trainbus train --inject FAULT@STEP`` (repeatable) and the Python API
 (``FaultInjector.parse(["hang@3"])``) inject, from step ``STEP`` on, the faults of
-:data:`FAULT_HELP` (``--inject help`` lists them).
+:data:`FAULT_HELP`, the one list of them with what each does in a line (``trainbus train
+--inject help`` prints it). The ``hang`` variants (``sync-hang``, ``checkpoint-hang``,
+``reward-hang``, ``close-hang``) exist so that every wait of the trainer with a deadline has a
+fault that runs past it.
 
 Each fault fires once per run (``slow`` lasts ``slow_steps`` steps), so a recovered run goes
 on. With a run folder the faults that fired are kept in its ``faults.json``
 (:meth:`FaultInjector.keep_record`), written before the fault acts, so a resumed process
-(``checkpoint-crash`` kills the process) does not fire them again. The ``hang`` variants
-exist so that every wait of the trainer with a deadline has a fault that runs past it.
-:data:`FAULT_HELP` says in a line what each one does (``trainbus train --inject help``
-prints it).
+(``checkpoint-crash`` kills the process) does not fire them again.
 """
 
 from __future__ import annotations

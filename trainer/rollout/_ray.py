@@ -186,11 +186,7 @@ class RayBackend(BackendBase):
             loop.call_soon_threadsafe(queue.put_nowait, work)
 
     async def update_weights(self, weights: bytes, version: int) -> None:
-        """Put ``version`` in the object store; each actor loads it with its next work.
-
-        The put runs on a thread (abandoned if the caller's deadline cancels the sync): a
-        full or unreachable object store blocks it.
-        """
+        """Put ``version`` in the object store; each actor loads it with its next work."""
         if self._closed:
             raise RuntimeError("the ray backend is closed")
         await self._put_weights(weights, version)

@@ -9,6 +9,7 @@ trainer with self-healing names it in the restart vote.
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 import torch
 
@@ -112,3 +113,32 @@ async def test_a_hung_weight_sync_is_diagnosed_where_the_put_hangs() -> None:
     assert (raised.value.stage, raised.value.setting) == ("weight_sync", "rollout.sync_timeout_s")
     assert raised.value.diagnosis is not None
     assert raised.value.diagnosis.stage == "weight_sync"
+
+
+async def test_a_hung_reward_call_in_an_actor_is_read_and_fails_its_rollouts() -> None:
+    # reward-hang travels to the actor with the work; py-spy sees the reward thread, and
+    # past task.reward_timeout_s the actor fails those rollouts as reward_timeout.
+    spec = msgspec.structs.replace(SPEC, reward_timeout_s=6.0)
+    backend = RayBackend(spec, 1, faults=FaultInjector.parse(["reward-hang@1"]))
+    sink = FakeSink()
+    await backend.start(sink, weights(0), 0)
+    try:
+        work = make_work("r")
+        backend.submit(work)
+        await until(lambda: len(backend.holdings()) == 1)
+        [worker] = [h.worker_id for h in backend.holdings()]
+        reader = StackReader(timeout_s=20)
+        where = None
+        while where != "_hang_until_abandoned" and not sink.results:  # sampling comes first
+            stacks = await anyio.to_thread.run_sync(backend.read_stacks, [worker], reader)
+            where = stacks[0].where().function if stacks[0].where() else None  # type: ignore[union-attr]
+        # The reward thread first: the actor's own only waits for it.
+        assert where == "_hang_until_abandoned"
+        assert stacks[0].source == "py-spy"
+        assert [s.where().function for s in stacks[1:2]] == ["call_with_deadline"]  # type: ignore[union-attr]
+        await until(lambda: len(sink.results) == 8)
+        assert {(r.status.value, r.error_kind) for r in sink.results} == {
+            ("failed", "reward_timeout")
+        }
+    finally:
+        await backend.close()

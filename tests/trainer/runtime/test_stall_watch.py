@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 import threading
 
+import anyio
+import anyio.lowlevel
 import pytest
 
-from trainer.runtime._stall import StallWatch
+from eventbus import StallDiagnosed
+from trainer import WaitDeadlineExceeded
+from trainer.runtime._stall import Stages, StallWatch
 
 
 class Clock:
@@ -124,3 +128,52 @@ def test_bad_settings_are_refused() -> None:
         StallWatch(0)
     with pytest.raises(ValueError, match="repeat_factor"):
         StallWatch(1.0, repeat_factor=1.0)
+
+
+SYNC_AT_3 = ("weight_sync", 3, 0.01, "rollout.sync_timeout_s")
+SAVE_AT_3 = ("checkpoint", 3, 0.01, "checkpoint.timeout_s")
+LONG = ("weight_sync", 1, 10.0, "rollout.sync_timeout_s")
+
+
+class Published:
+    """What a diagnoser shows of its diagnoses (``Stages`` reads these two)."""
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.latest: StallDiagnosed | None = None
+
+    def publish(self, stage: str, step: int) -> None:
+        self.published += 1
+        self.latest = StallDiagnosed(step=step, stage=stage, waited_s=1.0, stalled_s=1.0)
+
+
+async def test_a_bounded_wait_past_its_deadline_names_it_and_carries_its_own_diagnosis() -> None:
+    stages, diagnoses = Stages(), Published()
+    stages.watch_with(None, lambda: None, diagnoses)
+    diagnoses.publish("weight_sync", 3)  # before this wait: not its diagnosis
+    with pytest.raises(WaitDeadlineExceeded) as raised, stages.bounded(*SYNC_AT_3):
+        await anyio.sleep_forever()
+    assert raised.value.diagnosis is None
+    assert str(raised.value) == (
+        "the weight sync to the rollout workers did not finish within 0.01 s "
+        "(rollout.sync_timeout_s) at step 3"
+    )
+    with pytest.raises(WaitDeadlineExceeded) as raised, stages.bounded(*SAVE_AT_3):
+        diagnoses.publish("rollouts", 3)  # another wait's
+        await anyio.sleep_forever()
+    assert raised.value.diagnosis is None
+    with pytest.raises(WaitDeadlineExceeded) as raised, stages.bounded(*SAVE_AT_3):
+        diagnoses.publish("checkpoint", 3)
+        await anyio.sleep_forever()
+    latest = diagnoses.latest
+    assert latest is not None and raised.value.diagnosis is latest
+    assert str(raised.value).endswith(f"; diagnosed: {latest.headline()}")
+
+
+async def test_a_bounded_wait_that_ends_in_time_or_raises_is_left_alone() -> None:
+    stages = Stages()
+    with stages.bounded(*LONG):
+        await anyio.lowlevel.checkpoint()
+    with pytest.raises(TimeoutError) as raised, stages.bounded(*LONG):
+        raise TimeoutError("the body's own, not the deadline")
+    assert not isinstance(raised.value, WaitDeadlineExceeded)

@@ -12,6 +12,7 @@ and, with self-healing on, counts down to the stall timeout.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,9 +36,10 @@ from eventbus import (
 )
 
 from ..rollout._backend import Holding
+from ..rollout._logs import also_an_event
 from ..runtime._describe import Context, describe
 from ..runtime._selfheal import WaitProgress
-from ._progress import is_notice
+from ._progress import PlainProgress, is_notice
 
 __all__ = ["LiveProgress", "describe_silence"]
 
@@ -171,3 +173,31 @@ class LiveProgress:
             self._live.update(self._render(), refresh=True)
             self._live.stop()
             self._live = None
+
+
+def progress_view(
+    *, live: bool, verbose: bool
+) -> tuple[PlainProgress | LiveProgress, logging.Handler]:
+    """The command line's progress view and the log handler that goes with it.
+
+    The live view draws its first frame at once: loading torch, the model and the workers
+    takes seconds, and a blank screen looks like a hang. Without ``verbose`` the handler
+    leaves out records that repeat an event the view prints.
+    """
+    view: PlainProgress | LiveProgress
+    handler: logging.Handler
+    if live:
+        from rich.logging import RichHandler
+
+        view = LiveProgress()
+        view.start("starting: loading torch, the model and the rollout workers")
+        # Log records go through the live view's console, above the bar, not through it.
+        handler = RichHandler(console=view.console, show_path=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    else:
+        view = PlainProgress()
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    if not verbose:
+        handler.addFilter(lambda record: not also_an_event(record))
+    return view, handler

@@ -15,12 +15,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..rollout._faults import FAULT_HELP, FAULTS
 from ._errors import EXIT_USAGE, UsageError
 from ._workload import add_workload_commands, run_workload_command
 
+if TYPE_CHECKING:
+    from ..config._schema import TrainerConfig
+    from ..rollout._faults import FaultInjector
+    from ..runtime._trainer import PPOTrainer
 __all__ = ["main"]
 
 
@@ -334,11 +338,29 @@ def _check_run_folder(out: Path) -> None:
             )
 
 
-def _train(args: argparse.Namespace) -> int:
+def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | None) -> PPOTrainer:
+    """Registers config.extensions and, with self_heal.enabled, SelfHealingExtension; loads
+    the model, the datasets and the reward functions.
+
+    Raises:
+        UsageError: An extension or the workload cannot be used.
+    """
+    import torch
+
     from eventbus import ExtensionError
 
-    from ..config._schema import ConfigError, convert, load_config
     from ..rl._hparams import WorkloadError
+    from ..runtime._trainer import PPOTrainer
+
+    torch.set_num_threads(1)  # small models next to a busy event loop (see DEVELOPERS.md)
+    try:
+        return PPOTrainer(config, out_dir=out, faults=faults)
+    except (ExtensionError, WorkloadError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ..config._schema import ConfigError, convert, load_config
     from ..rollout._faults import FaultInjector
 
     if "help" in args.inject:
@@ -365,21 +387,19 @@ def _train(args: argparse.Namespace) -> int:
             f"--fresh: {out} already holds a run; choose another --out (or delete that folder)"
         )
 
-    import torch
+    from ._live import progress_view
 
-    torch.set_num_threads(1)  # small models next to a busy event loop (see DEVELOPERS.md)
-
-    from ..rollout._logs import also_an_event
-    from ..runtime._trainer import PPOTrainer
-    from ._live import LiveProgress
-    from ._progress import PlainProgress
-
+    view, handler = progress_view(
+        live=not args.no_progress and sys.stdout.isatty(), verbose=args.verbose
+    )
+    # The progress view reports restarts, faults and drops as events; logs add only errors
+    # (and everything with --verbose).
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, handlers=[handler])
     try:
-        # Registers config.extensions and, with self_heal.enabled, SelfHealingExtension;
-        # loads the model, the datasets and the reward functions.
-        trainer = PPOTrainer(config, out_dir=out, faults=faults)
-    except (ExtensionError, WorkloadError) as exc:
-        raise UsageError(str(exc)) from None
+        trainer = _build_trainer(config, out, faults)
+    except BaseException:
+        view.close()  # the error goes below the last frame, not into it
+        raise
     for notice in trainer.workload.notices:
         print(f"notice: {notice}", file=sys.stderr)
     # Everything is validated: only now does the run folder appear.
@@ -389,25 +409,6 @@ def _train(args: argparse.Namespace) -> int:
     for registration in trainer.registrations:
         if registration.name in exporters:
             print(f"export: {registration.extension.describe()}", flush=True)  # type: ignore[attr-defined]
-    # The progress view reports restarts, faults and drops as events; logs add only errors
-    # (and everything with --verbose).
-    level = logging.INFO if args.verbose else logging.ERROR
-    handler: logging.Handler
-    if args.no_progress or not sys.stdout.isatty():
-        view: PlainProgress | LiveProgress = PlainProgress()
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    else:
-        from rich.logging import RichHandler
-
-        view = LiveProgress()
-        # Log records go through the live view's console, above the bar, not through it.
-        handler = RichHandler(console=view.console, show_path=False, markup=False)
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    if not args.verbose:
-        # The view prints the events; a record that repeats one would print it twice.
-        handler.addFilter(lambda record: not also_an_event(record))
-    logging.basicConfig(level=level, handlers=[handler])
     registration = trainer.register_runtime_extension(view)
     previous = _stop_on_signals(trainer)
     try:
@@ -424,9 +425,7 @@ def _train(args: argparse.Namespace) -> int:
         for signum, handler_before in previous.items():
             signal.signal(signum, handler_before)
         registration.close()
-        close = getattr(view, "close", None)
-        if close is not None:
-            close()  # the live view stops drawing even if the run ended without FitFinished
+        view.close()  # the live view stops drawing even if the run ended without FitFinished
     if trainer.already_finished:
         # Not an error (the folder holds what was asked for), and the folder is unchanged.
         print(

@@ -81,6 +81,9 @@ class PlainProgress:
         self._last_wait_print = -1.0
         self.failure_shown = False  # a FitFailed line printed: the CLI need not repeat it
 
+    def close(self) -> None:
+        """Nothing to stop: every line is printed as it comes (the live view's twin)."""
+
     def on_event(self, context: ExtensionContext, event: Event) -> None:
         """Print what a user should see of ``event``."""
         line = self.line(event)

@@ -240,6 +240,41 @@ def test_recovery_lines_say_each_reason_once_without_nesting(tmp_path: Path) -> 
     assert all(re.fullmatch(r"worker \S+ restarted: replaces \S+", line) for line in restarted)
 
 
+def test_the_live_view_shows_a_line_before_the_trainer_is_built(tmp_path: Path) -> None:
+    """On a terminal the first frame is drawn at once, not after torch, the model and the
+    workers are loaded (the screen was blank for seconds)."""
+    import os
+    import pty
+
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "trainer", "train"),
+            *("--config", str(tiny_toml(tmp_path)), "--steps", "1", "--out", "run"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=secondary,
+        cwd=tmp_path,
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(primary)
+    assert process.wait(timeout=300) == 0
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    started = re.search(r"run [0-9a-f]{12}: 1 steps", screen)
+    assert started is not None, screen
+    assert "starting: loading torch, the model and the rollout workers" in screen[: started.start()]
+
+
 def test_bad_config_keys_and_values_are_named(tmp_path: Path) -> None:
     cases = {
         "[rollout]\nworkerz = 2\n": "rollout.workerz: unknown key",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..rollout._faults import FAULT_HELP, FAULTS
 from ._errors import EXIT_USAGE, UsageError
+from ._runs import add_run_commands
 from ._workload import add_workload_commands, run_workload_command
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
     config_commands.add_parser("example", help="print a commented example configuration")
 
+    add_run_commands(commands)
     add_workload_commands(commands)
 
     bench = commands.add_parser("bench", help="run the benchmark suite and print its tables")
@@ -177,6 +179,10 @@ def _command(args: argparse.Namespace) -> int:
         return _config_command(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command in ("runs", "compare"):
+        from ._runs import run_compare, run_runs
+
+        return run_runs(args) if args.command == "runs" else run_compare(args)
     if args.command in ("model", "dataset"):
         return run_workload_command(args)
     return 0

@@ -162,9 +162,9 @@ class SelfHealingExtension:
         outstanding = state.pending_groups + state.running_groups
         if outstanding and stalled_for >= self.stall_timeout_s and self._stall is None:
             self._stall = (
-                f"no progress for {stalled_for:.1f} s at step {state.step} "
-                f"({state.available}/{state.required} prompt groups ready, "
-                f"{state.running_groups} running, {state.pending_groups} pending)"
+                f"no progress for {stalled_for:.1f} s at step {state.step}, "
+                f"{state.available}/{state.required} prompt groups ready, "
+                f"{state.running_groups} running, {state.pending_groups} pending"
             )
 
     # --- voting ---------------------------------------------------------------------------

@@ -57,7 +57,7 @@ async def test_no_progress_for_the_timeout_votes_restart_with_what_it_saw(
     decision, reason = await healer.on_safe_point(CONTEXT, at(SafePoint.SAMPLE_WAIT))
     assert decision is Decision.RESTART_REQUIRED
     assert reason == (
-        "no progress for 10.1 s at step 3 (5/8 prompt groups ready, 2 running, 0 pending)"
+        "no progress for 10.1 s at step 3, 5/8 prompt groups ready, 2 running, 0 pending"
     )
     # voted once: the restarted wait is watched afresh
     assert (await healer.on_safe_point(CONTEXT, at(SafePoint.SAMPLE_WAIT)))[0] is Decision.CONTINUE

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -31,6 +32,11 @@ __all__ = ["main"]
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        from ..config._schema import did_you_mean
+
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:  # a near miss of a command or a flag's value says which one was meant
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         raise UsageError(f"{self.prog}: {message}")
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "SelfHealConfig",
     "TaskConfig",
     "TrainerConfig",
+    "did_you_mean",
     "load_config",
 ]
 
@@ -444,7 +445,7 @@ def _readable(message: str) -> str:
         name = unknown.strip("`")
         section = _section_at(key)
         known = [f.name for f in section.fields] if section is not None else []
-        return f"{f'{key}.' if key else ''}{name}: unknown key{_did_you_mean(name, known)}"
+        return f"{f'{key}.' if key else ''}{name}: unknown key{did_you_mean(name, known)}"
     if not key:
         return text
     bad_value = re.fullmatch(r"Invalid enum value (.+)", text)
@@ -452,15 +453,15 @@ def _readable(message: str) -> str:
     if bad_value and allowed:
         value = bad_value.group(1)
         choices = ", ".join(repr(v) for v in allowed)
-        return f"{key}: {value} is not one of {choices}" + _did_you_mean(
-            value.strip("'\""), allowed
-        )
+        return f"{key}: {value} is not one of {choices}" + did_you_mean(value.strip("'\""), allowed)
     if re.match(r"^[a-z_]+: ", text):  # a section's check naming its own key
         return f"{key}.{text}"
     return f"{key}: {text[0].lower()}{text[1:]}" if text else key
 
 
-def _did_you_mean(given: str, known: list[str]) -> str:
+def did_you_mean(given: str, known: list[str]) -> str:
+    """``; did you mean 'x'?`` for a near miss of one of ``known``, else empty (for every
+    message naming a bad key, value or choice)."""
     close = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 

@@ -90,6 +90,8 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         (["train", "--steps", "0"], "run.steps: expected `int` >= 1"),
         (["train", "--steps", "many"], "argument --steps: invalid int value: 'many'"),
         (["train", "--mode", "turbo"], "argument --mode: invalid choice: 'turbo'"),
+        (["train", "--mode", "asnyc"], "(choose from 'sync', 'async'); did you mean 'async'?"),
+        (["trian"], "did you mean 'train'?"),
         (["train", "--bogus"], "unrecognized arguments: --bogus"),
         (["train", "--inject", "explode@2"], "unknown fault 'explode'"),
         (["train", "--inject", "hang"], "fault 'hang' needs a step"),

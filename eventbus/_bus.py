@@ -8,13 +8,16 @@ trade-offs):
   live queues, which the state mutates in place (under its lock) as subscriptions come and
   go. With listeners it is still one function: stamping and appending run inline.
 * With listeners, one lock orders stamping (``seq``, ``time``) and appending to every
-  matching queue, so publishers on several threads still produce one global order.
+  matching queue, so publishers on several threads still produce one global order. While
+  only the thread that created the bus uses it, ``publish`` skips that lock (single-thread
+  mode, see ``_order``); the first other thread ends the mode for good.
 * Routes (event type -> matching queues) are computed once per type and cached until the set
   of subscriptions changes.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -33,6 +36,7 @@ from ._extensions import (
     validate_extension,
 )
 from ._host import ExtensionHost
+from ._order import lock_free
 from ._registration import Registration, Registry
 from ._safepoints import reach
 from ._state import BusState
@@ -40,6 +44,7 @@ from ._subscription import OVERFLOW_POLICIES, Overflow, Subscription
 from ._util import check_timeout
 
 _force_setattr = msgspec.structs.force_setattr
+_get_ident = threading.get_ident
 _replace = msgspec.structs.replace
 
 __all__ = ["BusStatistics", "EventBus", "ExtensionContext"]
@@ -139,7 +144,7 @@ class EventBus:
         self._state = state
         # The very list the state mutates: `publish` truth-tests it without the lock.
         self._subscribers = state.subscribers
-        self._acquire, self._release = state.lock.acquire, state.lock.release
+        self._lock = state.lock
         state.publish = self.publish
         self._registry = Registry(state, mailbox_size=extension_queue_size)
         self._host = ExtensionHost(
@@ -152,6 +157,7 @@ class EventBus:
 
     # --- publishing ---------------------------------------------------------------------
 
+    @lock_free
     def publish(self, event: Event) -> None:
         """Deliver ``event`` to every subscriber that wants it, in global publish order.
 
@@ -168,7 +174,12 @@ class EventBus:
         # measurable share of the delivery cost. BusState's invariant: stamping and appending
         # to every matching queue happen in one critical section.
         state = self._state
-        self._acquire()
+        lock = self._lock
+        solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
+        if not solo:
+            if not lock.shared:
+                lock.share()
+            lock.raw_acquire()
         try:
             pushes = state.routes.get(type(event))
             if pushes is None:
@@ -186,7 +197,8 @@ class EventBus:
                     except Exception:  # noqa: BLE001  (logged and counted)
                         state.delivery_failed(event, push)
         finally:
-            self._release()
+            if not solo:
+                lock.release()
 
     def wants(self, event_type: type[Event]) -> bool:
         """True when publishing an ``event_type`` now would reach someone.

@@ -22,6 +22,7 @@ __all__ = ["reach"]
 
 _perf_counter = time.perf_counter
 _get_running_loop = asyncio.get_running_loop
+_Future = asyncio.Future
 
 
 def _complete(future: asyncio.Future[None]) -> None:
@@ -48,7 +49,8 @@ async def reach(
         request = state.stamp_locked(request)
         if roster.participants:
             loop = _get_running_loop()
-            future: asyncio.Future[None] = loop.create_future()
+            # Not loop.create_future(): on asyncio's loop, a Python method around this.
+            future: asyncio.Future[None] = _Future(loop=loop)
             barrier = Barrier(point, step, roster, future, opened)
             state.barriers[request.seq] = barrier
         state.deliver_locked(request, route.requests)

@@ -33,6 +33,7 @@ from ._barrier import Barrier, Deadlines, Roster, Voter
 from ._decisions import Decision, SafePoint
 from ._errors import SafePointError
 from ._events import Event, ExtensionFailed, SafePointReached, SafePointResolved, Vote
+from ._order import OrderLock, lock_free
 from ._util import describe_error
 
 __all__ = ["BusState", "Inbox", "PointRoute", "Push"]
@@ -47,6 +48,7 @@ Push = Callable[[Event], None]
 _force_setattr = msgspec.structs.force_setattr
 _replace = msgspec.structs.replace
 _perf_counter = time.perf_counter
+_get_ident = threading.get_ident
 
 
 def _not_owned(event: Event) -> None:
@@ -128,7 +130,7 @@ class BusState:
         timeout_decision: Decision,
         error_decision: Decision,
     ) -> None:
-        self.lock = threading.Lock()
+        self.lock = OrderLock()  # see _order: no locking while one thread uses the bus
         self.clock = clock
         self.timeout_decision = timeout_decision
         self.error_decision = error_decision
@@ -269,6 +271,7 @@ class BusState:
         """True while the safe point whose request has this ``seq`` is unresolved."""
         return seq in self.barriers
 
+    @lock_free
     def vote(
         self, voter: Voter, event: SafePointReached, decision: Decision, reason: str = ""
     ) -> bool:
@@ -285,7 +288,11 @@ class BusState:
                 f"not {type(event).__name__}"
             )
         lock = self.lock
-        lock.acquire()
+        solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
+        if not solo:
+            if not lock.shared:
+                lock.share()
+            lock.raw_acquire()
         try:
             barrier = self.barriers.get(event.seq)
             if barrier is not None:
@@ -318,7 +325,8 @@ class BusState:
                 f"{event.point.value} (seq {event.seq})"
             )
         finally:
-            lock.release()
+            if not solo:
+                lock.release()
 
     def record_vote(
         self,

@@ -2,9 +2,10 @@
 
 A subscription is a bounded deque plus at most one waiting future. The bus appends to it
 under the bus lock (so one global order holds across publishing threads); the consumer takes
-a whole batch from it under the same lock. A publisher never waits: when the queue is full the
-overflow policy decides what to drop, and the dropped stretch becomes one :class:`Lagged`
-notice at the place in the stream where events went missing.
+a whole batch from it under the same lock. (In single-thread mode, see ``_order``, neither
+side takes it: the owner thread is the only one there is.) A publisher never waits: when the
+queue is full the overflow policy decides what to drop, and the dropped stretch becomes one
+:class:`Lagged` notice at the place in the stream where events went missing.
 
 Invariant (the bound): the queue holds at most ``maxsize`` entries (events and gap markers)
 besides the safe-point requests that are still open, plus one gap marker. An open request
@@ -32,6 +33,8 @@ from typing import Literal
 from ._decisions import Decision, SafePoint
 from ._errors import SubscriberOverflowError
 from ._events import Event, Lagged, SafePointReached
+from ._loops import RunningLoop
+from ._order import lock_free
 from ._state import BusState
 from ._util import NoPublicConstructor
 
@@ -121,7 +124,6 @@ class Subscription(metaclass=NoPublicConstructor):
         self._maxsize = maxsize
         self._overflow: Overflow = overflow
         self._lock = state.lock
-        self._acquire, self._release = state.lock.acquire, state.lock.release
         self._clock = state.clock
         # Publishers append to _queue under the bus lock. The consumer swaps the whole queue
         # into _ready under the lock, once per batch, and then pops _ready without locking:
@@ -134,6 +136,7 @@ class Subscription(metaclass=NoPublicConstructor):
         self._requests: deque[SafePointReached] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._waiter_thread = 0
+        self._consumer_loop = RunningLoop()
         # accepting: new events are queued. end_when_empty: iteration ends once the queue is
         # drained instead of waiting (the bus closed, or stopped running extensions).
         self._accepting = True
@@ -207,6 +210,7 @@ class Subscription(metaclass=NoPublicConstructor):
     def __aiter__(self) -> Subscription:
         return self
 
+    @lock_free
     async def __anext__(self) -> Event:
         while True:
             ready = self._ready
@@ -220,7 +224,12 @@ class Subscription(metaclass=NoPublicConstructor):
                     return Lagged(missed=item.n, time=self._clock())
                 self._delivered += 1
                 return item  # type: ignore[return-value]  # not a _Gap, so an Event
-            self._acquire()
+            lock = self._lock
+            solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
+            if not solo:
+                if not lock.shared:
+                    lock.share()
+                lock.raw_acquire()
             try:
                 queue = self._queue
                 if queue:
@@ -241,14 +250,22 @@ class Subscription(metaclass=NoPublicConstructor):
                         raise error
                     raise StopAsyncIteration
                 # asyncio.Future itself, not loop.create_future(): on asyncio's own loop that
-                # is a Python method around the same constructor, paid at every wait.
-                waiter: asyncio.Future[None] = _Future(loop=_get_running_loop())
+                # is a Python method around the same constructor, paid at every wait. The
+                # loop is remembered: asking asyncio costs a system call (see _loops).
+                waiter: asyncio.Future[None] = _Future(loop=self._consumer_loop.get())
                 self._waiter = waiter
                 self._waiter_thread = _get_ident()
             finally:
-                self._release()
+                if not solo:
+                    lock.release()
             try:
                 await waiter
+            except RuntimeError:
+                # The task refused a future of another loop: the remembered loop went on
+                # running elsewhere (the case _loops cannot see). Ask asyncio, and wait again.
+                if waiter.get_loop() is _get_running_loop():
+                    raise
+                self._consumer_loop.forget()
             finally:
                 if self._waiter is waiter:  # cancelled while waiting: forget the future
                     with self._lock:

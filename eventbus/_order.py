@@ -1,0 +1,124 @@
+"""The bus lock, which keeps one global order across threads, and its single-thread mode.
+
+Every change to a bus's queues, counters and barriers happens under one lock, so publishers
+on several threads still produce one global order. Most buses are only ever used from the
+thread of their event loop, though, and there the lock is pure cost: on the delivery path
+``Lock.acquire`` (which parses its arguments) and ``release`` are a tenth of the time.
+
+Single-thread mode: the thread that creates the bus owns it. Until another thread takes the
+lock, the owner's hot paths (``publish``, a subscriber taking its batch or parking, a vote)
+skip it: with one thread there is nothing to exclude. The hot paths are the functions marked
+:func:`lock_free`; each tests ``lock.solo_thread == get_ident()`` and takes the lock only when
+that is false. Every other section always takes the lock.
+
+The first time another thread takes the lock (any operation: publish, vote, close,
+statistics), :meth:`OrderLock.share` ends single-thread mode for good: it clears
+``solo_thread``, so no new lock-free section starts, then waits until the owner thread is
+outside every :func:`lock_free` function (it reads the owner's stack with
+``sys._current_frames()``), so none is still running, and only then lets the newcomer take
+the lock. The owner never waits for itself. This relies on the GIL (a thread switch happens
+between bytecodes, and the stack shows where the other thread is): without it (a
+free-threaded build) or on another interpreter the bus starts shared.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import CodeType, TracebackType
+from typing import TypeVar
+
+__all__ = ["OrderLock", "lock_free"]
+
+F = TypeVar("F", bound=Callable[..., object])
+
+_get_ident = threading.get_ident
+_LOCK_FREE: set[CodeType] = set()
+
+# Single-thread mode needs the GIL and CPython's view of another thread's stack.
+_CAN_RUN_SOLO = (
+    sys.implementation.name == "cpython"
+    and hasattr(sys, "_current_frames")
+    and getattr(sys, "_is_gil_enabled", lambda: True)()
+)
+
+
+def lock_free(function: F) -> F:
+    """Mark ``function`` as one that skips the lock in single-thread mode.
+
+    :meth:`OrderLock.share` waits until the owner thread is outside every marked function.
+    """
+    _LOCK_FREE.add(function.__code__)
+    return function
+
+
+def _inside_lock_free(thread: int) -> bool:
+    frame = sys._current_frames().get(thread)
+    while frame is not None:
+        if frame.f_code in _LOCK_FREE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class OrderLock:
+    """A ``threading.Lock`` with a single-thread mode (see the module docstring).
+
+    ``with lock:`` and :meth:`acquire` end single-thread mode when a thread other than the
+    owner calls them. Hot paths use the attributes directly: when ``solo_thread`` is not the
+    calling thread, they call :meth:`share` unless ``shared``, then ``raw_acquire``.
+
+    Attributes:
+        owner: The thread that created the lock.
+        solo_thread: ``owner`` while single-thread mode lasts, 0 after.
+        shared: True once single-thread mode has ended and every thread takes the lock.
+        raw_acquire: The underlying lock's ``acquire``.
+        release: The underlying lock's ``release``.
+    """
+
+    __slots__ = ("_lock", "_transition", "owner", "raw_acquire", "release", "shared", "solo_thread")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._transition = threading.Lock()
+        self.raw_acquire = self._lock.acquire
+        self.release = self._lock.release
+        self.owner = _get_ident()
+        self.solo_thread = self.owner if _CAN_RUN_SOLO else 0
+        self.shared = not _CAN_RUN_SOLO
+
+    def share(self) -> None:
+        """End single-thread mode for good (a no-op on the owner thread or once shared).
+
+        Returns once no lock-free section of the owner can still be running.
+        """
+        if _get_ident() == self.owner:
+            return
+        with self._transition:  # a second newcomer waits for the first one's hand-over
+            if self.shared:
+                return
+            self.solo_thread = 0  # from here on the owner's hot paths take the lock
+            # Sections are short and never block on another thread of the bus, so this ends;
+            # sleep(0) hands the GIL to the owner so it can get out.
+            while _inside_lock_free(self.owner):
+                time.sleep(0)
+            self.shared = True
+
+    def acquire(self) -> None:
+        """Take the lock (ending single-thread mode first, on a thread that is not the owner)."""
+        if not self.shared:
+            self.share()
+        self._lock.acquire()
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._lock.release()

@@ -1,0 +1,188 @@
+"""Single-thread mode (``eventbus._order``) and the remembered loop (``eventbus._loops``).
+
+A bus skips its lock while only the thread that created it uses it; the first other thread
+ends that mode for good, once the owner has left every lock-free section. These tests hold
+one thread inside a critical section (through the bus's injected clock, which ``publish``
+calls there) while another thread publishes, and check the global order that results: with
+a wrong hand-over the second event overtakes the first in the subscriber's queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+from eventbus import Decision, Event, EventBus, SafePoint, StepStarted, Subscription
+
+WAIT_S = 10.0  # bound of every wait below; never reached when the bus behaves
+GRACE_S = 0.3  # how long a held thread lets the other one (wrongly) get through
+
+
+def drain(sub: Subscription) -> list[Event]:
+    async def collect() -> list[Event]:
+        return [event async for event in sub]
+
+    return asyncio.run(collect())
+
+
+class HoldingClock:
+    """A wall clock that holds its first call from a chosen thread until released."""
+
+    def __init__(self) -> None:
+        self._holds: Callable[[int], bool] | None = None
+        self.inside = threading.Event()
+        self._release = threading.Event()
+
+    def __call__(self) -> float:
+        holds = self._holds
+        if holds is not None and holds(threading.get_ident()):
+            self._holds = None
+            self.inside.set()
+            self._release.wait(WAIT_S)
+        return time.time()
+
+    def hold(self, thread_is: Callable[[int], bool]) -> None:
+        self._holds = thread_is
+
+    def release(self) -> None:
+        self._release.set()
+
+
+def in_thread(target: Callable[[], None]) -> tuple[threading.Thread, threading.Event]:
+    done = threading.Event()
+
+    def run() -> None:
+        target()
+        done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, done
+
+
+def steps(events: list[Event]) -> list[tuple[int, int]]:
+    return [(e.step, e.seq) for e in events if isinstance(e, StepStarted)]
+
+
+def test_a_bus_used_by_one_thread_stays_in_single_thread_mode() -> None:
+    bus = EventBus()
+    sub = bus.subscribe(safe_points=True)
+
+    async def use() -> None:
+        async def participate() -> None:
+            async for event in sub:
+                if event.seq == 2:
+                    sub.decide(event, Decision.CONTINUE)  # type: ignore[arg-type]
+                    return
+
+        task = asyncio.create_task(participate())
+        bus.publish(StepStarted(step=1))
+        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=1)
+        await task
+
+    asyncio.run(use())
+    lock = bus._state.lock
+    assert lock.solo_thread == threading.get_ident()
+    assert not lock.shared
+
+
+def test_another_thread_waits_until_the_owner_leaves_its_lock_free_publish() -> None:
+    clock = HoldingClock()
+    bus = EventBus(clock=clock)  # this thread owns the bus
+    sub = bus.subscribe()
+    owner = threading.get_ident()
+    clock.hold(lambda thread: thread == owner)
+
+    def other_thread() -> None:
+        assert clock.inside.wait(WAIT_S)  # the owner is inside publish, past its seq
+        thread, done = in_thread(lambda: bus.publish(StepStarted(step=2)))
+        got_through = done.wait(GRACE_S)
+        clock.release()
+        thread.join(WAIT_S)
+        assert not got_through, "published while the owner was inside its critical section"
+
+    control, _ = in_thread(other_thread)
+    bus.publish(StepStarted(step=1))  # held in the clock until the other thread has tried
+    control.join(WAIT_S)
+    bus.close()
+    assert steps(drain(sub)) == [(1, 1), (2, 2)]
+    assert bus._state.lock.shared
+
+
+def test_after_another_thread_published_the_owner_takes_the_lock() -> None:
+    clock = HoldingClock()
+    bus = EventBus(clock=clock)
+    sub = bus.subscribe()
+    owner = threading.get_ident()
+    clock.hold(lambda thread: thread != owner)
+    thread, _ = in_thread(lambda: bus.publish(StepStarted(step=1)))
+    assert clock.inside.wait(WAIT_S)  # the other thread holds the lock, past its seq
+
+    def release_later() -> None:
+        time.sleep(GRACE_S)  # lets a wrongly lock-free owner get through first
+        clock.release()
+
+    helper, _ = in_thread(release_later)
+    bus.publish(StepStarted(step=2))  # on the owner: must wait for the other thread's lock
+    helper.join(WAIT_S)
+    thread.join(WAIT_S)
+    bus.close()
+    assert steps(drain(sub)) == [(1, 1), (2, 2)]
+
+
+def test_a_consumer_on_another_thread_gets_every_event_in_order() -> None:
+    bus = EventBus()
+    sub = bus.subscribe(maxsize=10_000)
+    count = 2_000
+    received: list[Event] = []
+
+    def consume() -> None:
+        async def run() -> None:
+            async for event in sub:
+                received.append(event)
+                if len(received) == count:
+                    return
+
+        asyncio.run(run())
+
+    thread, done = in_thread(consume)
+    for step in range(count):
+        bus.publish(StepStarted(step=step))
+        if step % 100 == 0:
+            time.sleep(0)  # let the consumer take batches while the owner publishes
+    assert done.wait(WAIT_S)
+    thread.join(WAIT_S)
+    assert steps(received) == [(step, step + 1) for step in range(count)]
+    bus.close()
+
+
+def test_a_subscriber_on_a_new_loop_while_its_old_loop_runs_in_another_thread() -> None:
+    """The one case the remembered loop cannot see: the task refuses the future, and the
+    subscription asks asyncio for the running loop and waits again."""
+    bus = EventBus()
+    sub = bus.subscribe()
+
+    async def next_after_publishing(step: int) -> Event:
+        task = asyncio.ensure_future(anext(sub))
+        await asyncio.sleep(0)  # the subscriber is parked on its (remembered) loop
+        bus.publish(StepStarted(step=step))
+        return await asyncio.wait_for(task, WAIT_S)
+
+    old = asyncio.new_event_loop()
+    try:
+        assert steps([old.run_until_complete(next_after_publishing(1))]) == [(1, 1)]
+        running = threading.Event()
+        old.call_soon(running.set)
+        elsewhere = threading.Thread(target=old.run_forever)
+        elsewhere.start()
+        try:
+            assert running.wait(WAIT_S)
+            assert steps([asyncio.run(next_after_publishing(2))]) == [(2, 2)]
+        finally:
+            old.call_soon_threadsafe(old.stop)
+            elsewhere.join(WAIT_S)
+    finally:
+        old.close()
+    bus.close()

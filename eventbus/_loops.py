@@ -19,53 +19,50 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 
 __all__ = ["RunningLoop"]
 
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
 
-# Bumped in a forked child: every RunningLoop remembered before the fork is then stale.
-_forks = 0
+_remembering: weakref.WeakSet[RunningLoop] = weakref.WeakSet()
 
 
-def _forked() -> None:
-    global _forks
-    _forks += 1
+def _forget_all() -> None:
+    for remembered in tuple(_remembering):
+        remembered.forget()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
+    os.register_at_fork(after_in_child=_forget_all)
 
 
 class RunningLoop:
-    """Remembers the loop last found running, and in which thread (see the module doc)."""
+    """Remembers the loop last found running, and in which thread (see the module doc).
 
-    __slots__ = ("_forks", "_loop", "_thread")
+    Attributes:
+        loop: The remembered loop, or None.
+        thread: The thread it was found running in.
+    """
+
+    __slots__ = ("__weakref__", "loop", "thread")
 
     def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
-        self._forks = -1
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = 0
+        _remembering.add(self)
 
-    def get(self) -> asyncio.AbstractEventLoop:
-        """The running loop of the calling thread.
+    def ask(self, thread: int) -> asyncio.AbstractEventLoop:
+        """Ask asyncio for the running loop of ``thread`` (the calling one), and remember it.
 
         Raises:
             RuntimeError: No loop is running in this thread.
         """
-        loop = self._loop
-        if (
-            loop is not None
-            and self._thread == _get_ident()
-            and self._forks == _forks
-            and loop.is_running()
-        ):
-            return loop
-        loop = _get_running_loop()
-        self._loop, self._thread, self._forks = loop, _get_ident(), _forks
+        loop = self.loop = _get_running_loop()
+        self.thread = thread
         return loop
 
     def forget(self) -> None:
-        """Ask asyncio again on the next :meth:`get`."""
-        self._loop = None
+        """Ask asyncio again next time."""
+        self.loop = None

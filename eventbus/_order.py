@@ -108,7 +108,7 @@ class OrderLock:
 
     def acquire(self) -> None:
         """Take the lock (ending single-thread mode first, on a thread that is not the owner)."""
-        if not self.shared:
+        if not self.shared and _get_ident() != self.owner:
             self.share()
         self._lock.acquire()
 

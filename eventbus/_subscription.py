@@ -249,12 +249,18 @@ class Subscription(metaclass=NoPublicConstructor):
                     if error is not None:
                         raise error
                     raise StopAsyncIteration
-                # asyncio.Future itself, not loop.create_future(): on asyncio's own loop that
-                # is a Python method around the same constructor, paid at every wait. The
-                # loop is remembered: asking asyncio costs a system call (see _loops).
-                waiter: asyncio.Future[None] = _Future(loop=self._consumer_loop.get())
+                # The loop is remembered, and RunningLoop.get's check inlined: asking asyncio
+                # costs a system call (see _loops). asyncio.Future itself, not
+                # loop.create_future(): on asyncio's own loop that is a Python method around
+                # the same constructor. Both are paid at every wait.
+                thread = _get_ident()
+                remembered = self._consumer_loop
+                loop = remembered.loop
+                if loop is None or remembered.thread != thread or not loop.is_running():
+                    loop = remembered.ask(thread)
+                waiter: asyncio.Future[None] = _Future(loop=loop)
                 self._waiter = waiter
-                self._waiter_thread = _get_ident()
+                self._waiter_thread = thread
             finally:
                 if not solo:
                     lock.release()
@@ -314,7 +320,8 @@ class Subscription(metaclass=NoPublicConstructor):
         if self._accepting:
             queue.append(event)
             self._requests.append(event)  # type: ignore[arg-type]  # always a SafePointReached
-            self._wake()
+            if self._waiter is not None:  # (a call saved per participant when it is None)
+                self._wake()
 
     def _make_room(self, *, request: bool) -> bool:
         """The queue is at its bound: apply the policy. True when the new entry may go in."""

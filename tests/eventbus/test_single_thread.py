@@ -10,11 +10,15 @@ a wrong hand-over the second event overtakes the first in the subscriber's queue
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from eventbus import Decision, Event, EventBus, SafePoint, StepStarted, Subscription
+from eventbus._loops import RunningLoop
 
 WAIT_S = 10.0  # bound of every wait below; never reached when the bus behaves
 GRACE_S = 0.3  # how long a held thread lets the other one (wrongly) get through
@@ -186,3 +190,20 @@ def test_a_subscriber_on_a_new_loop_while_its_old_loop_runs_in_another_thread() 
     finally:
         old.close()
     bus.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_forgets_the_remembered_loops() -> None:
+    """asyncio refuses a loop inherited through fork(); so must the remembered one."""
+    remembered = RunningLoop()
+
+    async def fork_while_running() -> int:
+        remembered.ask(threading.get_ident())
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once
+            os._exit(0 if remembered.loop is None else 1)
+        return pid
+
+    _, status = os.waitpid(asyncio.run(fork_while_running()), 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert remembered.loop is not None  # the parent keeps its own

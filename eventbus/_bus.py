@@ -176,10 +176,8 @@ class EventBus:
         state = self._state
         lock = self._lock
         solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
-        if not solo:
-            if not lock.shared:
-                lock.share()
-            lock.raw_acquire()
+        if not solo:  # (acquire() ends single-thread mode first)
+            lock.raw_acquire() if lock.shared else lock.acquire()
         try:
             pushes = state.routes.get(type(event))
             if pushes is None:

@@ -68,7 +68,7 @@ class OrderLock:
 
     ``with lock:`` and :meth:`acquire` end single-thread mode when a thread other than the
     owner calls them. Hot paths use the attributes directly: when ``solo_thread`` is not the
-    calling thread, they call :meth:`share` unless ``shared``, then ``raw_acquire``.
+    calling thread, they take ``raw_acquire`` once ``shared``, and :meth:`acquire` before.
 
     Attributes:
         owner: The thread that created the lock.

@@ -289,10 +289,8 @@ class BusState:
             )
         lock = self.lock
         solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
-        if not solo:
-            if not lock.shared:
-                lock.share()
-            lock.raw_acquire()
+        if not solo:  # (acquire() ends single-thread mode first)
+            lock.raw_acquire() if lock.shared else lock.acquire()
         try:
             barrier = self.barriers.get(event.seq)
             if barrier is not None:

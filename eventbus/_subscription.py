@@ -226,10 +226,8 @@ class Subscription(metaclass=NoPublicConstructor):
                 return item  # type: ignore[return-value]  # not a _Gap, so an Event
             lock = self._lock
             solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
-            if not solo:
-                if not lock.shared:
-                    lock.share()
-                lock.raw_acquire()
+            if not solo:  # (acquire() ends single-thread mode first)
+                lock.raw_acquire() if lock.shared else lock.acquire()
             try:
                 queue = self._queue
                 if queue:

@@ -167,6 +167,9 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
             default: the ``RAY_ADDRESS`` environment variable, else a local instance.
         ray_actor_cpus: ``ray`` backend: CPUs each rollout actor reserves (0 lets any number
             share a node; actors are spread over the cluster's nodes either way).
+        standby: ``ray`` backend: warm actors kept besides the workers (started, torch
+            imported, latest weights loaded) that replace a lost, crashed or hung one at
+            once.
         device: Where rollout workers run a Hugging Face model (default: run.device).
         top_p: Nucleus sampling for a Hugging Face model (1 samples from every token).
     """
@@ -187,6 +190,7 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     max_failed_fraction: Fraction = 0.5
     ray_address: str | None = None
     ray_actor_cpus: Annotated[float, Meta(ge=0)] = 0.0
+    standby: Annotated[int, Meta(ge=0, le=64)] = 0
     device: Literal["auto", "cpu", "cuda"] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
 
@@ -322,6 +326,12 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
             raise ValueError(
                 f"rollout.ray_address is {rollout.ray_address!r} but rollout.backend is "
                 f"{rollout.backend!r}; the address needs the ray backend (--backend ray)"
+            )
+        if rollout.standby and rollout.backend != "ray":
+            raise ValueError(
+                f"rollout.standby is {rollout.standby} but rollout.backend is "
+                f"{rollout.backend!r}; a warm standby needs the ray backend (local workers "
+                f"are threads, replaced at once anyway)"
             )
         heal = self.self_heal
         if heal.enabled and heal.backoff_max_s >= self.safe_point_timeout_s:

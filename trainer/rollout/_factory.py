@@ -25,8 +25,8 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
             rollout.workers,
             address=rollout.ray_address,
             faults=faults,
-            start_timeout_s=rollout.start_timeout_s,
-            kill_timeout_s=rollout.close_timeout_s,
+            actor_cpus=rollout.ray_actor_cpus,
+            standby=rollout.standby,
         )
     from ._local import LocalBackend
 

@@ -2,10 +2,10 @@
 
 Ray imports this module in every actor process; the backend (:mod:`._ray`) only holds
 handles (:class:`ActorView`, its view of one actor). The actor's methods are what the
-backend calls: ``ready`` once it is built,
-``run`` or ``load_and_run`` for each piece of work, ``hang`` for the fault and as the probe
-that tells when a killed actor is really gone, and ``stacks`` (served by a second thread,
-the ``diagnose`` concurrency group) for a stall diagnosis that cannot use py-spy.
+backend calls: ``ready`` once it is built, ``run`` or ``load_and_run`` for each piece of
+work, ``load`` to keep a standby current, ``hang`` for the fault and as the probe that tells
+when a killed actor is really gone, and ``stacks`` (served by a second thread, the
+``diagnose`` concurrency group) for a stall diagnosis that cannot use py-spy.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class RolloutActor:
         return self.worker.run(work)
 
     @ray.method
+    def load(self, weights: bytes, version: int) -> None:
+        """Load ``weights`` as ``version`` (a standby keeping up with training)."""
+        self.worker.load_weights(weights, version)
+
+    @ray.method
     def load_and_run(self, weights: bytes, version: int, work: RolloutWork) -> list[RolloutResult]:
         """Load ``weights`` as ``version`` (Ray fetches them by reference), then run ``work``."""
         self.worker.load_weights(weights, version)
@@ -87,16 +92,32 @@ def remote_actor_class() -> ActorClass[RolloutActor]:
 
 @dataclass(eq=False)
 class ActorView:
-    """The driver's view of one actor."""
+    """The driver's view of one actor.
+
+    Attributes:
+        worker_id: Its worker id (results carry it).
+        handle: Ray's handle.
+        weights_serial: Which weights update it has loaded (-1: reload before the next work).
+        alive: False once it died or was killed.
+        node: The Ray node id it runs on (known once it answered).
+        pid: Its process id.
+        busy: It holds work it has not delivered.
+        retired: The backend took it out of service and killed it (so its death is no loss).
+        deadline: ``time.monotonic()`` by which a superseded call must return, or the actor
+            is killed as hung (None: no deadline).
+    """
 
     worker_id: str
     # What ray's stubs make of ``ActorClass[T].remote()``: the union lets method access
     # resolve to the typed remote methods of ``T``.
     handle: ActorHandle[RolloutActor] | type[RolloutActor]
-    weights_serial: int  # which update_weights() call it has loaded (-1: reload)
+    weights_serial: int
     alive: bool = True
-    node: str = ""  # the Ray node id it runs on (known once it answered)
+    node: str = ""
     pid: int = 0
+    busy: bool = False
+    retired: bool = False
+    deadline: float | None = None
 
 
 def first_line(error: BaseException) -> str:

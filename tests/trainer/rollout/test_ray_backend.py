@@ -177,7 +177,7 @@ async def test_runs_work_delivers_every_result_and_syncs_weights(
     assert backend.statistics().weight_syncs == 1
 
 
-async def test_crash_fault_kills_the_actor_and_a_restart_brings_fresh_ones() -> None:
+async def test_a_dead_actor_is_reported_and_replaced_and_a_restart_keeps_idle_ones() -> None:
     faults = FaultInjector([Fault("crash", 2)])
     backend = RayBackend(SPEC, 2, faults=faults)
     sink = FakeSink()
@@ -189,28 +189,24 @@ async def test_crash_fault_kills_the_actor_and_a_restart_brings_fresh_ones() -> 
         worker_id, reason, in_flight = sink.lost[0]
         assert in_flight == len(doomed.groups) and "ActorDiedError" in reason
         assert faults.fired == [("crash", 2)]
-        # Really dead: Ray released its name.
-        assert f"{backend.actor_prefix}-{worker_id}" not in our_actors()
-        assert len(our_actors()) == 1
-        stats = backend.statistics()
-        assert (stats.workers, stats.workers_lost) == (1, 1)
         assert sink.results_of(doomed) == []
+        # Its place is filled without anyone asking (a new actor, started in the background).
+        await until(lambda: len(sink.replaced) == 1)
+        assert sink.replaced[0][0] == worker_id
+        await until(lambda: backend.statistics().workers == 2)
+        assert f"{backend.actor_prefix}-{worker_id}" not in our_actors()  # really dead
+        assert sorted(our_actors()) == sorted(backend.actor_names())
 
+        # A restart keeps idle actors: they hold nothing of the old attempt.
         before = backend.actor_names()
-        assert await backend.restart("crash test") == 2
-        # Each actor of the new generation says whose place it took.
-        assert [f"{backend.actor_prefix}-{old}" for old, _ in sink.replaced] == before
-        assert [f"{backend.actor_prefix}-{new}" for _, new in sink.replaced] == (
-            backend.actor_names()
-        )
+        assert await backend.restart("restart test") == 2
+        assert backend.actor_names() == before and len(sink.replaced) == 1
         works = [make_work(f"fresh{i}", step=3) for i in range(2)]
         for work in works:
             backend.submit(work)
         await until(lambda: all(len(sink.results_of(w)) == 8 for w in works))
-        assert len(sink.lost) == 1
         stats = backend.statistics()
-        assert (stats.workers, stats.restarts) == (2, 1)
-        assert sorted(our_actors()) == sorted(backend.actor_names())
+        assert (stats.workers, stats.restarts, stats.workers_lost) == (2, 1, 1)
 
         # Killed from outside while idle: noticed with the next piece of work it gets.
         victim = backend.actor_names()[0]
@@ -221,7 +217,52 @@ async def test_crash_fault_kills_the_actor_and_a_restart_brings_fresh_ones() -> 
         await until(lambda: len(sink.lost) == 2 and sum(map(len, map(sink.results_of, works))) == 8)
         worker_id, _, in_flight = sink.lost[1]
         assert victim.endswith(worker_id) and in_flight == 2
-        assert backend.statistics().workers == 1
+        await until(lambda: len(sink.replaced) == 2 and backend.statistics().workers == 2)
+    finally:
+        await backend.close()
+    assert our_actors() == []
+
+
+async def test_the_warm_standby_replaces_lost_and_hung_actors_at_once() -> None:
+    faults = FaultInjector([Fault("crash", 2), Fault("hang", 3)])
+    backend = RayBackend(SPEC, 2, faults=faults, standby=1, hung_after_s=0.5)
+    sink = FakeSink()
+    await backend.start(sink, weights(0), 0)
+    try:
+        await until(lambda: len(backend.standby_names()) == 1)
+        first = backend.standby_names()[0]
+        assert sorted(our_actors()) == sorted([*backend.actor_names(), first])
+        await backend.update_weights(weights(7), 1)  # pushed to the standby now
+
+        # A crash: the standby takes the dead actor's place the moment it is lost.
+        backend.submit(make_work("crash", step=2))
+        await until(lambda: len(sink.replaced) == 1)
+        dead, successor = sink.replaced[0]
+        assert dead == sink.lost[0][0] and first.endswith(successor)
+        # ... and a new standby starts in the background.
+        await until(
+            lambda: len(backend.standby_names()) == 1 and first not in backend.standby_names()
+        )
+        work = make_work("after-crash", step=2)
+        backend.submit(work)
+        backend.submit(make_work("after-crash-2", step=2))
+        await until(lambda: len(sink.results_of(work)) == 8)
+        # The promoted standby samples the latest weights (version 1), like everyone.
+        assert {r.policy_version for r in sink.results} == {1}
+
+        # A hang: the restart gives the busy actor its grace, then kills it as hung and
+        # puts the standby in its place; the other actor serves meanwhile. Not a loss.
+        hung = make_work("hung", step=3)
+        backend.submit(hung)
+        await until(lambda: faults.fired[-1] == ("hang", 3))
+        assert await backend.restart("stalled") == 2
+        after = make_work("after-hang", step=4)
+        backend.submit(after)
+        await until(lambda: len(sink.results_of(after)) == 8)
+        await until(lambda: len(sink.replaced) == 2)
+        assert len(sink.lost) == 1 and sink.results_of(hung) == []
+        await until(lambda: len(backend.standby_names()) == 1)
+        assert len(our_actors()) == 3  # two serving, one standby; the hung one is gone
     finally:
         await backend.close()
     assert our_actors() == []

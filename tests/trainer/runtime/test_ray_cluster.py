@@ -28,6 +28,7 @@ from eventbus import (
     SafePointReached,
     StepFinished,
     WorkerLost,
+    WorkerRestarted,
     read_events,
 )
 
@@ -65,6 +66,9 @@ class NodeKiller:
     async def on_event(self, context: ExtensionContext, event: Event) -> None:
         backend = self.backend
         if isinstance(event, StepFinished) and event.step == self.after_step:
+            with anyio.fail_after(WAIT_S):  # the warm standby is up (it starts after start)
+                while not backend.standby_names():
+                    await anyio.sleep(0.05)
             self.placed_before = backend.actor_nodes()
             self.doomed = {w: n for w, n in self.placed_before.items() if n == self.node.node_id}
             self.cluster.kill_raylet(self.node)
@@ -89,6 +93,7 @@ async def test_losing_a_node_mid_run_replaces_its_actors_on_the_survivors(
             stall_timeout_s=3.0,
             rollout__backend="ray",
             rollout__workers=3,
+            rollout__standby=1,
             rollout__wait_timeout_s=120.0,
             safe_point_timeout_s=WAIT_S,
         )
@@ -104,7 +109,10 @@ async def test_losing_a_node_mid_run_replaces_its_actors_on_the_survivors(
     (lost,) = run.events(WorkerLost)
     assert {lost.worker_id: lost.node} == killer.doomed
     assert lost.in_flight > 0  # step 2's work went to the dead actor, and was lost with it
-    # Replaced on the surviving nodes, with the lost work reissued under a new attempt.
+    # Replaced on the surviving nodes at once, by the warm standby (the node's death was
+    # noticed with the call that failed), with the lost work reissued under a new attempt.
+    (replaced,) = run.events(WorkerRestarted)
+    assert replaced.worker_id == "ray-s0" and lost.worker_id in replaced.reason
     restart = run.events(RolloutRestarted)[0]
     assert restart.step == 2 and restart.reissued and restart.attempt == 2
     assert set(killer.placed_after[0].values()) == survivors

@@ -1,0 +1,297 @@
+"""How the Ray backend's actors serve: one slot task per actor, replacements, the supervisor.
+
+:class:`ServingActors` is the machinery under :class:`~trainer.rollout._ray.RayBackend`: the
+set of serving actors and their *slot* tasks (each takes one piece of work at a time from the
+backend's queue), what happens when an actor dies (reported lost, its place filled: by the
+warm standby at once, else by a new actor started in the background), and the *supervisor*
+task that kills actors whose superseded call overran its grace (hung), fills vacancies and
+keeps the standby full and current. The backend's public methods decide when; this decides
+how.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import anyio
+import ray
+from ray.exceptions import RayActorError
+
+from replay import RolloutResult
+
+from ._backend import BackendBase
+from ._faults import FaultInjector
+from ._placement import live_nodes
+from ._ray_actor import ActorView, first_line
+from ._ray_pool import ActorPool
+from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+
+__all__ = ["Epoch", "Leave", "ServingActors"]
+
+logger = logging.getLogger("trainbus.ray")
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """A token in the work queue: the slot that takes it retires its actor."""
+
+    reason: str
+
+
+@dataclass(eq=False)
+class Epoch:
+    """What one start or restart began: its number (it names new actors) and the event that
+    releases a slow-fault wait of its work when the next restart supersedes it."""
+
+    number: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    started: int = 0  # actors started in this epoch
+
+    def next_id(self) -> str:
+        """The worker id of the next actor started in this epoch."""
+        worker_id = f"ray-{self.number}.{self.started}"
+        self.started += 1
+        return worker_id
+
+
+class ServingActors(BackendBase):
+    """The serving actors of a Ray backend, their slots and their supervisor.
+
+    Args:
+        spec: What each worker builds.
+        workers: Actors to serve.
+        faults: Fault injection; None for none.
+        pool: Starts, warms and kills the actors.
+        hung_after_s: The shortest grace a busy actor gets at a restart.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        workers: int,
+        faults: FaultInjector | None,
+        pool: ActorPool,
+        hung_after_s: float,
+    ) -> None:
+        super().__init__(spec, workers, faults)
+        self._pool = pool
+        self._hung_after_s = hung_after_s
+        self._longest_call_s = 0.0
+        self._queue: asyncio.Queue[RolloutWork | Leave] | None = None
+        self._epoch = Epoch(0)
+        self._actors: list[ActorView] = []  # serving (or finishing superseded work)
+        self._slots: dict[str, asyncio.Task[None]] = {}
+        self._vacancies: list[str] = []  # ids of replaced actors whose successor is to come
+        self._wake = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    def _placed(self) -> Counter[str]:
+        return Counter(a.node for a in self._actors if a.alive)
+
+    def _serve(self, actor: ActorView) -> None:
+        """Make ``actor`` a serving member with a slot task on the current queue."""
+        if actor not in self._actors:
+            self._actors.append(actor)
+        self._slots[actor.worker_id] = asyncio.create_task(
+            self._slot(actor), name=f"trainbus {actor.worker_id}"
+        )
+
+    def _retire(self, actor: ActorView, why: str) -> None:
+        """Take ``actor`` out of the serving set and kill it (our kill: not a loss)."""
+        if actor in self._actors:
+            self._actors.remove(actor)
+        actor.retired = True
+        if actor.alive:
+            self._pool.kill([actor])
+        logger.info("ray rollout actor %s retired: %s", actor.worker_id, why)
+
+    async def _cancel_slot(self, actor: ActorView) -> None:
+        task = self._slots.pop(actor.worker_id, None)
+        if task is None or task is asyncio.current_task():
+            return
+        task.cancel()
+        outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+            self._pool.errors += 1
+            logger.error("slot task of %s failed", actor.worker_id, exc_info=outcome)
+
+    def _trim_to_target(self) -> None:
+        """Vacancies beyond the target (workers left, the target fell) are not filled."""
+        room = max(0, self.workers - len(self._actors))
+        del self._vacancies[room:]
+
+    def _promote_standby(self, reason: str) -> None:
+        """Fill what vacancies the standby can, at once."""
+        if not self._vacancies or not self._pool.standby:
+            return
+        live = {node.node_id for node in live_nodes()}
+        while self._vacancies:
+            actor = self._pool.take_standby(live)
+            if actor is None:
+                return
+            old = self._vacancies.pop(0)
+            self._serve(actor)
+            self._report_replaced([old], [actor.worker_id], reason)
+            logger.warning("standby actor %s replaces %s", actor.worker_id, old)
+
+    async def _fill_vacancies(self, reason: str) -> None:
+        """Start new actors for the vacancies and wait for them."""
+        self._trim_to_target()
+        if not self._vacancies:
+            return
+        olds, self._vacancies = self._vacancies, []
+        try:
+            actors = await self._pool.start([self._epoch.next_id() for _ in olds], self._placed())
+        except BaseException:
+            self._vacancies = olds + self._vacancies  # retried by the supervisor
+            raise
+        for old, actor in zip(olds, actors, strict=True):
+            if len(self._actors) < self.workers:
+                self._serve(actor)
+                self._report_replaced([old], [actor.worker_id], reason)
+            elif not self._pool.keep_as_standby(actor):  # the target fell while it started
+                self._retire(actor, "not needed any more")
+
+    # --- the supervisor -------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        """Kill actors whose superseded call overran its grace, fill vacancies, keep the
+        standby full and current; sleeps until something changes or a grace ends."""
+        failures = 0
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            for actor in list(self._actors):
+                if actor.busy and actor.deadline is not None and actor.deadline <= now:
+                    logger.error(
+                        "ray rollout actor %s did not return superseded work in time: hung; "
+                        "replacing it",
+                        actor.worker_id,
+                    )
+                    self._retire(actor, "hung")
+                    self._vacancies.append(actor.worker_id)
+            self._trim_to_target()
+            self._promote_standby("replacing a lost or hung worker")
+            try:
+                await self._fill_vacancies("replacing a lost or hung worker")
+                await self._pool.check_standby()
+                await self._pool.fill_standby(self._placed())
+                failures = 0
+            except RuntimeError:  # a start failed: logged and counted, tried again later
+                self._pool.errors += 1
+                failures += 1
+                logger.exception("the ray backend could not start replacement actors")
+            deadlines = [a.deadline for a in self._actors if a.busy and a.deadline]
+            wait = min((d - time.monotonic() for d in deadlines), default=None)
+            if failures:
+                wait = min(wait or 60.0, 2.0**failures)  # back off before trying again
+            with anyio.move_on_after(max(0.0, wait) if wait is not None else float("inf")):
+                await self._wake.wait()
+
+    # --- the slot: one actor's work loop --------------------------------------------------
+
+    async def _slot(self, actor: ActorView) -> None:
+        """Feed one actor, one piece of work at a time, until it dies or is retired."""
+        sink = self._sink
+        assert sink is not None
+        while True:
+            queue = self._queue
+            assert queue is not None
+            work = await queue.get()
+            if isinstance(work, Leave):
+                self._slots.pop(actor.worker_id, None)
+                self._retire(actor, f"left: {work.reason}")
+                sink.worker_left(actor.worker_id, actor.node, work.reason)
+                return
+            actor.busy = True
+            self._holdings.take(actor.worker_id, work)
+            sink.started(tuple(group.group_id for group in work.groups))
+            began = time.perf_counter()
+            try:
+                results = await self._run(actor, work, self._epoch.stop, began)
+            except RayActorError as exc:
+                self._holdings.release(actor.worker_id)
+                actor.busy = False
+                if actor.retired:
+                    return  # we killed it (as hung, at a restart, at close)
+                self._lost(actor, work, exc)
+                return
+            except Exception as exc:
+                # The worker raised (RayTaskError) or a fault transformation did: fail its
+                # rollouts (retryable: a restart may fix it) so the batch accounts for them,
+                # and make the actor reload its weights in case loading them was what failed.
+                self._pool.errors += 1
+                actor.weights_serial = -1
+                logger.exception("ray rollout actor %s failed on %s", actor.worker_id, work.work_id)
+                results = RolloutWorker.failures(
+                    work,
+                    f"{type(exc).__name__}: {first_line(exc)}",
+                    retryable=True,
+                    kind="worker_error",
+                    worker_id=actor.worker_id,
+                    node=actor.node,
+                )
+            for result in results:
+                sink.deliver(result)
+            self._holdings.release(actor.worker_id)
+            actor.busy, actor.deadline = False, None
+            self._counts.completed += 1
+
+    async def _run(
+        self, actor: ActorView, work: RolloutWork, stop: threading.Event, began: float
+    ) -> list[RolloutResult]:
+        """One call, timed, then the fault transformations of the results."""
+        try:
+            results = await self._call(actor, work)
+        finally:
+            self._counts.busy_s += time.perf_counter() - began
+        self._longest_call_s = max(self._longest_call_s, time.perf_counter() - began)
+        if self._faults is None:
+            return results
+        return await anyio.to_thread.run_sync(
+            functools.partial(
+                self._faults.after_work,
+                actor.worker_id,
+                work,
+                results,
+                stop=stop,
+                elapsed_s=time.perf_counter() - began,
+            )
+        )
+
+    def _lost(self, actor: ActorView, work: RolloutWork, error: BaseException) -> None:
+        """``actor`` died on its own: report it, and have its place filled."""
+        actor.alive = False
+        self._slots.pop(actor.worker_id, None)
+        if actor in self._actors:
+            self._actors.remove(actor)
+        self._vacancies.append(actor.worker_id)
+        self._counts.workers_lost += 1
+        reason = f"{type(error).__name__}: {first_line(error)}"
+        logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)
+        assert self._sink is not None
+        self._sink.worker_lost(actor.worker_id, reason, len(work.groups), actor.node)
+        self._wake.set()
+
+    async def _call(self, actor: ActorView, work: RolloutWork) -> list[RolloutResult]:
+        """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""
+        faults = self._faults
+        if faults is not None and faults.should_hang(actor.worker_id, work.step):
+            await actor.handle.hang.remote()  # never answers; killed as hung after a restart
+            raise RuntimeError(f"actor {actor.worker_id} returned from hang()")
+        serial, version, weights = self._pool.weights
+        if actor.weights_serial == serial or weights is None:
+            call = actor.handle.run.remote(work)
+        else:
+            call = actor.handle.load_and_run.remote(weights, version, work)
+            actor.weights_serial = serial
+        if faults is not None and faults.should_kill_actor(actor.worker_id, work.step):
+            # A real death: the call then fails with ActorDiedError like any crash would.
+            ray.kill(actor.handle, no_restart=True)  # type: ignore[arg-type]
+        return await call

@@ -14,9 +14,20 @@ stamped when each event is published):
 * the batch: ``BatchReconciled`` of step ``K`` (the reissued rollouts came back);
 * training resumed: ``StepFinished`` of step ``K`` (the update ran and weights synced).
 
-Targets (from the issue): stall to training resumed within ``S + 2 s`` on ``local`` and
-``S + 5 s`` on ``ray``, and stall to the first diagnosis within ``diagnose_after_s + 0.5 s``
-on ``local`` and ``+ 2 s`` on ``ray`` (issue 12), each checked on the worst run. The
+A second fault, ``crash@K`` (``--fault crash``), kills a worker instead: with Ray the actor
+is killed in the middle of its call, the real thing. Its timeline starts at the kill, and no
+stall timeout is involved: the ``WorkerLost`` counts as a stall at once.
+
+The variant ``ray+standby`` runs the Ray backend with ``rollout.standby = 1``: one warm actor
+(torch imported, latest weights loaded) takes a lost or hung worker's place at once.
+``--under-load`` runs everything while another process keeps one core busy (the machine has
+two), and every run records the load average, since the machine is shared.
+
+Targets (from the issues): stall to training resumed within ``S + 2 s`` on ``local``,
+``S + 5 s`` on ``ray`` and ``S + 0.5 s`` on ``ray+standby``; a killed actor to training
+resumed in under 1 s on ``ray+standby`` (issue 14); and stall to the first diagnosis
+within ``diagnose_after_s + 0.5 s`` on ``local`` and ``+ 2 s`` on ``ray`` (issue 12), each
+checked on the worst run. The
 diagnosis is timed from ``FaultInjected``, which is conservative: the stall watch counts
 from the last progress, and the other worker still delivers for a moment after the hang.
 The stall is detected from ``SampleWait`` reports, which a wait with nothing arriving makes
@@ -44,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -51,6 +63,7 @@ import math
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -79,12 +92,15 @@ from eventbus.testing import record_events
 from trainer import FaultInjector, PPOTrainer, SelfHealingExtension, TrainerConfig, load_config
 
 NAME = "recovery"
-BACKENDS = ("local", "ray")
+BACKENDS = ("local", "ray", "ray+standby")
+FAULTS = ("hang", "crash")
 
 # Targets: stall to training resumed within the stall timeout plus this much.
-SLACK_S = {"local": 2.0, "ray": 5.0}
+SLACK_S = {"local": 2.0, "ray": 5.0, "ray+standby": 0.5}
+# Targets: a killed worker to training resumed within this much (no stall timeout involved).
+CRASH_LIMIT_S = {"ray+standby": 1.0}
 # Targets: stall to first StallDiagnosed within diagnose_after_s plus this much.
-DIAGNOSIS_SLACK_S = {"local": 0.5, "ray": 2.0}
+DIAGNOSIS_SLACK_S = {"local": 0.5, "ray": 2.0, "ray+standby": 2.0}
 
 NAMESPACE_COMMAND = (
     "unshare -n sh -c 'ip link set lo up && exec .venv/bin/python benchmarks/recovery.py "
@@ -100,6 +116,7 @@ RESUMED = "stall -> training resumed"
 RESTART = "restart itself (decided -> restarted)"
 STARTUP = "first start of the workers (context)"
 NORMAL_STEP = "normal step (context)"
+LOAD = "machine load average, 1 min (context)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,6 +160,7 @@ class Timeline:
         restarts: Rollout restarts in the run.
         decided_at: The safe point that decided the restart (``sample_wait`` ...).
         reason: Why the self-healing extension voted to restart.
+        loadavg: The machine's 1-minute load average when the run ended.
     """
 
     diagnosed: float
@@ -155,6 +173,7 @@ class Timeline:
     restarts: int
     decided_at: str
     reason: str
+    loadavg: float = math.nan
 
 
 class RunFailed(RuntimeError):
@@ -169,11 +188,13 @@ def make_config(
 ) -> TrainerConfig:
     """A short sync run with checkpoints only where ``fit()`` always writes them."""
     steps = settings.hang_step + 1
+    standby = {"rollout.standby": 1} if backend == "ray+standby" else {}
     return load_config(
         overrides={
+            **standby,
             "run.steps": steps,
             "run.seed": 0,
-            "rollout.backend": backend,
+            "rollout.backend": backend.removesuffix("+standby"),
             "rollout.prompts_per_step": settings.prompts,
             "rollout.group_size": settings.group_size,
             "rollout.workers": settings.workers,
@@ -183,14 +204,17 @@ def make_config(
     )
 
 
-async def run_once(backend: str, stall_timeout: float, settings: Settings) -> Timeline:
-    """Train with a hung worker at step ``K`` and self-healing; time the recovery.
+async def run_once(
+    backend: str, stall_timeout: float, settings: Settings, fault: str = "hang"
+) -> Timeline:
+    """Train with a hung (or killed) worker at step ``K`` and self-healing; time the
+    recovery.
 
     Raises:
         RunFailed: The fault did not fire, nothing restarted, or the run did not finish.
     """
     k = settings.hang_step
-    faults = FaultInjector.parse([f"hang@{k}"])
+    faults = FaultInjector.parse([f"{fault}@{k}"])
     config = make_config(backend, settings, diagnose_after_s=stall_timeout / 2)
     trainer = PPOTrainer(config, faults=faults)
     healing = SelfHealingExtension(stall_timeout_s=stall_timeout)
@@ -210,9 +234,9 @@ async def run_once(backend: str, stall_timeout: float, settings: Settings) -> Ti
     if summary.status != "finished" or summary.steps != k + 1:
         raise RunFailed(f"the run did not finish: {summary.status} {summary.error}")
     events = recorder.events
-    stalls = [e for e in events if isinstance(e, FaultInjected) and e.fault == "hang"]
+    stalls = [e for e in events if isinstance(e, FaultInjected) and e.fault == fault]
     if not stalls:
-        raise RunFailed("the hang fault did not fire")
+        raise RunFailed(f"the {fault} fault did not fire")
     stall = stalls[0].time
     decisions = [
         e
@@ -225,7 +249,7 @@ async def run_once(backend: str, stall_timeout: float, settings: Settings) -> Ti
     diagnoses = [
         e for e in events if isinstance(e, StallDiagnosed) and e.stage == "rollouts" and e.step == k
     ]
-    if not diagnoses:
+    if not diagnoses and fault == "hang":
         raise RunFailed("no StallDiagnosed of the hung step was published")
     batches = [e for e in events if isinstance(e, BatchReconciled) and e.report.step == k]
     steps = [e for e in events if isinstance(e, StepFinished)]
@@ -239,7 +263,7 @@ async def run_once(backend: str, stall_timeout: float, settings: Settings) -> Ti
     normal = [e.duration_s for e in steps if e.step not in (1, k)]  # step 1 warms up
     outcome = decisions[0].outcome
     return Timeline(
-        diagnosed=diagnoses[0].time - stall,
+        diagnosed=diagnoses[0].time - stall if diagnoses else math.nan,
         decided=decisions[0].time - stall,
         restarted=restarts[0].time - stall,
         batch=batches[0].time - stall,
@@ -249,6 +273,7 @@ async def run_once(backend: str, stall_timeout: float, settings: Settings) -> Ti
         restarts=len(restarts),
         decided_at=outcome.point.value,
         reason=outcome.summary(),
+        loadavg=os.getloadavg()[0],
     )
 
 
@@ -273,6 +298,7 @@ def start_ray() -> None:
     import ray
 
     ray.init(
+        address="local",  # a new instance, never one another process left its address for
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=100 * 1024 * 1024,
@@ -292,26 +318,47 @@ def stop_ray() -> None:
 # --- measuring -------------------------------------------------------------------------------
 
 
-def measure(backend: str, settings: Settings) -> tuple[dict[float, list[Timeline]], list[str]]:
+def variant_of(backend: str, fault: str, loaded: bool) -> str:
+    """The name of one measured configuration: ``ray+standby, crash, under load``."""
+    parts = [backend, *([fault] if fault != "hang" else []), *(["under load"] if loaded else [])]
+    return ", ".join(parts)
+
+
+def measure(
+    backend: str, settings: Settings, fault: str = "hang", variant: str = ""
+) -> tuple[dict[float, list[Timeline]], list[str]]:
     """Every stall timeout, ``settings.repeat`` runs each; failures are collected."""
+    variant = variant or backend
     timelines: dict[float, list[Timeline]] = {s: [] for s in settings.stall_timeouts}
     errors: list[str] = []
     for stall_timeout in settings.stall_timeouts:
         for index in range(settings.repeat):
             try:
-                timeline = asyncio.run(run_once(backend, stall_timeout, settings))
+                timeline = asyncio.run(run_once(backend, stall_timeout, settings, fault))
             except Exception as exc:  # noqa: BLE001  (reported in the table and the JSON)
-                errors.append(f"{backend}, S={stall_timeout:g} s, run {index + 1}: {exc!r}")
+                errors.append(f"{variant}, S={stall_timeout:g} s, run {index + 1}: {exc!r}")
                 print(f"  {errors[-1]}", file=sys.stderr)
                 continue
             timelines[stall_timeout].append(timeline)
             print(
-                f"  {backend}, S={stall_timeout:g} s, run {index + 1}/{settings.repeat}: "
+                f"  {variant}, S={stall_timeout:g} s, run {index + 1}/{settings.repeat}: "
                 f"restarted after {timeline.restarted:.2f} s, resumed after "
-                f"{timeline.resumed:.2f} s",
+                f"{timeline.resumed:.2f} s (load {timeline.loadavg:.1f})",
                 file=sys.stderr,
             )
     return timelines, errors
+
+
+class BusyCore:
+    """Another process keeping one core busy, for measurements under load."""
+
+    def __enter__(self) -> BusyCore:
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait()
 
 
 def _row(group: str, case: str, backend: str, values: Sequence[float], **params: Any) -> Result:
@@ -320,31 +367,31 @@ def _row(group: str, case: str, backend: str, values: Sequence[float], **params:
     )
 
 
-def rows(backend: str, timelines: dict[float, list[Timeline]]) -> list[Result]:
-    """One group per stall timeout: the timeout, each milestone, a normal step."""
+def rows(
+    backend: str, timelines: dict[float, list[Timeline]], fault: str = "hang", variant: str = ""
+) -> list[Result]:
+    """One group per stall timeout: the timeout, each milestone, a normal step. For a
+    killed worker the stall timeout plays no part: the target is absolute."""
+    if fault != "hang":
+        return crash_rows(backend, timelines, variant or backend)
+    variant = variant or backend
     out: list[Result] = []
     slack = SLACK_S[backend]
     for stall_timeout, runs in timelines.items():
         if not runs:
             continue
         group = f"recovery, stall timeout {stall_timeout:g} s"
-        baseline = _row(group, TIMEOUT, backend, [stall_timeout] * len(runs))
+        baseline = _row(group, TIMEOUT, variant, [stall_timeout] * len(runs))
         out.append(baseline)
-        diagnosis = _row(group, DIAGNOSED, backend, [t.diagnosed for t in runs])
+        diagnosis = _row(group, DIAGNOSED, variant, [t.diagnosed for t in runs])
         after = stall_timeout / 2
         diagnosis.compare(baseline)
         limit = after + DIAGNOSIS_SLACK_S[backend]
         diagnosis.met = diagnosis.high <= limit  # every run
         diagnosis.params.update(diagnose_after_s=after, limit_s=limit)
         out.append(diagnosis)
-        milestones = (
-            (DECIDED, [t.decided for t in runs]),
-            (RESTARTED, [t.restarted for t in runs]),
-            (BATCH, [t.batch for t in runs]),
-            (RESUMED, [t.resumed for t in runs]),
-        )
-        for case, values in milestones:
-            row = _row(group, case, backend, values)
+        for case, values in _milestones(runs):
+            row = _row(group, case, variant, values)
             if case == RESUMED:
                 limit = stall_timeout + slack
                 row.compare(baseline, "<=", limit / stall_timeout)
@@ -357,23 +404,61 @@ def rows(backend: str, timelines: dict[float, list[Timeline]]) -> list[Result]:
             else:
                 row.compare(baseline)
             out.append(row)
-        context = (
-            (RESTART, [t.restarted - t.decided for t in runs]),
-            (STARTUP, [t.startup_s for t in runs]),
-            (NORMAL_STEP, [t.normal_step_s for t in runs]),
-        )
-        for case, values in context:
-            known = [v for v in values if not math.isnan(v)]
-            if known:
-                out.append(_row(group, case, backend, known))
+        out += _context(group, variant, runs)
+    return out
+
+
+def crash_rows(backend: str, timelines: dict[float, list[Timeline]], variant: str) -> list[Result]:
+    """A killed worker: each milestone from the kill, the resumed one against an absolute
+    limit (where the issue sets one)."""
+    out: list[Result] = []
+    limit = CRASH_LIMIT_S.get(backend)
+    for runs in timelines.values():
+        if not runs:
+            continue
+        group = "recovery from a killed worker"
+        for case, values in _milestones(runs):
+            row = _row(group, case.replace("stall", "kill"), variant, values)
+            if case == RESUMED and limit is not None:
+                row.met = row.high <= limit  # every run
+                row.params.update(limit_s=limit, worst_s=row.high)
+            out.append(row)
+        out += _context(group, variant, runs)
+    return out
+
+
+def _milestones(runs: Sequence[Timeline]) -> tuple[tuple[str, list[float]], ...]:
+    return (
+        (DECIDED, [t.decided for t in runs]),
+        (RESTARTED, [t.restarted for t in runs]),
+        (BATCH, [t.batch for t in runs]),
+        (RESUMED, [t.resumed for t in runs]),
+    )
+
+
+def _context(group: str, variant: str, runs: Sequence[Timeline]) -> list[Result]:
+    context = (
+        (RESTART, [t.restarted - t.decided for t in runs]),
+        (STARTUP, [t.startup_s for t in runs]),
+        (NORMAL_STEP, [t.normal_step_s for t in runs]),
+        (LOAD, [t.loadavg for t in runs]),
+    )
+    out = []
+    for case, values in context:
+        known = [v for v in values if not math.isnan(v)]
+        if known:
+            unit_row = _row(group, case, variant, known)
+            if case == LOAD:
+                unit_row.unit = ""
+            out.append(unit_row)
     return out
 
 
 # --- results ---------------------------------------------------------------------------------
 
 
-def _load_previous(directory: Path, keep: set[str]) -> tuple[list[Result], dict[str, Any]]:
-    """Rows and per-backend details of backends not run now, from the last results file."""
+def _load_previous(directory: Path, ran: set[str]) -> tuple[list[Result], dict[str, Any]]:
+    """Rows and details of the configurations not run now, from the last results file."""
     path = directory / f"{NAME}.json"
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -382,29 +467,40 @@ def _load_previous(directory: Path, keep: set[str]) -> tuple[list[Result], dict[
     fields = {f.name for f in dataclasses.fields(Result)}
     previous = []
     for data in document.get("results", []):
-        if data.get("variant") in keep:
+        if data.get("variant") not in ran:
             values = {k: v for k, v in data.items() if k in fields}
             values["runs"] = tuple(values.get("runs", ()))
             for key in ("low", "high"):
                 if values.get(key) is None:
                     values[key] = math.nan
             previous.append(Result(**values))
-    backends = {k: v for k, v in document.get("backends", {}).items() if k in keep}
+    backends = {k: v for k, v in document.get("backends", {}).items() if k not in ran}
     return previous, backends
 
 
 def print_summary(table: Sequence[Result]) -> None:
-    """One line per stall timeout and backend: the overshoot against the target."""
+    """One line per measured configuration: resumed against the target."""
     for row in table:
-        if row.case != RESUMED:
-            continue
-        stall_timeout = row.params["stall_timeout_s"]
-        print(
-            f"{row.variant}, S = {stall_timeout:g} s: training resumed S + "
-            f"{row.value - stall_timeout:.2f} s (median), worst S + "
-            f"{row.params['worst_overshoot_s']:.2f} s; target S + {SLACK_S[row.variant]:g} s "
-            f"for every run: {'met' if row.met else 'MISSED'}"
-        )
+        if row.case == RESUMED and "stall_timeout_s" in row.params:
+            stall_timeout = row.params["stall_timeout_s"]
+            slack = row.params["limit_s"] - stall_timeout
+            print(
+                f"{row.variant}, S = {stall_timeout:g} s: training resumed S + "
+                f"{row.value - stall_timeout:.2f} s (median), worst S + "
+                f"{row.params['worst_overshoot_s']:.2f} s; target S + {slack:g} s "
+                f"for every run: {'met' if row.met else 'MISSED'}"
+            )
+        elif row.case == RESUMED.replace("stall", "kill"):
+            target = (
+                f"; target under {row.params['limit_s']:g} s for every run: "
+                f"{'met' if row.met else 'MISSED'}"
+                if "limit_s" in row.params
+                else ""
+            )
+            print(
+                f"{row.variant}: a killed worker to training resumed {row.value:.2f} s "
+                f"(median), worst {row.high:.2f} s{target}"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -420,7 +516,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--backend",
         action="append",
         choices=BACKENDS,
-        help="rollout backend(s); default: local, and ray too inside a loopback-only namespace",
+        help="rollout backend(s); default: local, and ray and ray+standby too inside a "
+        "loopback-only namespace",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        choices=FAULTS,
+        help="hang (a stall, the default) and/or crash (a killed worker)",
+    )
+    parser.add_argument(
+        "--under-load", action="store_true", help="while another process keeps one core busy"
     )
     parser.add_argument(
         "--stall-timeout",
@@ -440,8 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeat:
         settings = dataclasses.replace(settings, repeat=args.repeat)
     confined, interfaces = loopback_only()
-    selected: list[str] = args.backend or (["local", "ray"] if confined else ["local"])
-    if "ray" in selected and not confined:
+    selected: list[str] = args.backend or (list(BACKENDS) if confined else ["local"])
+    faults: list[str] = args.fault or ["hang"]
+    if any(b.startswith("ray") for b in selected) and not confined:
         print(
             f"recovery.py: refusing to start Ray: network interfaces {interfaces}, expected "
             f"only 'lo'. Run the Ray part in a loopback-only namespace:\n  {NAMESPACE_COMMAND}",
@@ -457,42 +564,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     table: list[Result] = []
     details: dict[str, Any] = {}
     errors: list[str] = []
-    for backend in selected:
-        began = time.perf_counter()
-        if backend == "ray":
+    with contextlib.ExitStack() as stack:
+        if args.under_load:
+            stack.enter_context(BusyCore())
+        for backend in selected:
+            uses_ray = backend.startswith("ray")
+            if uses_ray:
+                try:
+                    start_ray()
+                except Exception as exc:  # noqa: BLE001  (reported; the others still run)
+                    errors.append(f"{backend}: could not start Ray: {exc!r}")
+                    print(errors[-1], file=sys.stderr)
+                    continue
             try:
-                start_ray()
-            except Exception as exc:  # noqa: BLE001  (reported; the other backends still run)
-                errors.append(f"ray: could not start Ray: {exc!r}")
-                print(errors[-1], file=sys.stderr)
-                continue
-        try:
-            timelines, failed = measure(backend, settings)
-        finally:
-            if backend == "ray":
-                stop_ray()
-        errors += failed
-        table += rows(backend, timelines)
-        details[backend] = {
-            "seconds": round(time.perf_counter() - began, 2),
-            "errors": failed,
-            "settings": dataclasses.asdict(settings),
-            "config": make_config(backend, settings).to_dict(),
-            "slack_s": SLACK_S[backend],
-            "timelines": {
-                f"{s:g}": [dataclasses.asdict(t) for t in runs] for s, runs in timelines.items()
-            },
-        }
+                for fault in faults:
+                    variant = variant_of(backend, fault, args.under_load)
+                    began = time.perf_counter()
+                    timelines, failed = measure(backend, settings, fault, variant)
+                    errors += failed
+                    table += rows(backend, timelines, fault, variant)
+                    details[variant] = {
+                        "seconds": round(time.perf_counter() - began, 2),
+                        "errors": failed,
+                        "settings": dataclasses.asdict(settings),
+                        "config": make_config(backend, settings).to_dict(),
+                        "fault": fault,
+                        "under_load": args.under_load,
+                        "timelines": {
+                            f"{s:g}": [dataclasses.asdict(t) for t in runs]
+                            for s, runs in timelines.items()
+                        },
+                    }
+            finally:
+                if uses_ray:
+                    stop_ray()
     seconds = time.perf_counter() - started
 
+    if table:
+        print_table(table)
+        print()
+        print_summary(table)
     kind = "quick" if args.quick else "full"
-    missed = print_table(table, targets=f"{kind} run, {', '.join(selected)}, {seconds:.1f} s")
-    print()
-    print_summary(table)
+    missed = print_targets_met(table, f"{kind} run, {', '.join(details)}, {seconds:.1f} s")
     for error in errors:
         print(f"FAILED: {error}")
     if not args.no_write and table:
-        previous, previous_details = _load_previous(args.results_dir, set(BACKENDS) - set(details))
+        previous, previous_details = _load_previous(args.results_dir, set(details))
         merged = previous + table
         path = write_results(
             NAME,
@@ -501,7 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "quick": args.quick,
                 "torch_threads": torch.get_num_threads(),
                 "targets": {
-                    f"resumed_within_stall_timeout_plus_s_{b}": SLACK_S[b] for b in BACKENDS
+                    **{f"resumed_within_stall_timeout_plus_s_{b}": SLACK_S[b] for b in BACKENDS},
+                    **{f"killed_worker_resumed_within_s_{b}": v for b, v in CRASH_LIMIT_S.items()},
                 },
                 "backends": {**previous_details, **details},
             },

@@ -56,8 +56,15 @@ from ._stall_events import StuckRollout as StuckRollout
 from ._stall_events import ThreadStack as ThreadStack
 from ._subscription import Subscription as Subscription
 from ._subscription import SubscriptionStatistics as SubscriptionStatistics
+from ._worker_events import RewardTimed as RewardTimed
+from ._worker_events import RolloutFailed as RolloutFailed
+from ._worker_events import RolloutFinished as RolloutFinished
+from ._worker_events import RolloutRetried as RolloutRetried
+from ._worker_events import RolloutStarted as RolloutStarted
+from ._worker_events import WorkerEventsDropped as WorkerEventsDropped
 from ._worker_events import WorkerJoined as WorkerJoined
 from ._worker_events import WorkerLeft as WorkerLeft
+from ._worker_events import WorkerStalled as WorkerStalled
 
 __all__ = (
     "RUNTIME_EXTENSION_API_VERSION",
@@ -85,8 +92,13 @@ __all__ = (
     "LoggingSink",
     "Registration",
     "RegistrationStatistics",
+    "RewardTimed",
+    "RolloutFailed",
+    "RolloutFinished",
     "RolloutRejected",
     "RolloutRestarted",
+    "RolloutRetried",
+    "RolloutStarted",
     "RuntimeExtension",
     "SafePoint",
     "SafePointError",
@@ -106,10 +118,12 @@ __all__ = (
     "ThreadStack",
     "Vote",
     "WeightsSynced",
+    "WorkerEventsDropped",
     "WorkerJoined",
     "WorkerLeft",
     "WorkerLost",
     "WorkerRestarted",
+    "WorkerStalled",
     "decode_event",
     "encode_event",
     "event_types",

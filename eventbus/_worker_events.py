@@ -1,4 +1,5 @@
-"""Events about the rollout workers as a set: who joined, who left, and why.
+"""Events about the rollout workers: who joined and left the set, and what happened inside
+each one (a piece of work started, finished, failed or retried, a stall, a reward's time).
 
 Membership changes happen only at a ``STEP_BOUNDARY`` (an extension with
 ``Capability.MEMBERSHIP`` asked for more or fewer workers), never in the middle of a batch.
@@ -12,7 +13,17 @@ from __future__ import annotations
 
 from ._events import Event
 
-__all__ = ["WorkerJoined", "WorkerLeft"]
+__all__ = [
+    "RewardTimed",
+    "RolloutFailed",
+    "RolloutFinished",
+    "RolloutRetried",
+    "RolloutStarted",
+    "WorkerEventsDropped",
+    "WorkerJoined",
+    "WorkerLeft",
+    "WorkerStalled",
+]
 
 
 class WorkerJoined(Event, frozen=True):
@@ -49,3 +60,169 @@ class WorkerLeft(Event, frozen=True):
     reason: str = ""
     workers: int = 0
     step: int = 0
+
+
+# --- events from inside the rollout workers ---------------------------------------------
+#
+# A worker sends these only for the types someone on the trainer's bus wants (the host says
+# which with every piece of work). They join the trainer's bus in its one global order,
+# stamped with the worker and its node; ``worker_time`` is when it happened in the worker.
+
+
+class RolloutStarted(Event, frozen=True):
+    """A worker began a piece of work (a few prompt groups sampled together).
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs.
+        work_id: The piece of work.
+        step: The trainer step it was dispatched at.
+        attempt: The highest attempt among its groups (above 1: rollouts run again).
+        groups: Prompt groups in it.
+        rollouts: Rollouts in it.
+        worker_time: Wall-clock seconds in the worker.
+    """
+
+    worker_id: str
+    node: str = ""
+    work_id: str = ""
+    step: int = 0
+    attempt: int = 1
+    groups: int = 0
+    rollouts: int = 0
+    worker_time: float = 0.0
+
+
+class RolloutFinished(Event, frozen=True):
+    """A worker finished a piece of work and is sending its results.
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs.
+        work_id: The piece of work.
+        step: The trainer step it was dispatched at.
+        rollouts: Results it produced.
+        failed: Of which failed (each also a ``RolloutFailed``).
+        duration_s: Seconds the worker spent on it.
+        reward_mean: Mean reward of the rollouts that succeeded.
+        worker_time: Wall-clock seconds in the worker.
+    """
+
+    worker_id: str
+    node: str = ""
+    work_id: str = ""
+    step: int = 0
+    rollouts: int = 0
+    failed: int = 0
+    duration_s: float = 0.0
+    reward_mean: float | None = None
+    worker_time: float = 0.0
+
+
+class RolloutFailed(Event, frozen=True):
+    """A rollout failed inside a worker (its reward call raised or timed out, its prompt did
+    not fit the context, the worker raised).
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs.
+        work_id: The piece of work.
+        step: The trainer step it was dispatched at.
+        rollout_id: The rollout.
+        attempt: Its attempt.
+        kind: The failure's kind (``reward_timeout``, ``context_length``, ...).
+        error: What went wrong.
+        worker_time: Wall-clock seconds in the worker.
+    """
+
+    worker_id: str
+    node: str = ""
+    work_id: str = ""
+    step: int = 0
+    rollout_id: str = ""
+    attempt: int = 1
+    kind: str = ""
+    error: str = ""
+    worker_time: float = 0.0
+
+
+class RolloutRetried(Event, frozen=True):
+    """A worker runs rollouts again: reissued after a restart, under a new attempt.
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs.
+        work_id: The piece of work.
+        step: The trainer step it was dispatched at.
+        attempt: The attempt it runs.
+        rollouts: Rollouts it runs again.
+        worker_time: Wall-clock seconds in the worker.
+    """
+
+    worker_id: str
+    node: str = ""
+    work_id: str = ""
+    step: int = 0
+    attempt: int = 2
+    rollouts: int = 0
+    worker_time: float = 0.0
+
+
+class RewardTimed(Event, frozen=True):
+    """How long a worker's reward call took for a piece of work.
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs.
+        work_id: The piece of work.
+        step: The trainer step it was dispatched at.
+        rollouts: Rollouts scored.
+        duration_s: Seconds the scoring took.
+        worker_time: Wall-clock seconds in the worker.
+    """
+
+    worker_id: str
+    node: str = ""
+    work_id: str = ""
+    step: int = 0
+    rollouts: int = 0
+    duration_s: float = 0.0
+    worker_time: float = 0.0
+
+
+class WorkerStalled(Event, frozen=True):
+    """A worker noticed it has been in one phase of its work for too long (its own watch:
+    it says so even while its main thread is stuck).
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs.
+        work_id: The piece of work.
+        step: The trainer step it was dispatched at.
+        phase: ``generate``, ``reward``, ``injected fault``, ...
+        stalled_s: Seconds in that phase when it noticed.
+        worker_time: Wall-clock seconds in the worker.
+    """
+
+    worker_id: str
+    node: str = ""
+    work_id: str = ""
+    step: int = 0
+    phase: str = ""
+    stalled_s: float = 0.0
+    worker_time: float = 0.0
+
+
+class WorkerEventsDropped(Event, frozen=True):
+    """A worker's event buffer overflowed before the trainer collected it: ``missed`` of its
+    events were dropped, the oldest first (the ``Lagged`` idea, across processes).
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs.
+        missed: Events dropped since the last collection.
+    """
+
+    worker_id: str
+    node: str = ""
+    missed: int = 0

@@ -73,6 +73,13 @@ EXAMPLES: dict[type[Event], Event] = {
     eb.WorkerRestarted: eb.WorkerRestarted(worker_id="w0", reason="restart"),
     eb.WorkerJoined: eb.WorkerJoined(worker_id="w2", node="n1", reason="more", workers=3, step=4),
     eb.WorkerLeft: eb.WorkerLeft(worker_id="w2", node="n1", reason="idle", workers=2, step=9),
+    eb.RolloutStarted: eb.RolloutStarted(worker_id="w1", node="n", work_id="s1-0", rollouts=8),
+    eb.RolloutFinished: eb.RolloutFinished(worker_id="w1", work_id="s1-0", duration_s=0.2),
+    eb.RolloutFailed: eb.RolloutFailed(worker_id="w1", rollout_id="p#1", kind="reward_timeout"),
+    eb.RolloutRetried: eb.RolloutRetried(worker_id="w1", work_id="s2-r", attempt=2, rollouts=4),
+    eb.RewardTimed: eb.RewardTimed(worker_id="w1", work_id="s1-0", rollouts=8, duration_s=0.01),
+    eb.WorkerStalled: eb.WorkerStalled(worker_id="w1", phase="reward", stalled_s=5.2),
+    eb.WorkerEventsDropped: eb.WorkerEventsDropped(worker_id="w1", node="n", missed=12),
     eb.FaultInjected: eb.FaultInjected(fault="hang", step=2, detail="worker 0"),
     eb.ExtensionFailed: eb.ExtensionFailed(
         extension="x", hook="on_event", error_type="ValueError", message="m", event_type="Lagged"

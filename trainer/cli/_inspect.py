@@ -62,7 +62,7 @@ _TERMINAL = ("FitFinished", "FitFailed")
 
 
 def run_events(args: argparse.Namespace) -> int:
-    """``trainbus events RUN_DIR [--type T ...] [--step N] [--follow] [--json]``.
+    """``trainbus events RUN_DIR [--type T ...] [--step N] [--worker W] [--follow] [--json]``.
 
     Returns:
         0 once the log is printed (with ``--follow``: once the fit ended, or on Ctrl-C).
@@ -72,7 +72,7 @@ def run_events(args: argparse.Namespace) -> int:
     """
     path = events_path(args.run_dir, follow=args.follow)
     view = LogView(
-        Selection(types=parse_types(args.type), step=args.step),
+        Selection(types=parse_types(args.type), step=args.step, worker=args.worker),
         as_json=args.json,
         flush=args.follow,
     )
@@ -209,14 +209,18 @@ class Selection:
     Attributes:
         types: Event class names to keep (None: all).
         step: Keep only events of this step (None: all).
+        worker: Keep only events of this rollout worker (None: all).
     """
 
     types: frozenset[str] | None = None
     step: int | None = None
+    worker: str | None = None
 
     def matches(self, entry: Entry) -> bool:
-        """Whether ``entry`` passes both filters."""
+        """Whether ``entry`` passes every filter."""
         if self.types is not None and entry_type(entry) not in self.types:
+            return False
+        if self.worker is not None and entry_worker(entry) != self.worker:
             return False
         return self.step is None or entry_step(entry) == self.step
 
@@ -279,6 +283,14 @@ def entry_type(entry: Entry) -> str:
     if isinstance(entry, dict):
         return str(entry.get("type", "?"))
     return type(entry).__name__
+
+
+def entry_worker(entry: Entry) -> str | None:
+    """The rollout worker an event is about (its ``worker_id``), when it has one."""
+    worker = (
+        entry.get("worker_id") if isinstance(entry, dict) else getattr(entry, "worker_id", None)
+    )
+    return worker if isinstance(worker, str) else None
 
 
 def entry_step(entry: Entry) -> int | None:

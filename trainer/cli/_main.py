@@ -131,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
         help="only events of type T (repeatable)",
     )
     events.add_argument("--step", type=int, metavar="N", help="only events of step N")
+    events.add_argument(
+        "--worker", metavar="W", help="only events of rollout worker W (e.g. ray-0.1)"
+    )
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     events.add_argument("--json", action="store_true", help="pass the JSON lines through")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from eventbus import ThreadStack
+from eventbus import Event, ThreadStack
 from replay import RolloutResult
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
@@ -51,6 +51,9 @@ class ResultSink(Protocol):
 
     def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
         """Worker ``new_id`` took the place of ``old_id`` (a restart, or a replacement)."""
+
+    def worker_event(self, event: Event) -> None:
+        """An event from inside a worker (``RolloutStarted``, ``WorkerStalled``, ...)."""
 
     def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
         """A worker added by :meth:`RolloutBackend.resize` is ready for work."""

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
 from eventbus import (
+    Event,
     EventBus,
     RolloutRestarted,
     WorkerJoined,
@@ -44,6 +45,7 @@ from ..config._schema import TrainerConfig
 from ..rl._tasks import Prompt, PromptSource
 from ._backend import RolloutBackend
 from ._worker import RolloutWork, chunk, work_seed
+from ._worker_events import WORKER_EVENTS, EventRequest
 
 __all__ = ["AsyncDriver", "RestartRecord", "RolloutDriver", "SyncDriver", "make_driver"]
 
@@ -180,6 +182,10 @@ class RolloutDriver(ABC):
         if self.bus.wants(WorkerRestarted):
             self.bus.publish(WorkerRestarted(worker_id=new_id, reason=f"replaces {old_id}"))
 
+    def worker_event(self, event: Event) -> None:
+        """An event from inside a worker (already stamped with the worker and its node)."""
+        self.bus.publish(event)
+
     def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
         """A worker added at a step boundary is ready: report it."""
         self._membership_event(WorkerJoined, worker_id, node, reason)
@@ -295,6 +301,7 @@ class RolloutDriver(ABC):
         """Split groups into one piece of work per worker (batched sampling is ~3x faster
         than one call per prompt); each piece's seed depends only on what it holds."""
         seed = self.config.run.seed
+        events = self._event_request()
         for index, part in enumerate(chunk(groups, self.backend.workers)):
             first = part[0]
             self.backend.submit(
@@ -303,8 +310,16 @@ class RolloutDriver(ABC):
                     groups=part,
                     seed=work_seed(seed, first.step, first.group_id, first.attempt, len(part)),
                     step=step,
+                    events=events,
                 )
             )
+
+    def _event_request(self) -> EventRequest | None:
+        """The worker events someone on the bus wants (None: none, so workers build none)."""
+        wanted = frozenset(kind.__name__ for kind in WORKER_EVENTS if self.bus.wants(kind))
+        if not wanted:
+            return None
+        return EventRequest(types=wanted, stall_after_s=self.config.diagnose_after_s)
 
 
 class SyncDriver(RolloutDriver):

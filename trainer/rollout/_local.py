@@ -34,6 +34,7 @@ from ._faults import FaultInjector, WorkerCrashed
 from ._logs import ALSO_AN_EVENT
 from ._stacks import StackReader, helpers_of, helping
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+from ._worker_events import WorkerEvents
 
 __all__ = ["LocalBackend"]
 
@@ -257,6 +258,17 @@ class LocalBackend(BackendBase):
             generation.members.append(worker_id)
         if joining is not None:
             sink.worker_joined(worker_id, worker.node, joining)
+        events = worker.events
+        events.forward = sink.worker_event  # in-process: straight onto the trainer's bus
+        try:
+            self._serve(generation, worker, events)
+        finally:
+            events.close()
+
+    def _serve(self, generation: _Generation, worker: RolloutWorker, events: WorkerEvents) -> None:
+        """One worker thread's work loop, until it is retired, leaves or dies."""
+        sink, worker_id = self._sink, worker.worker_id
+        assert sink is not None
         faults = self._faults
         while not generation.stop.is_set():
             work = generation.work.get()
@@ -274,13 +286,15 @@ class LocalBackend(BackendBase):
             if worker.version != version:
                 worker.load_weights(weights, version)
             sink.started(tuple(g.group_id for g in work.groups))
+            events.begin(work)
+            began = time.perf_counter()
             try:
                 if faults is not None:
-                    faults.before_work(worker_id, work, generation.stop)
+                    with events.phase("injected fault"):
+                        faults.before_work(worker_id, work, generation.stop)
                     if generation.stop.is_set():
                         self._holdings.release(worker_id)
                         return  # released from a hang by a restart: its work was reissued
-                began = time.perf_counter()
                 try:
                     results = worker.run(work)
                 finally:
@@ -313,6 +327,7 @@ class LocalBackend(BackendBase):
                     worker_id=worker_id,
                     node=worker.node,
                 )
+            events.end(results, time.perf_counter() - began)
             for result in results:
                 sink.deliver(result)
             self._holdings.release(worker_id)

@@ -155,7 +155,7 @@ class RayBackend(ServingActors):
             ids = [self._epoch.next_id() for _ in range(self.workers)]
             for actor in await self._pool.start(ids, Counter()):
                 self._serve(actor)
-            self._supervisor = asyncio.create_task(self._supervise(), name="trainbus ray pool")
+            self._start_background()
         except BaseException:
             await self.close()
             raise
@@ -251,9 +251,7 @@ class RayBackend(ServingActors):
         if self._closed:
             return
         self._closed = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            await asyncio.gather(self._supervisor, return_exceptions=True)
+        await self._stop_background()
         self._epoch.stop.set()
         # Slots first, so a call failing because of the kill is never reported as lost.
         slots, self._slots = list(self._slots.values()), {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 import typing
 from dataclasses import dataclass
 
@@ -20,13 +21,18 @@ import ray
 import torch
 from ray.actor import ActorClass, ActorHandle
 
-from eventbus import ThreadStack
+from eventbus import Event, ThreadStack
 from replay import RolloutResult
 
 from ._stacks import own_stacks
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 
-__all__ = ["ActorView", "RolloutActor", "first_line", "remote_actor_class"]
+Collected = tuple[list[Event], int]
+"""A worker's buffered events, oldest first, and how many were dropped before them."""
+Output = tuple[list[RolloutResult], list[Event], int]
+"""What a call returns: the results, then the worker's events (``Collected``)."""
+
+__all__ = ["ActorView", "Collected", "Output", "RolloutActor", "first_line", "remote_actor_class"]
 
 
 class RolloutActor:
@@ -58,10 +64,26 @@ class RolloutActor:
         ``diagnose`` concurrency group) while the worker's own thread may be stuck."""
         return own_stacks(self.worker.worker_id)
 
+    @ray.method(concurrency_group="diagnose")
+    def events(self) -> Collected:
+        """The worker's buffered events and how many were dropped, collected from the
+        second thread (a long or stuck call cannot hold them back)."""
+        return self.worker.events.collect()
+
     @ray.method
-    def run(self, work: RolloutWork) -> list[RolloutResult]:
-        """Run ``work`` with the weights loaded last."""
-        return self.worker.run(work)
+    def run(self, work: RolloutWork) -> Output:
+        """Run ``work`` with the weights loaded last; its results, and the worker's events
+        so far (empty unless the work asked for some)."""
+        return self._perform(work)
+
+    def _perform(self, work: RolloutWork) -> Output:
+        events = self.worker.events
+        began = time.perf_counter()
+        events.begin(work)
+        results = self.worker.run(work)
+        events.end(results, time.perf_counter() - began)
+        collected = events.collect() if work.events is not None else ([], 0)
+        return results, *collected
 
     @ray.method
     def load(self, weights: bytes, version: int) -> None:
@@ -69,16 +91,20 @@ class RolloutActor:
         self.worker.load_weights(weights, version)
 
     @ray.method
-    def load_and_run(self, weights: bytes, version: int, work: RolloutWork) -> list[RolloutResult]:
+    def load_and_run(self, weights: bytes, version: int, work: RolloutWork) -> Output:
         """Load ``weights`` as ``version`` (Ray fetches them by reference), then run ``work``."""
         self.worker.load_weights(weights, version)
-        return self.worker.run(work)
+        return self._perform(work)
 
     @ray.method
-    def hang(self) -> None:
-        """Never answer: the ``hang`` fault (the actor is killed at the next restart), and
-        the probe that tells when a killed actor is really gone."""
-        threading.Event().wait()
+    def hang(self, work: RolloutWork | None = None) -> None:
+        """Never answer: the ``hang`` fault on ``work`` (the actor is killed as hung after a
+        restart), and the probe that tells when a killed actor is really gone."""
+        events = self.worker.events
+        if work is not None:
+            events.begin(work)
+        with events.phase("injected fault"):
+            threading.Event().wait()
 
 
 @functools.cache

@@ -202,7 +202,7 @@ class ActorPool:
                 kill_actor(actor)
                 # ray.kill only asks; a call sent now may still run before the actor dies,
                 # so the probe is one that never returns while the actor lives.
-                probes.append((actor.worker_id, actor.handle.hang.remote()))
+                probes.append((actor.worker_id, actor.handle.hang.remote(None)))
             except Exception:  # a Ray error here leaves nothing for us to undo
                 self.errors += 1
                 logger.exception("killing ray actor %s failed", actor.worker_id)

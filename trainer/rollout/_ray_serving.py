@@ -21,16 +21,18 @@ from dataclasses import dataclass, field
 
 import anyio
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
+from eventbus import Event, WorkerEventsDropped
 from replay import RolloutResult
 
 from ._backend import BackendBase
 from ._faults import FaultInjector
 from ._placement import live_nodes
-from ._ray_actor import ActorView, first_line
+from ._ray_actor import ActorView, Output, first_line
 from ._ray_pool import ActorPool
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+from ._worker_events import EventRequest
 
 __all__ = ["Epoch", "Leave", "ServingActors"]
 
@@ -89,7 +91,9 @@ class ServingActors(BackendBase):
         self._slots: dict[str, asyncio.Task[None]] = {}
         self._vacancies: list[str] = []  # ids of replaced actors whose successor is to come
         self._wake = asyncio.Event()
-        self._supervisor: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []  # the supervisor, the collector
+        self._events_wanted: EventRequest | None = None  # as the last work asked
+        self._collect_every_s = 0.5
 
     def _placed(self) -> Counter[str]:
         return Counter(a.node for a in self._actors if a.alive)
@@ -160,6 +164,24 @@ class ServingActors(BackendBase):
 
     # --- the supervisor -------------------------------------------------------------------
 
+    def _start_background(self) -> None:
+        """Start the supervisor and the event collector (they run until close)."""
+        self._background = [
+            asyncio.create_task(self._supervise(), name="trainbus ray supervisor"),
+            asyncio.create_task(self._collect_events(), name="trainbus ray worker events"),
+        ]
+
+    async def _stop_background(self) -> None:
+        tasks, self._background = self._background, []
+        for task in tasks:
+            task.cancel()
+        for task, outcome in zip(
+            tasks, await asyncio.gather(*tasks, return_exceptions=True), strict=True
+        ):
+            if isinstance(outcome, Exception):
+                self._pool.errors += 1
+                logger.error("%s failed", task.get_name(), exc_info=outcome)
+
     async def _supervise(self) -> None:
         """Kill actors whose superseded call overran its grace, fill vacancies, keep the
         standby full and current; sleeps until something changes or a grace ends."""
@@ -210,6 +232,7 @@ class ServingActors(BackendBase):
                 sink.worker_left(actor.worker_id, actor.node, work.reason)
                 return
             actor.busy = True
+            self._events_wanted = work.events
             self._holdings.take(actor.worker_id, work)
             sink.started(tuple(group.group_id for group in work.groups))
             began = time.perf_counter()
@@ -248,9 +271,10 @@ class ServingActors(BackendBase):
     ) -> list[RolloutResult]:
         """One call, timed, then the fault transformations of the results."""
         try:
-            results = await self._call(actor, work)
+            results, events, dropped = await self._call(actor, work)
         finally:
             self._counts.busy_s += time.perf_counter() - began
+        self._publish_events(actor, events, dropped)  # before the results they tell about
         self._longest_call_s = max(self._longest_call_s, time.perf_counter() - began)
         if self._faults is None:
             return results
@@ -264,6 +288,34 @@ class ServingActors(BackendBase):
                 elapsed_s=time.perf_counter() - began,
             )
         )
+
+    def _publish_events(self, actor: ActorView, events: list[Event], dropped: int) -> None:
+        """Hand an actor's collected events to the trainer's bus, the drop notice first."""
+        sink = self._sink
+        if sink is None:
+            return
+        if dropped:
+            sink.worker_event(
+                WorkerEventsDropped(worker_id=actor.worker_id, node=actor.node, missed=dropped)
+            )
+        for event in events:
+            sink.worker_event(event)
+
+    async def _collect_events(self) -> None:
+        """While someone wants to hear a worker's own stall, collect the events of actors
+        busy with a call (their second thread answers even if the call is stuck)."""
+        while True:
+            await anyio.sleep(self._collect_every_s)
+            request = self._events_wanted
+            if request is None or "WorkerStalled" not in request.types:
+                continue
+            for actor in [a for a in self._actors if a.busy and a.alive]:
+                with anyio.move_on_after(self._collect_every_s * 4):
+                    try:
+                        events, dropped = await actor.handle.events.remote()
+                    except RayError:  # it died or is dying: its slot reports that
+                        continue
+                    self._publish_events(actor, events, dropped)
 
     def _lost(self, actor: ActorView, work: RolloutWork, error: BaseException) -> None:
         """``actor`` died on its own: report it, and have its place filled."""
@@ -279,11 +331,11 @@ class ServingActors(BackendBase):
         self._sink.worker_lost(actor.worker_id, reason, len(work.groups), actor.node)
         self._wake.set()
 
-    async def _call(self, actor: ActorView, work: RolloutWork) -> list[RolloutResult]:
+    async def _call(self, actor: ActorView, work: RolloutWork) -> Output:
         """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""
         faults = self._faults
         if faults is not None and faults.should_hang(actor.worker_id, work.step):
-            await actor.handle.hang.remote()  # never answers; killed as hung after a restart
+            await actor.handle.hang.remote(work)  # never answers; killed as hung after a restart
             raise RuntimeError(f"actor {actor.worker_id} returned from hang()")
         serial, version, weights = self._pool.weights
         if actor.weights_serial == serial or weights is None:

@@ -25,6 +25,7 @@ from ..rl._datasets import decode_prompt
 from ..rl._policy import load_weights
 from ..rl._rewards import RewardFailure
 from ..rl._tasks import Prompt
+from ._worker_events import EventRequest, WorkerEvents
 from ._workload import WorkerSpec, build_workload
 
 __all__ = ["RolloutWork", "RolloutWorker", "WorkerSpec", "work_seed"]
@@ -40,15 +41,15 @@ class RolloutWork(msgspec.Struct, frozen=True, kw_only=True):
         groups: The groups, each carrying its :class:`Prompt` in ``prompt``.
         seed: Seeds the sampling of this work.
         step: The trainer step it was dispatched at.
-        faults: Injected faults the worker enacts itself (``reward-hang``); the backend
-            stamps them (fault injection decides in the trainer's process).
+        events: The worker events someone on the trainer's bus wants (None: none, and the
+            worker builds none).
     """
 
     work_id: str
     groups: tuple[PromptGroup, ...]
     seed: int
     step: int
-    faults: tuple[str, ...] = ()
+    events: EventRequest | None = None
 
 
 def work_seed(run_seed: int, *parts: object) -> int:
@@ -65,6 +66,10 @@ class RolloutWorker:
         worker_id: Shown in logs and events, and stamped on every result.
         node: Where it runs, stamped on every result (default: this host's name; Ray
             actors pass their node id).
+
+    Attributes:
+        events: What the worker says about its work (see :mod:`._worker_events`); the
+            backend decides whether they are forwarded at once or buffered.
     """
 
     def __init__(self, spec: WorkerSpec, worker_id: str, node: str | None = None) -> None:
@@ -74,6 +79,8 @@ class RolloutWorker:
         self.workload = build_workload(spec)
         self.policy = self.workload.policy
         self.version = -1
+        self.events = WorkerEvents(worker_id, self.node)
+        self.workload.phase = self.events.phase  # times generation and the reward calls
 
     def load_weights(self, weights: bytes, version: int) -> None:
         """Sample from ``version`` from now on."""

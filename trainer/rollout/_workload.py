@@ -8,7 +8,8 @@ the trainer's validation, on its own copy of the policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import msgspec
@@ -68,11 +69,16 @@ class Workload:
     Args:
         policy: The sampling policy.
         spec: Task, budgets, rewards.
+
+    Attributes:
+        phase: Wraps generation (``phase("generate")``) and scoring (``phase("reward",
+            rollouts)``); the worker sets it to time them (see ``_worker_events``).
     """
 
     def __init__(self, policy: nn.Module, spec: WorkerSpec) -> None:
         self.policy = policy
         self.spec = spec
+        self.phase: Callable[..., AbstractContextManager[None]] = _no_phase
 
     def rollouts(
         self,
@@ -112,22 +118,20 @@ class _Builtin(Workload):
         greedy: bool = False,
         hang_reward: bool = False,
     ) -> list[list[Outcome]]:
-        groups = generate(
-            self.policy,  # type: ignore[arg-type]  # a built-in Policy (build_workload)
-            prompts,
-            n,
-            self.task.max_response_len,
-            generator,
-            temperature=0.0 if greedy else self.spec.temperature,
-        )
-        if hang_reward:  # the task's own reward cannot hang: only the injected one does
-            count = sum(len(group) for group in groups)
-            failed = iter(self._scorer((), True).score([""] * count, [""] * count, {}))
-            return [[(c, next(failed)) for c in group] for group in groups]
-        return [
-            [(c, self.task.reward(prompt, c.tokens)) for c in group]
-            for prompt, group in zip(prompts, groups, strict=True)
-        ]
+        with self.phase("generate"):
+            groups = generate(
+                self.policy,  # type: ignore[arg-type]  # a built-in Policy (build_workload)
+                prompts,
+                n,
+                self.task.max_response_len,
+                generator,
+                temperature=0.0 if greedy else self.spec.temperature,
+            )
+        with self.phase("reward", sum(map(len, groups))):
+            return [
+                [(c, self.task.reward(prompt, c.tokens)) for c in group]
+                for prompt, group in zip(prompts, groups, strict=True)
+            ]
 
 
 class _HuggingFace(Workload):
@@ -167,14 +171,15 @@ class _HuggingFace(Workload):
                 fits.append(i)
         if not fits:
             return out
-        sampled = self.hf.generate(
-            [prompts[i].tokens for i in fits],
-            n,
-            self.spec.max_new_tokens,
-            generator,
-            0.0 if greedy else self.spec.temperature,
-            top_p=self.spec.top_p,
-        )
+        with self.phase("generate"):
+            sampled = self.hf.generate(
+                [prompts[i].tokens for i in fits],
+                n,
+                self.spec.max_new_tokens,
+                generator,
+                0.0 if greedy else self.spec.temperature,
+                top_p=self.spec.top_p,
+            )
         texts: list[Any] = []
         contents: list[Any] = []
         rows: list[dict[str, Any]] = []
@@ -196,8 +201,8 @@ class _HuggingFace(Workload):
             name: [row.get(name) for row in rows] for name in names
         }
         columns_arg["completion_ids"] = ids
-        scorer = self._scorer(self.scorer.functions, True) if hang_reward else self.scorer
-        scores = iter(scorer.score(contents, texts, columns_arg))
+        with self.phase("reward", len(texts)):
+            scores = iter(self.scorer.score(contents, texts, columns_arg))
         for i, group in zip(fits, sampled, strict=True):
             out[i] = [(completion, next(scores)) for completion in group]
         return out
@@ -244,3 +249,8 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
         policy = HFPolicy.load(spec.policy.path, spec.device)
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
+
+
+def _no_phase(name: str, rollouts: int = 0) -> AbstractContextManager[None]:
+    """The default phase: times nothing."""
+    return nullcontext()

@@ -44,6 +44,7 @@ from eventbus import (
     WorkerRestarted,
 )
 
+from ._describe_workers import WORKER_DESCRIBERS, worker_label
 from ._metrics import named
 
 __all__ = ["DESCRIBERS", "Context", "describe", "describe_fields", "step_label"]
@@ -218,8 +219,8 @@ def _rollout_restarted(e: RolloutRestarted, context: Context) -> str:
 
 def _worker_lost(e: WorkerLost, context: Context) -> str:
     return (
-        f"worker {e.worker_id} lost with {e.in_flight} prompt groups in flight: "
-        f"{e.reason or 'no reason'}"
+        f"{worker_label(e.worker_id, e.node)} lost with {e.in_flight} prompt groups in "
+        f"flight: {e.reason or 'no reason'}"
     )
 
 
@@ -285,6 +286,7 @@ DESCRIBERS: dict[type[Event], Callable[[Any, Context], str]] = {
     ExtensionFailed: _extension_failed,
     Lagged: _lagged,
     StallDiagnosed: _stall_diagnosed,
+    **WORKER_DESCRIBERS,
 }
 """Each event type's describer: ``describer(event, context) -> str``."""
 

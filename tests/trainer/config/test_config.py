@@ -82,6 +82,7 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
             {"rollout.ray_address": "auto"},
             "rollout.ray_address is 'auto' but rollout.backend is 'local'",
         ),
+        ({"rollout.standby": 2}, "rollout.standby is 2 but rollout.backend is 'local'"),
     ],
 )
 def test_bad_values_name_the_key_and_the_problem(

@@ -19,16 +19,21 @@ import torch
 
 from eventbus import (
     RUNTIME_EXTENSION_API_VERSION,
+    BatchReconciled,
     Capability,
     Decision,
     Event,
     ExtensionContext,
     FitStarted,
+    RolloutFinished,
     RolloutRestarted,
+    RolloutStarted,
     SafePointReached,
     StepFinished,
+    WorkerEventsDropped,
     WorkerLost,
     WorkerRestarted,
+    WorkerStalled,
     read_events,
 )
 
@@ -163,3 +168,34 @@ def test_trainbus_train_joins_a_running_cluster_by_address(
     # A driver that leaves: its actors are gone, the cluster it joined is not.
     assert not [n for n in ray.util.list_named_actors(all_namespaces=True) if "trainbus-" in str(n)]
     assert node_alive(ray_cluster.head.node_id) and node_alive(ray_cluster.second.node_id)
+
+
+async def test_actors_events_join_the_trainers_bus_stamped_with_worker_and_node(
+    ray_cluster: RayCluster,
+) -> None:
+    run = Run(
+        ["hang@2"],
+        stall_timeout_s=3.0,
+        diagnose__after_s=0.5,
+        rollout__backend="ray",
+        rollout__wait_timeout_s=120.0,
+        run__steps=3,
+    )
+    summary = await run.trainer.fit()
+    assert summary.steps == 3
+    nodes = {ray_cluster.head.node_id, ray_cluster.second.node_id}
+    started = run.events(RolloutStarted)
+    assert {e.node for e in started} == nodes  # both actors, one on each node
+    for event in started:
+        assert event.worker_id.startswith("ray-")
+    # The hung actor said so itself while stuck (collected from its second thread), before
+    # the restart that replaced it.
+    (stalled,) = run.events(WorkerStalled)
+    (restart,) = run.events(RolloutRestarted)
+    assert stalled.phase == "injected fault" and stalled.node in nodes
+    assert stalled.seq < restart.seq
+    # A piece's events reach the bus before the results they describe are reconciled.
+    for report in run.events(BatchReconciled):
+        pieces = [e for e in run.events(RolloutFinished) if e.step == report.report.step]
+        assert pieces and all(e.seq < report.seq for e in pieces)
+    assert run.events(WorkerEventsDropped) == []

@@ -1,0 +1,122 @@
+"""How every reader (``trainbus events``, the report, the live view) words the events about
+rollout workers: joining, leaving, and what happens inside each one.
+
+Each says which worker and, in brackets, its node: a Ray node id shortened to its first 8 hex
+digits (as ``ray list nodes`` users recognise it), a host name as it is. ``_describe``
+merges these into its one table.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from typing import Any
+
+from eventbus import (
+    Event,
+    RewardTimed,
+    RolloutFailed,
+    RolloutFinished,
+    RolloutRetried,
+    RolloutStarted,
+    WorkerEventsDropped,
+    WorkerJoined,
+    WorkerLeft,
+    WorkerStalled,
+)
+
+__all__ = ["WORKER_DESCRIBERS", "short_node", "worker_label"]
+
+_RAY_NODE_ID = 56  # hex digits
+
+
+def short_node(node: str) -> str:
+    """A Ray node id's first 8 hex digits; anything else as it is."""
+    if len(node) == _RAY_NODE_ID and all(c in string.hexdigits for c in node):
+        return node[:8]
+    return node
+
+
+def worker_label(worker_id: str, node: str) -> str:
+    """``worker ray-0.1 [8c1f0e2a]`` (no brackets when the node is not known)."""
+    return f"worker {worker_id} [{short_node(node)}]" if node else f"worker {worker_id}"
+
+
+def _who(e: Any) -> str:
+    return worker_label(e.worker_id, e.node)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _joined(e: WorkerJoined, context: object) -> str:
+    now = _count(e.workers, "worker")
+    return f"{_who(e)} joined at step {e.step} ({now}): {e.reason or 'no reason'}"
+
+
+def _left(e: WorkerLeft, context: object) -> str:
+    now = _count(e.workers, "worker")
+    return f"{_who(e)} left at step {e.step} ({now}): {e.reason or 'no reason'}"
+
+
+def _started(e: RolloutStarted, context: object) -> str:
+    again = f", attempt {e.attempt}" if e.attempt > 1 else ""
+    return (
+        f"{_who(e)} started {e.work_id} (step {e.step}): {_count(e.groups, 'group')}, "
+        f"{_count(e.rollouts, 'rollout')}{again}"
+    )
+
+
+def _finished(e: RolloutFinished, context: object) -> str:
+    reward = f", reward {e.reward_mean:.3f}" if e.reward_mean is not None else ""
+    failed = f", {e.failed} failed" if e.failed else ""
+    return (
+        f"{_who(e)} finished {e.work_id} in {e.duration_s:.3f} s: "
+        f"{_count(e.rollouts, 'rollout')}{failed}{reward}"
+    )
+
+
+def _failed(e: RolloutFailed, context: object) -> str:
+    return (
+        f"{_who(e)}: rollout {e.rollout_id} failed (attempt {e.attempt}, {e.kind or 'error'}): "
+        f"{e.error or 'no reason'}"
+    )
+
+
+def _retried(e: RolloutRetried, context: object) -> str:
+    return (
+        f"{_who(e)} runs {_count(e.rollouts, 'rollout')} again under attempt {e.attempt} "
+        f"({e.work_id}, step {e.step})"
+    )
+
+
+def _reward(e: RewardTimed, context: object) -> str:
+    return (
+        f"{_who(e)} scored {_count(e.rollouts, 'rollout')} of {e.work_id} in {e.duration_s:.3f} s"
+    )
+
+
+def _stalled(e: WorkerStalled, context: object) -> str:
+    return f"{_who(e)} stalled in {e.phase} for {e.stalled_s:.1f} s ({e.work_id}, step {e.step})"
+
+
+def _dropped(e: WorkerEventsDropped, context: object) -> str:
+    return (
+        f"{_who(e)} dropped {_count(e.missed, 'event')} (its buffer was full before the "
+        f"trainer collected it)"
+    )
+
+
+WORKER_DESCRIBERS: dict[type[Event], Callable[[Any, Any], str]] = {
+    WorkerJoined: _joined,
+    WorkerLeft: _left,
+    RolloutStarted: _started,
+    RolloutFinished: _finished,
+    RolloutFailed: _failed,
+    RolloutRetried: _retried,
+    RewardTimed: _reward,
+    WorkerStalled: _stalled,
+    WorkerEventsDropped: _dropped,
+}
+"""One describer per worker event type: ``describer(event, context) -> str``."""

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -40,9 +40,22 @@ from eventbus import (
 )
 
 if TYPE_CHECKING:
-    from replay import RolloutResult
+    from replay import PromptGroup, RolloutResult
 
-    from ._worker import RolloutWork
+
+class _Work(Protocol):
+    """What the emitter reads of a piece of work (``_worker.RolloutWork``, which imports
+    this module)."""
+
+    @property
+    def work_id(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def groups(self) -> tuple[PromptGroup, ...]: ...
+    @property
+    def events(self) -> EventRequest | None: ...
+
 
 __all__ = ["BUFFER_EVENTS", "WORKER_EVENTS", "EventRequest", "WorkerEvents"]
 
@@ -102,7 +115,7 @@ class WorkerEvents:
         self._buffer: collections.deque[Event] = collections.deque(maxlen=capacity)
         self._dropped = 0
         self._request: EventRequest | None = None
-        self._work: RolloutWork | None = None
+        self._work: _Work | None = None
         # The phase the worker is in: (name, monotonic start, stall already reported).
         self._phase: tuple[str, float, bool] | None = None
         self._watch: threading.Thread | None = None
@@ -110,7 +123,7 @@ class WorkerEvents:
 
     # --- the request ----------------------------------------------------------------------
 
-    def begin(self, work: RolloutWork) -> None:
+    def begin(self, work: _Work) -> None:
         """``work`` starts: take its request; emit ``RolloutStarted`` / ``RolloutRetried``."""
         self._request, self._work = work.events, work
         if work.events is None:

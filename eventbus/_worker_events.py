@@ -191,8 +191,8 @@ class RewardTimed(Event, frozen=True):
 
 
 class WorkerStalled(Event, frozen=True):
-    """A worker noticed it has been in one phase of its work for too long (its own watch:
-    it says so even while its main thread is stuck).
+    """A worker has been in one phase of its work for too long (checked from outside the
+    stuck thread, so it is said while the worker is still stuck).
 
     Attributes:
         worker_id: The worker.

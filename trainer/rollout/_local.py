@@ -18,6 +18,7 @@ are daemons, so it cannot keep the process alive).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -78,6 +79,8 @@ class LocalBackend(BackendBase):
         self._weights: tuple[int, bytes] = (-1, b"")
         self._generation: _Generation | None = None
         self._retired: list[_Generation] = []
+        self._events: dict[str, WorkerEvents] = {}  # of the running threads
+        self._stall_check: asyncio.Task[None] | None = None
 
     async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
         """Start ``workers`` threads sampling from ``version``."""
@@ -86,6 +89,7 @@ class LocalBackend(BackendBase):
         self._sink = sink
         self._weights = (version, weights)
         self._spawn()
+        self._stall_check = asyncio.create_task(self._check_stalls(), name="trainbus stalls")
 
     def submit(self, work: RolloutWork) -> None:
         """Queue ``work`` for the current workers."""
@@ -142,6 +146,9 @@ class LocalBackend(BackendBase):
         if self._closed:
             return
         self._closed = True
+        if self._stall_check is not None:
+            self._stall_check.cancel()
+            await asyncio.gather(self._stall_check, return_exceptions=True)
         self._retire_current()
         self._generation = None
         await self._reap(timeout=self._close_timeout_s)
@@ -174,6 +181,14 @@ class LocalBackend(BackendBase):
             ident = thread.ident if thread is not None else None
             stacks.append(reader.thread(ident, worker_id, worker_id))
         return tuple(stacks)
+
+    async def _check_stalls(self) -> None:
+        """Every tenth of a second, let each worker notice a phase it is stuck in (a worker
+        thread stuck in a phase cannot notice it itself); cheap when nobody asked."""
+        while True:
+            await asyncio.sleep(0.1)
+            for events in list(self._events.values()):
+                events.check_stall()
 
     # --- threads --------------------------------------------------------------------------
 
@@ -257,10 +272,11 @@ class LocalBackend(BackendBase):
             sink.worker_joined(worker_id, worker.node, joining)
         events = worker.events
         events.forward = sink.worker_event  # in-process: straight onto the trainer's bus
+        self._events[worker_id] = events
         try:
             self._serve(generation, worker, events)
         finally:
-            events.close()
+            self._events.pop(worker_id, None)
 
     def _serve(self, generation: _Generation, worker: RolloutWorker, events: WorkerEvents) -> None:
         """One worker thread's work loop, until it is retired, leaves or dies."""

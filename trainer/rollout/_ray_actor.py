@@ -67,7 +67,9 @@ class RolloutActor:
     @ray.method(concurrency_group="diagnose")
     def events(self) -> Collected:
         """The worker's buffered events and how many were dropped, collected from the
-        second thread (a long or stuck call cannot hold them back)."""
+        second thread (a long or stuck call cannot hold them back), after checking whether
+        the call is stalled in a phase."""
+        self.worker.events.check_stall()
         return self.worker.events.collect()
 
     @ray.method

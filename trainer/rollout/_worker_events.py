@@ -12,9 +12,9 @@ wants (:class:`EventRequest`; None: nobody, and the worker builds nothing). The 
   count (``WorkerEventsDropped``, the ``Lagged`` idea across processes).
 
 A *phase* (``generate``, ``reward``, an injected fault) is timed: leaving ``reward`` emits
-``RewardTimed``, and a watch thread (only while ``WorkerStalled`` is wanted) emits
-``WorkerStalled`` once per phase that lasts longer than the request's ``stall_after_s``, even
-while the worker's own thread is stuck in it.
+``RewardTimed``, and :meth:`WorkerEvents.check_stall`, called every fraction of a second from
+outside the worker's own thread, emits ``WorkerStalled`` once per phase that lasts longer
+than the request's ``stall_after_s``, while the worker is still stuck in it.
 """
 
 from __future__ import annotations
@@ -72,8 +72,6 @@ WORKER_EVENTS: tuple[type[Event], ...] = (
 BUFFER_EVENTS = 1000
 """Events a buffering worker holds between two collections (a piece of work makes a few)."""
 
-_WATCH_PERIOD_S = 0.1
-
 
 class EventRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Which worker events the trainer wants (travels with each piece of work).
@@ -96,6 +94,7 @@ class WorkerEvents:
         forward: Where events go at once (in-process); None buffers them for collection.
         capacity: The buffer's bound.
         clock: Wall-clock seconds (``worker_time``).
+        monotonic: Seconds for timing phases.
     """
 
     def __init__(
@@ -106,11 +105,13 @@ class WorkerEvents:
         forward: Callable[[Event], None] | None = None,
         capacity: int = BUFFER_EVENTS,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker_id = worker_id
         self.node = node
         self.forward = forward
         self._clock = clock
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._buffer: collections.deque[Event] = collections.deque(maxlen=capacity)
         self._dropped = 0
@@ -118,8 +119,6 @@ class WorkerEvents:
         self._work: _Work | None = None
         # The phase the worker is in: (name, monotonic start, stall already reported).
         self._phase: tuple[str, float, bool] | None = None
-        self._watch: threading.Thread | None = None
-        self._stop = threading.Event()
 
     # --- the request ----------------------------------------------------------------------
 
@@ -128,8 +127,6 @@ class WorkerEvents:
         self._request, self._work = work.events, work
         if work.events is None:
             return
-        if work.events.stall_after_s > 0 and self.wants(WorkerStalled):
-            self._start_watch()
         rollouts = sum(len(g.rollout_ids) for g in work.groups)
         attempt = max(g.attempt for g in work.groups)
         if self.wants(RolloutStarted):
@@ -186,41 +183,30 @@ class WorkerEvents:
         if self._request is None:
             yield
             return
-        began = time.monotonic()
+        began = self._monotonic()
         self._phase = (name, began, False)
         try:
             yield
         finally:
             self._phase = None
             if name == "reward" and self.wants(RewardTimed):
-                elapsed = time.monotonic() - began
+                elapsed = self._monotonic() - began
                 self.emit(RewardTimed(**self._stamp(), rollouts=rollouts, duration_s=elapsed))
 
-    def _start_watch(self) -> None:
-        if self._watch is not None:
+    def check_stall(self) -> None:
+        """Emit ``WorkerStalled`` if the current phase has lasted longer than the request's
+        ``stall_after_s`` (once per phase). Called every fraction of a second by whoever can
+        while the worker's own thread may be stuck: a Ray actor's second thread, the local
+        backend's event loop."""
+        phase, request = self._phase, self._request
+        if phase is None or request is None or phase[2] or not self.wants(WorkerStalled):
             return
-        self._watch = threading.Thread(
-            target=self._watch_loop, name=f"trainbus {self.worker_id} stall watch", daemon=True
-        )
-        self._watch.start()
-
-    def _watch_loop(self) -> None:
-        while not self._stop.wait(_WATCH_PERIOD_S):
-            phase, request = self._phase, self._request
-            if phase is None or request is None or phase[2]:
-                continue
-            name, began, _ = phase
-            stalled = time.monotonic() - began
-            late = request.stall_after_s > 0 and stalled >= request.stall_after_s
-            if late and self._phase is phase:  # still the same phase
-                self._phase = (name, began, True)
-                self.emit(WorkerStalled(**self._stamp(), phase=name, stalled_s=stalled))
-
-    def close(self) -> None:
-        """Stop the watch thread (it is a daemon, and ends with the process anyway)."""
-        self._stop.set()
-        if self._watch is not None and self._watch is not threading.current_thread():
-            self._watch.join(1.0)
+        name, began, _ = phase
+        stalled = self._monotonic() - began
+        late = request.stall_after_s > 0 and stalled >= request.stall_after_s
+        if late and self._phase is phase:  # still the same phase
+            self._phase = (name, began, True)
+            self.emit(WorkerStalled(**self._stamp(), phase=name, stalled_s=stalled))
 
     # --- emitting and collecting ----------------------------------------------------------
 

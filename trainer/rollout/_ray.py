@@ -293,6 +293,10 @@ class RayBackend(ServingActors):
         """Ray names of the warm standby actors."""
         return [self._pool.name_of(a.worker_id) for a in self._pool.standby]
 
+    def standby_nodes(self) -> dict[str, str]:
+        """The Ray node id each standby actor runs on, by worker id."""
+        return {a.worker_id: a.node for a in self._pool.standby}
+
     def _put_weights(self, weights: bytes, version: int) -> None:
         serial = self._pool.weights[0] + 1
         # Once per version; every actor fetches this one copy by reference. The old

@@ -55,15 +55,20 @@ def node_alive(node_id: str) -> bool:
 
 class NodeKiller:
     """Kills a node's raylet after ``after_step`` and holds the step boundary until Ray has
-    declared the node dead, so the next step is dispatched to actors already lost."""
+    declared the node dead, so the next step is dispatched to actors already lost. The node is
+    the candidate that holds a serving actor and not the standby (so the standby survives to
+    replace it)."""
 
     name = "node-killer"
     api_version = RUNTIME_EXTENSION_API_VERSION
     required_capabilities = (Capability.EVENTS, Capability.SAFE_POINTS)
 
-    def __init__(self, cluster: RayCluster, node: Any, after_step: int, backend: Any) -> None:
-        self.cluster, self.node, self.after_step = cluster, node, after_step
+    def __init__(
+        self, cluster: RayCluster, candidates: list[Any], after_step: int, backend: Any
+    ) -> None:
+        self.cluster, self.candidates, self.after_step = cluster, candidates, after_step
         self.backend = backend
+        self.node: Any = None
         self.doomed: dict[str, str] = {}  # worker id -> node id, as placed before the kill
         self.placed_before: dict[str, str] = {}
         self.placed_after: list[dict[str, str]] = []
@@ -75,6 +80,12 @@ class NodeKiller:
                 while not backend.standby_names():
                     await anyio.sleep(0.05)
             self.placed_before = backend.actor_nodes()
+            standby = set(backend.standby_nodes().values())
+            (self.node, *_) = [
+                n
+                for n in self.candidates
+                if n.node_id in self.placed_before.values() and n.node_id not in standby
+            ]
             self.doomed = {w: n for w, n in self.placed_before.items() if n == self.node.node_id}
             self.cluster.kill_raylet(self.node)
             with anyio.fail_after(WAIT_S):
@@ -90,8 +101,8 @@ class NodeKiller:
 async def test_losing_a_node_mid_run_replaces_its_actors_on_the_survivors(
     ray_cluster: RayCluster,
 ) -> None:
-    doomed = ray_cluster.add_node()
-    survivors = {ray_cluster.head.node_id, ray_cluster.second.node_id}
+    # Four nodes for three workers and a standby, one each; either added node may be lost.
+    extra = [ray_cluster.add_node(), ray_cluster.add_node()]
     try:
         run = Run(
             [],
@@ -102,15 +113,19 @@ async def test_losing_a_node_mid_run_replaces_its_actors_on_the_survivors(
             rollout__wait_timeout_s=120.0,
             safe_point_timeout_s=WAIT_S,
         )
-        killer = NodeKiller(ray_cluster, doomed, after_step=1, backend=run.trainer.backend)
+        killer = NodeKiller(ray_cluster, extra, after_step=1, backend=run.trainer.backend)
         run.trainer.register_runtime_extension(killer)
         summary = await run.trainer.fit()
     finally:
-        ray_cluster.remove(doomed)
+        for node in extra:
+            ray_cluster.remove(node)
+    doomed = killer.node
+    every = {ray_cluster.head.node_id, ray_cluster.second.node_id, *(n.node_id for n in extra)}
+    survivors = every - {doomed.node_id}
 
     assert (summary.status, summary.steps) == ("finished", 4)
     # Spread: one actor per node, so the lost node took exactly one with it.
-    assert sorted(killer.placed_before.values()) == sorted([*survivors, doomed.node_id])
+    assert len(set(killer.placed_before.values())) == 3 and doomed.node_id in every
     (lost,) = run.events(WorkerLost)
     assert {lost.worker_id: lost.node} == killer.doomed
     assert lost.in_flight > 0  # step 2's work went to the dead actor, and was lost with it
@@ -120,11 +135,11 @@ async def test_losing_a_node_mid_run_replaces_its_actors_on_the_survivors(
     assert replaced.worker_id == "ray-s0" and lost.worker_id in replaced.reason
     restart = run.events(RolloutRestarted)[0]
     assert restart.step == 2 and restart.reissued and restart.attempt == 2
-    assert set(killer.placed_after[0].values()) == survivors
+    assert set(killer.placed_after[0].values()) <= survivors
     assert len(killer.placed_after[0]) == 3
-    # Step 1 ran on all three nodes; every later batch only on the survivors.
+    # Step 1 ran on the three serving nodes; every later batch only on the survivors.
     first, *later = run.batches
-    assert {r.node for g in first for r in g.results} == {*survivors, doomed.node_id}
+    assert {r.node for g in first for r in g.results} == set(killer.placed_before.values())
     assert {r.node for batch in later for g in batch for r in g.results} <= survivors
     reissued = set(restart.reissued)
     step2 = [r for g in later[0] for r in g.results if r.rollout_id in reissued]

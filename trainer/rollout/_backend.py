@@ -200,8 +200,8 @@ class RolloutBackend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Leave:
-    """A token in a backend's work queue: the worker that takes it leaves the run (a resize
-    down takes idle workers at once, busy ones after they delivered)."""
+    """A token in a backend's work queue (:meth:`RolloutBackend.resize` puts them there):
+    the worker that takes it leaves the run, having delivered what it held before."""
 
     reason: str
 

@@ -54,11 +54,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from eventbus import ThreadStack
 
-from ._backend import ResultSink
+from ._backend import Leave, ResultSink
 from ._faults import FaultInjector
 from ._placement import live_nodes
 from ._ray_pool import ActorPool, Weights
-from ._ray_serving import Epoch, Leave, ServingActors
+from ._ray_serving import Epoch, ServingActors
 from ._ray_session import init_ray
 from ._ray_stacks import read_actor_stacks
 from ._stacks import StackReader

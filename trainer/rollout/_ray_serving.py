@@ -26,7 +26,7 @@ from ray.exceptions import RayActorError, RayError
 from eventbus import Event, WorkerEventsDropped
 from replay import RolloutResult
 
-from ._backend import BackendBase
+from ._backend import BackendBase, Leave
 from ._faults import FaultInjector
 from ._placement import live_nodes
 from ._ray_actor import ActorView, Output, first_line
@@ -34,16 +34,9 @@ from ._ray_pool import ActorPool
 from ._worker import RolloutWork, RolloutWorker, WorkerSpec
 from ._worker_events import EventRequest
 
-__all__ = ["Epoch", "Leave", "ServingActors"]
+__all__ = ["Epoch", "ServingActors"]
 
 logger = logging.getLogger("trainbus.ray")
-
-
-@dataclass(frozen=True, slots=True)
-class Leave:
-    """A token in the work queue: the slot that takes it retires its actor."""
-
-    reason: str
 
 
 @dataclass(eq=False)

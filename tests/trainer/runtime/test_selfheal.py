@@ -73,13 +73,12 @@ class Run:
                 assert all(r.attempt == group.group.attempt for r in group.results)
                 assert all(r.ok for r in group.results)
 
-    def check(self) -> dict[str, int]:
-        """Both checks: clean batches, and every dropped result accounted for (returned)."""
-        self.check_batches()
-        return self.check_accounting()
+    def check_accounting(self, *, late: frozenset[str] = frozenset()) -> dict[str, int]:
+        """Every result that did not count is in a report, by reason; nothing is silent.
 
-    def check_accounting(self) -> dict[str, int]:
-        """Every result that did not count is in a report, by reason; nothing is silent."""
+        Results of ``late`` reasons may also arrive after the last batch's report (a Ray
+        actor finishing superseded work): the tracker counts them, no report can.
+        """
         reported: Counter[str] = Counter()
         for event in self.events(BatchReconciled):
             reported.update(event.report.dropped)
@@ -90,7 +89,9 @@ class Run:
             assert stats.received == stats.admitted + stats.duplicates + dropped
             tracked.update(stats.dropped)
             tracked["duplicate"] += stats.duplicates
-        assert +reported == +tracked
+        on_time = {k for k in reported.keys() | tracked.keys() if k not in late}
+        assert {k: reported[k] for k in on_time} == {k: tracked[k] for k in on_time}
+        assert all(reported[k] <= tracked[k] for k in late)
         return dict(+reported)
 
 

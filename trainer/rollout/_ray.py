@@ -17,10 +17,12 @@ drops the queued work and then, per actor:
 
 * dead, or on a node that is gone: replaced, the same way;
 * idle: kept (it holds nothing of the old attempt and has the latest weights);
-* busy: its call is now superseded work, and the actor may be hung. It gets a grace period
-  (three times the longest call so far, at least ``hung_after_s``): if the call returns, the
-  results go to the tracker, which drops them as ``superseded_attempt``, and the actor takes
-  new work; if not, it is killed as hung and replaced.
+* busy: its call is now superseded work, and the actor may be hung. A warm standby, if
+  there is one, takes its place at once. The busy actor gets a grace period (three times the
+  longest call so far, at least ``hung_after_s``): if the call returns, the results go to
+  the tracker, which drops them as ``superseded_attempt``, and the actor takes new work (or,
+  displaced by a standby, becomes the standby); if not, it is killed as hung (and replaced,
+  unless a standby already took its place).
 
 So a restart returns as soon as someone can take the reissued work; if nobody could (every
 actor replaced, no standby), it waits for new actors, as a first start does. A *supervisor*
@@ -209,6 +211,7 @@ class RayBackend(ServingActors):
                 replaced.append(actor.worker_id)
             elif actor.busy:
                 actor.deadline = deadline  # the supervisor kills it if it is still busy then
+                self._displace(actor, live, reason)
             else:
                 await self._cancel_slot(actor)  # it waits on the old queue
                 self._serve(actor)
@@ -261,7 +264,7 @@ class RayBackend(ServingActors):
             if isinstance(outcome, Exception):
                 self._pool.errors += 1
                 logger.error("a slot task failed", exc_info=outcome)
-        actors, self._actors = self._actors, []
+        actors, self._actors, self._displaced = [*self._actors, *self._displaced], [], []
         for actor in actors:
             actor.retired = True
         await self._pool.confirm_dead(self._pool.kill(actors))

@@ -83,6 +83,7 @@ class ServingActors(BackendBase):
         self._actors: list[ActorView] = []  # serving (or finishing superseded work)
         self._slots: dict[str, asyncio.Task[None]] = {}
         self._vacancies: list[str] = []  # ids of replaced actors whose successor is to come
+        self._displaced: list[ActorView] = []  # busy at a restart; a standby took the place
         self._wake = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []  # the supervisor, the collector
         self._events_wanted: EventRequest | None = None  # as the last work asked
@@ -117,6 +118,21 @@ class ServingActors(BackendBase):
         if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
             self._pool.errors += 1
             logger.error("slot task of %s failed", actor.worker_id, exc_info=outcome)
+
+    def _displace(self, actor: ActorView, live: set[str], reason: str) -> None:
+        """A restart found ``actor`` busy (superseded work, maybe hung): a warm standby, if
+        there is one, takes its place at once, so the reissued work need not wait for its
+        grace. If its call then returns it becomes the standby; if not, it is killed."""
+        standby = self._pool.take_standby(live)
+        if standby is None:
+            return  # it keeps its place; the supervisor kills it if it is still busy later
+        self._actors.remove(actor)
+        self._displaced.append(actor)
+        self._serve(standby)
+        self._report_replaced([actor.worker_id], [standby.worker_id], reason)
+        logger.warning(
+            "standby actor %s takes the place of busy %s", standby.worker_id, actor.worker_id
+        )
 
     def _trim_to_target(self) -> None:
         """Vacancies beyond the target (workers left, the target fell) are not filled."""
@@ -191,6 +207,10 @@ class ServingActors(BackendBase):
                     )
                     self._retire(actor, "hung")
                     self._vacancies.append(actor.worker_id)
+            for actor in list(self._displaced):
+                if actor.busy and actor.deadline is not None and actor.deadline <= now:
+                    self._displaced.remove(actor)  # its place is taken already
+                    self._retire(actor, "hung (a standby took its place)")
             self._trim_to_target()
             self._promote_standby("replacing a lost or hung worker")
             try:
@@ -202,7 +222,9 @@ class ServingActors(BackendBase):
                 self._pool.errors += 1
                 failures += 1
                 logger.exception("the ray backend could not start replacement actors")
-            deadlines = [a.deadline for a in self._actors if a.busy and a.deadline]
+            deadlines = [
+                a.deadline for a in [*self._actors, *self._displaced] if a.busy and a.deadline
+            ]
             wait = min((d - time.monotonic() for d in deadlines), default=None)
             if failures:
                 wait = min(wait or 60.0, 2.0**failures)  # back off before trying again
@@ -258,6 +280,13 @@ class ServingActors(BackendBase):
             self._holdings.release(actor.worker_id)
             actor.busy, actor.deadline = False, None
             self._counts.completed += 1
+            if actor in self._displaced:  # it came back after a standby took its place
+                self._displaced.remove(actor)
+                self._slots.pop(actor.worker_id, None)
+                if not self._pool.keep_as_standby(actor):
+                    self._retire(actor, "not needed any more")
+                self._wake.set()
+                return
 
     async def _run(
         self, actor: ActorView, work: RolloutWork, stop: threading.Event, began: float
@@ -314,9 +343,12 @@ class ServingActors(BackendBase):
         """``actor`` died on its own: report it, and have its place filled."""
         actor.alive = False
         self._slots.pop(actor.worker_id, None)
+        if actor in self._displaced:
+            self._displaced.remove(actor)
         if actor in self._actors:
             self._actors.remove(actor)
         self._vacancies.append(actor.worker_id)
+        self._trim_to_target()  # a displaced actor's place is taken already
         self._counts.workers_lost += 1
         reason = f"{type(error).__name__}: {first_line(error)}"
         logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)

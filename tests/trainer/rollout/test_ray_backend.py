@@ -250,16 +250,17 @@ async def test_the_warm_standby_replaces_lost_and_hung_actors_at_once() -> None:
         # The promoted standby samples the latest weights (version 1), like everyone.
         assert {r.policy_version for r in sink.results} == {1}
 
-        # A hang: the restart gives the busy actor its grace, then kills it as hung and
-        # puts the standby in its place; the other actor serves meanwhile. Not a loss.
+        # A hang: at the restart the standby takes the busy actor's place; the busy one gets
+        # its grace, then is killed as hung. Not a loss.
         hung = make_work("hung", step=3)
         backend.submit(hung)
         await until(lambda: faults.fired[-1] == ("hang", 3))
         assert await backend.restart("stalled") == 2
+        # The standby took the busy actor's place at once, before its grace ran out.
+        assert len(sink.replaced) == 2 and sink.replaced[1][1] != sink.replaced[0][1]
         after = make_work("after-hang", step=4)
         backend.submit(after)
         await until(lambda: len(sink.results_of(after)) == 8)
-        await until(lambda: len(sink.replaced) == 2)
         assert len(sink.lost) == 1 and sink.results_of(hung) == []
         await until(lambda: len(backend.standby_names()) == 1)
         assert len(our_actors()) == 3  # two serving, one standby; the hung one is gone

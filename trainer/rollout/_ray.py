@@ -24,8 +24,8 @@ drops the queued work and then, per actor:
   displaced by a standby, becomes the standby); if not, it is killed as hung (and replaced,
   unless a standby already took its place).
 
-So a restart returns as soon as someone can take the reissued work; if nobody could (every
-actor replaced, no standby), it waits for new actors, as a first start does. A *supervisor*
+So a restart returns at once unless no actor at all is left (every one dead, no standby):
+then it waits for new actors, as a first start does. A *supervisor*
 task (one per backend, from ``start`` to ``close``) kills overdue actors, fills vacancies and
 keeps the standby full and current.
 
@@ -220,8 +220,10 @@ class RayBackend(ServingActors):
         for _ in range(len(self._actors) - self.workers):  # leave tokens were in the old queue
             self._queue.put_nowait(Leave("fewer workers asked for"))
         self._promote_standby(reason)
-        if self._vacancies and not any(a.alive and not a.busy for a in self._actors):
-            await self._fill_vacancies(reason)  # nobody could take the reissued work
+        if self._vacancies and not any(a.alive for a in self._actors):
+            # Nobody is left to take the reissued work. (A busy actor will: its superseded
+            # call returns, or it is killed as hung and replaced.)
+            await self._fill_vacancies(reason)
         self._wake.set()
         return self.workers
 

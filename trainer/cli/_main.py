@@ -212,7 +212,7 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("bus", "replay", "runtime", "recovery")  # also: learning (no --quick)
+BENCHMARKS = ("bus", "replay", "runtime", "recovery", "chaos")  # also: learning (no --quick)
 
 
 def _bench(args: argparse.Namespace) -> int:

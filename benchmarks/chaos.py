@@ -54,8 +54,6 @@ from benchmarks._common import (
     Result,
     add_output_arguments,
     print_table,
-    print_targets_met,
-    versions,
     write_results,
 )
 from eventbus import (
@@ -339,20 +337,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     outcome = run(plan)
     table = rows(outcome)
-    print_table(table)
+    missed = print_table(table, targets=f"{plan.steps} steps, faults {', '.join(plan.faults)}")
     print(f"\ndropped by reason: {outcome.dropped}")
-    missed = print_targets_met(table, f"{plan.steps} steps, faults {', '.join(plan.faults)}")
     if not args.no_write:
         path = write_results(
             NAME,
             table,
             {
                 "quick": args.quick,
-                "versions": versions("torch", "ray"),
                 "plan": dataclasses.asdict(plan),
                 "outcome": dataclasses.asdict(outcome),
                 "config": make_config(plan, "ray").to_dict(),
             },
+            packages=("torch", "ray"),
             directory=args.results_dir,
         )
         print(f"results written to {path}")

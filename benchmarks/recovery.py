@@ -599,12 +599,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     stop_ray()
     seconds = time.perf_counter() - started
 
-    if table:
-        print_table(table)
-        print()
-        print_summary(table)
     kind = "quick" if args.quick else "full"
-    missed = print_targets_met(table, f"{kind} run, {', '.join(details)}, {seconds:.1f} s")
+    missed = print_table(table, targets=f"{kind} run, {', '.join(details)}, {seconds:.1f} s")
+    print()
+    print_summary(table)
     for error in errors:
         print(f"FAILED: {error}")
     if not args.no_write and table:

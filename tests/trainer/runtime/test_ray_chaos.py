@@ -73,8 +73,7 @@ async def test_a_chaos_run_on_two_nodes_completes_every_step_and_learns_like_a_c
     lost_nodes = {e.node for e in run.events(WorkerLost)}
     assert killer.node.node_id in lost_nodes
     # Nothing admitted twice or from a superseded attempt; every drop accounted for.
-    run.check_batches()
-    dropped = run.check_accounting(late=frozenset({"earlier_step", "superseded_attempt"}))
+    dropped = run.check(late=frozenset({"earlier_step", "superseded_attempt"}))
     assert dropped.get("duplicate", 0) + dropped.get("finalized", 0) > 0
     assert dropped.get("earlier_step", 0) > 0
     assert summary.retry_overwrites > 0

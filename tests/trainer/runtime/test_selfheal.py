@@ -73,6 +73,11 @@ class Run:
                 assert all(r.attempt == group.group.attempt for r in group.results)
                 assert all(r.ok for r in group.results)
 
+    def check(self, *, late: frozenset[str] = frozenset()) -> dict[str, int]:
+        """Both checks: clean batches, and every dropped result accounted for (returned)."""
+        self.check_batches()
+        return self.check_accounting(late=late)
+
     def check_accounting(self, *, late: frozenset[str] = frozenset()) -> dict[str, int]:
         """Every result that did not count is in a report, by reason; nothing is silent.
 

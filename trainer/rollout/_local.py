@@ -256,6 +256,7 @@ class LocalBackend(BackendBase):
             self._report_died(worker_id, "thread", exc)
 
     def _serve(self, generation: _Generation, worker_id: str, joining: str | None) -> None:
+        """Build the thread's worker, then run its work loop."""
         sink = self._sink
         assert sink is not None
         try:
@@ -274,11 +275,13 @@ class LocalBackend(BackendBase):
         events.forward = sink.worker_event  # in-process: straight onto the trainer's bus
         self._events[worker_id] = events
         try:
-            self._serve(generation, worker, events)
+            self._work_loop(generation, worker, events)
         finally:
             self._events.pop(worker_id, None)
 
-    def _serve(self, generation: _Generation, worker: RolloutWorker, events: WorkerEvents) -> None:
+    def _work_loop(
+        self, generation: _Generation, worker: RolloutWorker, events: WorkerEvents
+    ) -> None:
         """One worker thread's work loop, until it is retired, leaves or dies."""
         sink, worker_id = self._sink, worker.worker_id
         assert sink is not None

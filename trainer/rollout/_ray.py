@@ -61,7 +61,7 @@ from ._faults import FaultInjector
 from ._placement import live_nodes
 from ._ray_pool import ActorPool, Weights
 from ._ray_serving import Epoch, ServingActors
-from ._ray_session import init_ray
+from ._ray_session import init_ray, note_local_processes, shutdown_ray
 from ._ray_stacks import read_actor_stacks
 from ._stacks import StackReader
 from ._worker import RolloutWork, WorkerSpec

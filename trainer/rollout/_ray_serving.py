@@ -28,6 +28,7 @@ from replay import RolloutResult
 
 from ._backend import BackendBase, Leave
 from ._faults import FaultInjector
+from ._logs import ALSO_AN_EVENT
 from ._placement import live_nodes
 from ._ray_actor import ActorView, Output, first_line
 from ._ray_pool import ActorPool
@@ -351,7 +352,7 @@ class ServingActors(BackendBase):
         self._trim_to_target()  # a displaced actor's place is taken already
         self._counts.workers_lost += 1
         reason = f"{type(error).__name__}: {first_line(error)}"
-        logger.error("ray rollout actor %s died: %s", actor.worker_id, reason)
+        logger.error("ray rollout actor %s died: %s", actor.worker_id, reason, extra=ALSO_AN_EVENT)
         assert self._sink is not None
         self._sink.worker_lost(actor.worker_id, reason, len(work.groups), actor.node)
         self._wake.set()

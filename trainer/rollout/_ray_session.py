@@ -72,8 +72,8 @@ def _start(address: str | None, cpus_needed: float) -> None:
     logger.info("starting a local Ray instance (%d CPUs)", cpus)
     global _local_instance
     ray.init(
-        # "local": a new instance, even where another one on this machine left its address
-        # behind (ray.init would otherwise try to join that one).
+        # "local": a new instance, even when a `ray start` cluster runs on this machine
+        # (without it Ray would join that one, and refuse num_cpus).
         address="local",
         num_cpus=cpus,
         include_dashboard=False,

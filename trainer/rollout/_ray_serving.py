@@ -235,6 +235,33 @@ class ServingActors(BackendBase):
     # --- the slot: one actor's work loop --------------------------------------------------
 
     async def _slot(self, actor: ActorView) -> None:
+        """An actor's slot task: feed it, and if the task dies for any reason, say so.
+
+        Whatever escapes :meth:`_feed` (a bug in a sink or the bookkeeping) would leave the
+        actor idle and its work lost without a word: the actor is killed, reported lost and
+        its place filled, as when it dies on its own.
+        """
+        try:
+            await self._feed(actor)
+        except Exception as exc:  # not CancelledError: a restart or close ends slots so
+            logger.error(
+                "ray rollout actor %s: its slot task died",
+                actor.worker_id,
+                exc_info=exc,
+                extra=ALSO_AN_EVENT,
+            )
+            self._slots.pop(actor.worker_id, None)
+            if actor in self._displaced:
+                self._displaced.remove(actor)  # a standby has its place already
+            elif actor in self._actors:
+                self._vacancies.append(actor.worker_id)
+            self._retire(actor, "its slot task died")
+            actor.busy = False
+            self._trim_to_target()
+            self._report_died(actor.worker_id, "slot task", exc, actor.node)
+            self._wake.set()
+
+    async def _feed(self, actor: ActorView) -> None:
         """Feed one actor, one piece of work at a time, until it dies or is retired."""
         sink = self._sink
         assert sink is not None

@@ -292,10 +292,11 @@ async def test_a_slot_task_that_dies_reports_its_actor_lost_and_kills_it() -> No
         ((worker_id, reason, in_flight),) = sink.lost
         assert reason == "slot task died: RuntimeError: a bug in the bookkeeping"
         assert in_flight == len(doomed.groups)
-        stats = backend.statistics()
-        assert (stats.workers, stats.workers_lost) == (1, 1)
-        # Killed, not left idle with nobody feeding it; the other actor still serves.
+        assert backend.statistics().workers_lost == 1
+        # Killed, not left idle with nobody feeding it, and replaced like any lost actor.
         await until(lambda: f"{backend.actor_prefix}-{worker_id}" not in our_actors())
+        await until(lambda: [old for old, _ in sink.replaced] == [worker_id])
+        assert backend.statistics().workers == 2
         fine = make_work("fine")
         backend.submit(fine)
         await until(lambda: len(sink.results_of(fine)) == 8)

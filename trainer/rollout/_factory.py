@@ -27,6 +27,8 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
             faults=faults,
             actor_cpus=rollout.ray_actor_cpus,
             standby=rollout.standby,
+            start_timeout_s=rollout.start_timeout_s,
+            kill_timeout_s=rollout.close_timeout_s,
         )
     from ._local import LocalBackend
 

@@ -122,9 +122,12 @@ class LocalBackend(BackendBase):
         self._spawn()
         await self._reap(timeout=0.0)
         if old is not None and self._generation is not None:
-            # Threads that had left (resize) or failed to start have no successor.
-            members = [t.name for t in old.threads if t.name in old.members]  # in order
-            self._report_replaced(members, (t.name for t in self._generation.threads), reason)
+            # Threads that had left (resize) or failed to start have no successor. In the
+            # threads' order: members are listed as each thread got going, in any order.
+            members = set(old.members)
+            retired = [t.name for t in old.threads if t.name in members]
+            new = self._generation.threads
+            self._report_replaced(retired, (t.name for t in new), reason)
         return self.workers
 
     async def resize(self, workers: int, reason: str) -> None:

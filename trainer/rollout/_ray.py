@@ -9,6 +9,8 @@ Weights travel through the object store: :meth:`RayBackend.update_weights` puts 
 once per version, and the next call to each actor carries the reference (Ray resolves it in
 the actor), so an actor only fetches weights it has not loaded yet and no weight sync ever
 waits for a busy or hung actor. The warm standby gets each version pushed as it appears.
+The ``ray.put`` runs on a thread helping the trainer, off the event loop, so the trainer's
+deadline on the sync can abandon it and a stall diagnosis shows where it is.
 
 Replacing workers. A worker that dies (its process, its node) is reported lost and its place
 is filled at once: by a standby actor when there is one, else by a new actor started in the
@@ -49,8 +51,11 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 
+import anyio
+
 try:
     import ray
+    from ray import ObjectRef
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
 
@@ -63,7 +68,7 @@ from ._ray_pool import ActorPool, Weights
 from ._ray_serving import Epoch, ServingActors
 from ._ray_session import init_ray, note_local_processes, shutdown_ray
 from ._ray_stacks import read_actor_stacks
-from ._stacks import StackReader
+from ._stacks import StackReader, helping
 from ._worker import RolloutWork, WorkerSpec
 
 __all__ = ["RayBackend"]
@@ -153,7 +158,14 @@ class RayBackend(ServingActors):
         self._queue = asyncio.Queue()
         self._owns_ray = init_ray(self.address, self.workers * self._pool.actor_cpus)
         try:
-            self._put_weights(weights, version)
+            try:
+                with anyio.fail_after(self._pool.start_timeout_s):
+                    await self._put_weights(weights, version, initial=True)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"putting the initial weights into Ray's object store took over "
+                    f"{self._pool.start_timeout_s:g} s (rollout.start_timeout_s)"
+                ) from None
             ids = [self._epoch.next_id() for _ in range(self.workers)]
             for actor in await self._pool.start(ids, Counter()):
                 self._serve(actor)
@@ -302,9 +314,19 @@ class RayBackend(ServingActors):
         """The Ray node id each standby actor runs on, by worker id."""
         return {a.worker_id: a.node for a in self._pool.standby}
 
-    def _put_weights(self, weights: bytes, version: int) -> None:
-        serial = self._pool.weights[0] + 1
+    async def _put_weights(self, weights: bytes, version: int, *, initial: bool = False) -> None:
+        """Put ``weights`` in the object store on a thread helping the trainer (abandoned
+        if the caller's deadline cancels it: a full or unreachable object store blocks)."""
+        release, faults = self._epoch.stop, None if initial else self._faults
+
+        def put() -> ObjectRef[bytes]:
+            with helping("trainer"):
+                if faults is not None:
+                    faults.hang_weight_sync(version, release)  # sync-hang; a restart ends it
+                return ray.put(weights)
+
+        ref = await anyio.to_thread.run_sync(put, abandon_on_cancel=True)
         # Once per version; every actor fetches this one copy by reference. The old
         # reference is released when the last call that carries it has finished.
-        latest: Weights = (serial, version, ray.put(weights))
+        latest: Weights = (self._pool.weights[0] + 1, version, ref)
         self._pool.set_weights(latest)

@@ -112,8 +112,8 @@ class ActorPool:
             if isinstance(exc, TimeoutError):
                 raise RuntimeError(
                     f"{len(actors)} ray rollout actors did not start within "
-                    f"{self.start_timeout_s:.0f} s (can the cluster place them? each asks "
-                    f"for {self.actor_cpus} CPUs)"
+                    f"{self.start_timeout_s:g} s (rollout.start_timeout_s; can the cluster "
+                    f"place them? each asks for {self.actor_cpus} CPUs)"
                 ) from None
             if isinstance(exc, RayError):
                 raise RuntimeError(f"ray rollout actors failed to start: {exc}") from exc

@@ -387,6 +387,8 @@ class ServingActors(BackendBase):
     async def _call(self, actor: ActorView, work: RolloutWork) -> Output:
         """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""
         faults = self._faults
+        if faults is not None:
+            work = faults.stamp(actor.worker_id, work)  # reward-hang travels with the work
         if faults is not None and faults.should_hang(actor.worker_id, work.step):
             await actor.handle.hang.remote(work)  # never answers; killed as hung after a restart
             raise RuntimeError(f"actor {actor.worker_id} returned from hang()")

@@ -43,6 +43,8 @@ class RolloutWork(msgspec.Struct, frozen=True, kw_only=True):
         step: The trainer step it was dispatched at.
         events: The worker events someone on the trainer's bus wants (None: none, and the
             worker builds none).
+        faults: Injected faults the worker enacts itself (``reward-hang``); the backend
+            stamps them (fault injection decides in the trainer's process).
     """
 
     work_id: str
@@ -50,6 +52,7 @@ class RolloutWork(msgspec.Struct, frozen=True, kw_only=True):
     seed: int
     step: int
     events: EventRequest | None = None
+    faults: tuple[str, ...] = ()
 
 
 def work_seed(run_seed: int, *parts: object) -> int:

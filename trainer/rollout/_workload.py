@@ -128,6 +128,10 @@ class _Builtin(Workload):
                 temperature=0.0 if greedy else self.spec.temperature,
             )
         with self.phase("reward", sum(map(len, groups))):
+            if hang_reward:  # the task's own reward cannot hang: only the injected one does
+                count = sum(len(group) for group in groups)
+                failed = iter(self._scorer((), True).score([""] * count, [""] * count, {}))
+                return [[(c, next(failed)) for c in group] for group in groups]
             return [
                 [(c, self.task.reward(prompt, c.tokens)) for c in group]
                 for prompt, group in zip(prompts, groups, strict=True)
@@ -201,8 +205,9 @@ class _HuggingFace(Workload):
             name: [row.get(name) for row in rows] for name in names
         }
         columns_arg["completion_ids"] = ids
+        scorer = self._scorer(self.scorer.functions, True) if hang_reward else self.scorer
         with self.phase("reward", len(texts)):
-            scores = iter(self.scorer.score(contents, texts, columns_arg))
+            scores = iter(scorer.score(contents, texts, columns_arg))
         for i, group in zip(fits, sampled, strict=True):
             out[i] = [(completion, next(scores)) for completion in group]
         return out

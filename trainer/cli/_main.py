@@ -32,7 +32,7 @@ __all__ = ["main"]
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        from ..config._schema import did_you_mean
+        from ..rl._names import did_you_mean
 
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:  # a near miss of a command or a flag's value says which one was meant

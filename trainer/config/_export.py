@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from ..rl._names import did_you_mean
+
 __all__ = [
     "EXPORTER_NAMES",
     "ExportConfig",
@@ -109,6 +111,9 @@ class ExportConfig(_Section, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         for name in self.to:
             if name not in EXPORTER_NAMES:
-                raise ValueError(f"unknown exporter {name!r} (known: {', '.join(EXPORTER_NAMES)})")
+                raise ValueError(
+                    f"unknown exporter {name!r} (known: {', '.join(EXPORTER_NAMES)})"
+                    + did_you_mean(name, EXPORTER_NAMES)
+                )
         if len(set(self.to)) != len(self.to):
             raise ValueError(f"an exporter is named twice in to = {self.to}")

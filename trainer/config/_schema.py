@@ -8,7 +8,6 @@ written.
 
 from __future__ import annotations
 
-import difflib
 import random
 import re
 import tomllib
@@ -21,6 +20,7 @@ from msgspec import Meta
 
 from ..rl._hf import ModelLoadError, check_model_folder
 from ..rl._hparams import PolicyConfig, PPOConfig
+from ..rl._names import did_you_mean
 from ..rl._tasks import make_task
 from ._export import ExportConfig
 
@@ -35,7 +35,6 @@ __all__ = [
     "SelfHealConfig",
     "TaskConfig",
     "TrainerConfig",
-    "did_you_mean",
     "load_config",
 ]
 
@@ -467,13 +466,6 @@ def _readable(message: str) -> str:
     if re.match(r"^[a-z_]+: ", text):  # a section's check naming its own key
         return f"{key}.{text}"
     return f"{key}: {text[0].lower()}{text[1:]}" if text else key
-
-
-def did_you_mean(given: str, known: list[str]) -> str:
-    """``; did you mean 'x'?`` for a near miss of one of ``known``, else empty (for every
-    message naming a bad key, value or choice)."""
-    close = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _field_type(key: str) -> msgspec.inspect.Type | None:

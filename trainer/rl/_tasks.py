@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 
+from ._names import did_you_mean
+
 PLUS = 10
 BOS = 11
 SEP = 12
@@ -197,7 +199,10 @@ def make_task(name: str, **params: Any) -> Task:
     """
     factory = TASKS.get(name)
     if factory is None:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+        raise ValueError(
+            f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}"
+            + did_you_mean(name, TASKS)
+        )
     known = {field.name for field in msgspec.structs.fields(factory)}
     unknown = sorted(set(params) - known)
     if unknown:

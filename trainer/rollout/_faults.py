@@ -30,6 +30,8 @@ import msgspec
 
 from eventbus import EventBus, FaultInjected
 
+from ..rl._names import did_you_mean
+
 if TYPE_CHECKING:
     from replay import RolloutResult
 
@@ -93,7 +95,10 @@ class Fault:
         """
         name, at, step = text.partition("@")
         if name not in FAULTS:
-            raise ValueError(f"unknown fault {name!r} in {text!r}; known: {', '.join(FAULTS)}")
+            raise ValueError(
+                f"unknown fault {name!r} in {text!r}; known: {', '.join(FAULTS)}"
+                + did_you_mean(name, FAULTS)
+            )
         if not at or not step:
             raise ValueError(f"fault {text!r} needs a step: {name}@STEP, e.g. {name}@3")
         last = f" to {steps}" if steps is not None else " or more"

@@ -95,6 +95,8 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         (["train", "--bogus"], "unrecognized arguments: --bogus"),
         (["train", "--inject", "explode@2"], "unknown fault 'explode'"),
         (["train", "--inject", "hang"], "fault 'hang' needs a step"),
+        (["train", "--inject", "hnag@2"], "unknown fault 'hnag' in 'hnag@2'; known: hang,"),
+        (["train", "--inject", "hnag@2"], "; did you mean 'hang'?"),
         (["train", "--inject", "hang@-1"], "fault 'hang@-1': STEP must be a training step, 1 to"),
         (["train", "--steps", "3", "--inject", "hang@999"], "1 to 3 (the run's last step)"),
         (["train", "--extension", "nosuchmodule:X"], "cannot import 'nosuchmodule'"),

@@ -64,6 +64,11 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
         ),
         ({"rollout.workerz": 2}, "rollout.workerz: unknown key; did you mean 'workers'?"),
         ({"runs.steps": 2}, "runs: unknown key; did you mean 'run'?"),
+        (
+            {"task.name": "revrse"},
+            "unknown task 'revrse'; known tasks: add, copy, reverse, sort; did you mean 'reverse'?",
+        ),
+        ({"export.to": ["tensorbord"]}, "; did you mean 'tensorboard'?"),
         ({"rollout.group_size": 1}, "rollout.group_size: expected `int` >= 2"),
         (
             {"rollout.max_failed_fraction": 1.5},

@@ -9,6 +9,7 @@ this module only decides which events are worth a line.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TextIO
 
@@ -35,6 +36,8 @@ from eventbus import (
 from ..runtime._describe import Context, describe
 
 __all__ = ["NOTICES", "PlainProgress", "is_notice"]
+
+logger = logging.getLogger("trainbus.progress")
 
 NOTICES: tuple[type[Event], ...] = (
     RolloutRestarted,
@@ -80,6 +83,7 @@ class PlainProgress:
         self.context = Context()
         self._last_wait_print = -1.0
         self.failure_shown = False  # a FitFailed line printed: the CLI need not repeat it
+        self._reader_gone = False
 
     def close(self) -> None:
         """Nothing to stop: every line is printed as it comes (the live view's twin)."""
@@ -87,8 +91,14 @@ class PlainProgress:
     def on_event(self, context: ExtensionContext, event: Event) -> None:
         """Print what a user should see of ``event``."""
         line = self.line(event)
-        if line:
-            print(line, file=self.stream, flush=True)
+        if line and not self._reader_gone:
+            try:
+                print(line, file=self.stream, flush=True)
+            except BrokenPipeError:
+                # The reader left (`trainbus train | head`): the run goes on, recorded in
+                # its folder; only this view falls silent.
+                self._reader_gone = True
+                logger.info("progress output closed by its reader; the view stops printing")
 
     def line(self, event: Event) -> str | None:
         """The line for ``event``, or None when it is not worth a line."""

@@ -279,6 +279,26 @@ def test_the_live_view_shows_a_line_before_the_trainer_is_built(tmp_path: Path) 
     assert "starting: loading torch, the model and the rollout workers" in screen[: started.start()]
 
 
+def test_train_piped_into_a_reader_that_leaves_goes_on_quietly(tmp_path: Path) -> None:
+    """``trainbus train | head -1``: the progress lines stop, the run does not, and nothing
+    is printed about the pipe."""
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "trainer", "train"),
+            *("--config", str(tiny_toml(tmp_path)), "--steps", "2", "--out", "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the first line
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 0, stderr
+    assert stderr == ""
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "finished"
+
+
 def test_bad_config_keys_and_values_are_named(tmp_path: Path) -> None:
     cases = {
         "[rollout]\nworkerz = 2\n": "rollout.workerz: unknown key",

@@ -9,7 +9,6 @@ written.
 from __future__ import annotations
 
 import random
-import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,9 +19,9 @@ from msgspec import Meta
 
 from ..rl._hf import ModelLoadError, check_model_folder
 from ..rl._hparams import PolicyConfig, PPOConfig
-from ..rl._names import did_you_mean
 from ..rl._tasks import make_task
 from ._export import ExportConfig
+from ._messages import readable
 
 __all__ = [
     "AutoscaleConfig",
@@ -405,7 +404,7 @@ def convert(data: dict[str, Any]) -> TrainerConfig:
     try:
         return msgspec.convert(data, TrainerConfig, strict=True)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_readable(str(exc))) from None
+        raise ConfigError(readable(str(exc), TrainerConfig)) from None
 
 
 def load_config(
@@ -441,65 +440,3 @@ def load_config(
             node = child
         node[leaf] = value
     return convert(data)
-
-
-def _readable(message: str) -> str:
-    # msgspec says "Expected `int` >= 1, got `0` - at `$.run.steps`"; lead with the key.
-    text, sep, where = message.rpartition(" - at ")
-    if not sep:
-        text, where = message, ""
-    key = where.strip("`").removeprefix("$").removeprefix(".")
-    unknown = text.removeprefix("Object contains unknown field ")
-    if unknown != text:
-        name = unknown.strip("`")
-        section = _section_at(key)
-        known = [f.name for f in section.fields] if section is not None else []
-        return f"{f'{key}.' if key else ''}{name}: unknown key{did_you_mean(name, known)}"
-    if not key:
-        return text
-    bad_value = re.fullmatch(r"Invalid enum value (.+)", text)
-    allowed = _allowed_values(key)
-    if bad_value and allowed:
-        value = bad_value.group(1)
-        choices = ", ".join(repr(v) for v in allowed)
-        return f"{key}: {value} is not one of {choices}" + did_you_mean(value.strip("'\""), allowed)
-    if re.match(r"^[a-z_]+: ", text):  # a section's check naming its own key
-        return f"{key}.{text}"
-    return f"{key}: {text[0].lower()}{text[1:]}" if text else key
-
-
-def _field_type(key: str) -> msgspec.inspect.Type | None:
-    """The schema's type at a dotted key (``run.mode``), None for a path it does not have."""
-    node: msgspec.inspect.Type = msgspec.inspect.type_info(TrainerConfig)
-    for part in key.split(".") if key else []:
-        node = _strip_optional(node)
-        if not isinstance(node, msgspec.inspect.StructType):
-            return None
-        field = next((f for f in node.fields if f.name == part), None)
-        if field is None:
-            return None
-        node = field.type
-    return node
-
-
-def _strip_optional(node: msgspec.inspect.Type) -> msgspec.inspect.Type:
-    if isinstance(node, msgspec.inspect.UnionType):
-        others = [t for t in node.types if not isinstance(t, msgspec.inspect.NoneType)]
-        if len(others) == 1:
-            return others[0]
-    return node
-
-
-def _section_at(key: str) -> msgspec.inspect.StructType | None:
-    node = _field_type(key)
-    node = _strip_optional(node) if node is not None else None
-    return node if isinstance(node, msgspec.inspect.StructType) else None
-
-
-def _allowed_values(key: str) -> list[str]:
-    """The values a ``Literal`` key takes (empty for any other key)."""
-    node = _field_type(key)
-    node = _strip_optional(node) if node is not None else None
-    if isinstance(node, msgspec.inspect.LiteralType):
-        return [str(v) for v in node.values]
-    return []

@@ -5,6 +5,10 @@ A process killed in the middle of a write leaves a last line without its newline
 file the run appends to (``metrics.jsonl``, ``events.jsonl``) is cut back to its last
 complete line before the next attempt appends, so a resumed run never glues its first line
 onto half of an old one, and no reader ever trips over the fragment.
+
+While ``fit()`` runs, :meth:`RunFolder.recording` keeps the run's record: ``events.jsonl``
+(every event, appended) and the live fold of the summary, which starts from the earlier
+attempts' events, so the summary is always the whole run's.
 """
 
 from __future__ import annotations
@@ -12,13 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 
-from eventbus import Event, read_events
+from eventbus import Event, EventBus, JsonlSink, Subscription, read_events
 
-from ._fold import FitSummary
+from ._fold import FitSummary, RunFold, fold_events
 
 __all__ = [
     "EVENTS_FILE",
@@ -100,6 +106,43 @@ class RunFolder:
         if path is None or not path.is_file():
             return []
         return list(read_events(path, errors="skip"))
+
+    @contextmanager
+    def recording(
+        self, bus: EventBus, fold: RunFold, *, diagnosed: bool
+    ) -> Iterator[tuple[RunFold, Subscription]]:
+        """Record the run on ``bus`` while the block runs: the folder made and repaired, the
+        event log appended to, and the fold of the run's events following the live ones
+        (diagnoses only when ``diagnosed``, i.e. someone else listens for them: listening
+        turns diagnosis on; see :func:`~._fold.live_events`).
+
+        Args:
+            bus: The trainer's bus.
+            fold: The record so far, kept without a folder (in memory the run is this
+                trainer's); with one the record is folded afresh from its event log.
+            diagnosed: Whether the fold reads ``StallDiagnosed`` too.
+
+        Yields:
+            The fold and the subscription that feeds it (:meth:`RunFold.drain`).
+        """
+        sink, jsonl = None, None
+        try:
+            if self.out_dir is not None:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                self.repair()
+                fold = fold_events(self.earlier_events())
+                jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
+                sink = bus.register_extension(jsonl)
+            tap = fold.follow(bus, diagnosed=diagnosed)
+            try:
+                yield fold, tap
+            finally:
+                tap.close()
+        finally:
+            if sink is not None:
+                sink.close()
+            if jsonl is not None:
+                jsonl.close()
 
     def rewind_metrics(self, step: int) -> None:
         """Keep only the lines of steps up to ``step``: the steps after it will be redone,

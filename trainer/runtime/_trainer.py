@@ -12,7 +12,8 @@ only when someone takes part or observes (``bus.wants_safe_point``), so a traine
 extension and no subscriber runs the plain loop.
 
 The parts live next door: the policy and its update in ``_learner``, what a checkpoint holds
-in ``_state``, terminal-failure recovery in ``_recovery``, what extensions see in ``_view``
+in ``_state``, reaching safe points and acting on their decisions in ``_steering``,
+terminal-failure recovery in ``_recovery``, what extensions see in ``_view``
 and which ones the configuration asks for in ``_extload``; the rollout side in
 :mod:`trainer.rollout`.
 """
@@ -33,10 +34,8 @@ from eventbus import (
     FitFailed,
     FitFinished,
     FitStarted,
-    JsonlSink,
     Registration,
     SafePoint,
-    SafePointOutcome,
     StallDiagnosed,
     StepFinished,
     StepStarted,
@@ -54,18 +53,19 @@ from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
 from ..rollout._logs import ALSO_AN_EVENT
 from ._checkpoint import CheckpointStore
-from ._decisions import Action, RunAborted, StopRequested, action_for, interrupts_sample_wait
+from ._decisions import Action, RunAborted, StopRequested, interrupts_sample_wait
 from ._diagnosis import StallDiagnoser, start_stall_diagnosis, stop_stall_diagnosis
 from ._extload import configured_extensions
-from ._fold import FitSummary, RunFold, fold_events
+from ._fold import FitSummary, RunFold
 from ._learner import Learner
 from ._membership import MembershipRequests
 from ._metrics import named
 from ._recovery import Recovery
-from ._run import EVENTS_FILE, FAULTS_FILE, RunFolder
+from ._run import FAULTS_FILE, RunFolder
 from ._sample_wait import WaitClock, wait_unless_lost
 from ._stall import WaitDeadlineExceeded
 from ._state import RunState
+from ._steering import Steering
 from ._view import TrainerView, ViewedParts
 from ._workload import RunWorkload
 
@@ -148,6 +148,14 @@ class PPOTrainer:
             export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
         self.recovery = Recovery(self.state, self.backend)
+        self.steering = Steering(
+            self.bus,
+            self.learner,
+            self.state,
+            self.driver,
+            self.state.stages,
+            on_outcome=lambda outcome: self.record.apply_outcome(outcome),
+        )
         self._fitting = False
         self._stop_requested: str | None = None
         self._active_step: int | None = None  # the step being trained, for FitFailed
@@ -239,30 +247,14 @@ class PPOTrainer:
         self._diagnoser = start_stall_diagnosis(
             self.config, self.driver, self.bus, self.backend, self.stages
         )
-        sink: Registration | None = None
-        jsonl: JsonlSink | None = None
+        diagnosed = self._diagnoser is not None and self.bus.wants(StallDiagnosed)
         try:
-            if self.out_dir is not None:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                self.files.repair()
-                # The summary is the whole run's: the earlier attempts' events first.
-                self.record = fold_events(self.files.earlier_events())
-                jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
-                sink = self.bus.register_extension(jsonl)
-            # The live fold reads the events its summary depends on, as the log does
-            # (diagnoses only when someone else asked for them: listening turns them on).
-            diagnosed = self._diagnoser is not None and self.bus.wants(StallDiagnosed)
-            self._tap = self.record.follow(self.bus, diagnosed=diagnosed)
-            async with self.bus.running():
-                return await self._fit()
+            recording = self.files.recording(self.bus, self.record, diagnosed=diagnosed)
+            with recording as (self.record, self._tap):
+                async with self.bus.running():
+                    return await self._fit()
         finally:
-            if self._tap is not None:
-                self._tap.close()
-                self._tap = None
-            if sink is not None:
-                sink.close()
-            if jsonl is not None:
-                jsonl.close()
+            self._tap = None
             stop_stall_diagnosis(self._diagnoser, self.stages)
             self._diagnoser = None
             self._fitting = False
@@ -313,7 +305,7 @@ class PPOTrainer:
                 self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
             )
             try:
-                await self._decide(SafePoint.BEFORE_FIT, checkpoint_due=first)
+                await self.steering.decide(SafePoint.BEFORE_FIT, checkpoint_due=first)
                 while self.step < config.run.steps:
                     if self._stop_requested is not None:
                         raise StopRequested(self._stop_requested)
@@ -357,7 +349,7 @@ class PPOTrainer:
                     raise
                 logger.exception("closing the rollout backend failed while handling an error")
             try:
-                outcome = await self._safe_point(SafePoint.AFTER_FIT, failed=error is not None)
+                outcome = await self.steering.reach(SafePoint.AFTER_FIT, failed=error is not None)
                 for vote in outcome.votes if outcome is not None else ():
                     if vote.error:
                         logger.error(
@@ -445,7 +437,7 @@ class PPOTrainer:
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
         await self._drain_record()
         due = step % config.checkpoint.every == 0 or step == config.run.steps
-        await self._decide(SafePoint.STEP_BOUNDARY, checkpoint_due=due)
+        await self.steering.decide(SafePoint.STEP_BOUNDARY, checkpoint_due=due)
         self._active_step = None  # a failed save (past its deadline) is still this step's
         await self.membership.apply(step, self.driver)
 
@@ -458,9 +450,9 @@ class PPOTrainer:
                 )
             except SampleWaitInterrupted as interrupt:
                 outcome = interrupt.outcome
-            self.record.apply_outcome(outcome)
+            self.record.apply_outcome(outcome)  # (the buffer reached it, not the steering)
             # RESTART_ROLLOUTS, then wait again; STOP and ABORT raise.
-            await self._act(SafePoint.SAMPLE_WAIT, outcome, step)
+            await self.steering.act(SafePoint.SAMPLE_WAIT, outcome, step)
 
     async def _sync_weights(self) -> float:
         learner = self.learner
@@ -477,52 +469,7 @@ class PPOTrainer:
             )
         return elapsed
 
-    # --- safe points: each decision looked up in the one table ----------------------------
-
-    async def _safe_point(
-        self, point: SafePoint, *, step: int | None = None, **details: Any
-    ) -> SafePointOutcome | None:
-        if not self.bus.wants_safe_point(point):
-            return None
-        at = self.learner.step if step is None else step
-        outcome = await self.bus.safe_point(point, step=at, **details)
-        self.record.apply_outcome(outcome)
-        return outcome
-
-    async def _decide(self, point: SafePoint, *, checkpoint_due: bool = False) -> None:
-        """Reach ``point`` (``BEFORE_FIT`` or ``STEP_BOUNDARY``) and act on its decision.
-
-        With ``checkpoint_due`` (the schedule's checkpoint), the checkpoint is written after
-        the decision, so it holds what the voters did, and once: a ``CHECKPOINT`` or
-        ``STOP`` decision writes the same one.
-        """
-        outcome = await self._safe_point(point)
-        action = Action.GO_ON if outcome is None else action_for(point, outcome.decision)
-        if checkpoint_due and action not in (Action.SAVE, Action.STOP):
-            await self.state.save()
-        if outcome is not None:
-            await self._act(point, outcome, self.learner.step)
-
-    async def _act(self, point: SafePoint, outcome: SafePointOutcome, step: int) -> Action:
-        """Do what the table says for ``outcome`` at ``point``; returns the action.
-
-        ``RESTORE`` and ``RERAISE`` (``TERMINAL_FAILURE`` only) are left to the caller.
-
-        Raises:
-            StopRequested: The action is ``STOP``.
-            RunAborted: The action is ``ABORT``.
-        """
-        action = action_for(point, outcome.decision)
-        if action is Action.SAVE:
-            await self.state.save()
-        elif action is Action.RESTART_ROLLOUTS:
-            with self.stages.stage("restart", step):
-                await self.driver.restart(step, outcome.summary())
-        elif action is Action.STOP:
-            raise StopRequested(outcome.summary())
-        elif action is Action.ABORT:
-            raise RunAborted(outcome)
-        return action
+    # --- terminal failure: the one decision the loop acts on itself -------------------
 
     async def _recover(self, error: Exception) -> bool:
         """``TERMINAL_FAILURE``: restore the last checkpoint if the decision says so.
@@ -536,7 +483,7 @@ class PPOTrainer:
             extra=ALSO_AN_EVENT,  # FitFailed, or the recovery's events
         )
         try:
-            outcome = await self._safe_point(
+            outcome = await self.steering.reach(
                 SafePoint.TERMINAL_FAILURE,
                 step=failed,  # the step that failed, where its restart is reported
                 error_type=type(error).__name__,
@@ -544,7 +491,7 @@ class PPOTrainer:
             )
             if outcome is None:
                 return False
-            action = await self._act(SafePoint.TERMINAL_FAILURE, outcome, self.step)
+            action = await self.steering.act(SafePoint.TERMINAL_FAILURE, outcome, self.step)
             if action is not Action.RESTORE:
                 return False
             return await self.recovery.restore_latest(outcome.summary(), error, failed)

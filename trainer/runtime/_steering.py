@@ -1,0 +1,95 @@
+"""Steering: reach one of the trainer's safe points and do what its decision asks.
+
+What each decision means at each safe point is looked up in the one table
+(:mod:`trainer.runtime._decisions`); this module only carries it out: write a checkpoint,
+restart the rollout side, or raise ``StopRequested`` / ``RunAborted`` for the loop to end
+on. A safe point nobody takes part in or observes is not traversed at all
+(``bus.wants_safe_point``), so a trainer with no extension runs the plain loop.
+
+Every outcome reached here is handed to ``on_outcome`` (the run's fold, which counts the
+decisions), so no decision is left out of the summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from eventbus import EventBus, SafePoint, SafePointOutcome
+
+from ..rollout._driver import RolloutDriver
+from ._decisions import Action, RunAborted, StopRequested, action_for
+from ._learner import Learner
+from ._stall import Stages
+from ._state import RunState
+
+__all__ = ["Steering"]
+
+
+@dataclass
+class Steering:
+    """Reaches safe points on ``bus`` and acts on their decisions.
+
+    Attributes:
+        bus: The trainer's bus.
+        learner: Whose step a safe point is reached at (unless told otherwise).
+        state: Writes the checkpoints a decision asks for.
+        driver: Restarts the rollout side when a decision asks for it.
+        stages: Marks a restart as a wait of the trainer (for stall diagnosis).
+        on_outcome: Called with every outcome reached (the run's fold).
+    """
+
+    bus: EventBus
+    learner: Learner
+    state: RunState
+    driver: RolloutDriver
+    stages: Stages
+    on_outcome: Callable[[SafePointOutcome], None]
+
+    async def reach(
+        self, point: SafePoint, *, step: int | None = None, **details: Any
+    ) -> SafePointOutcome | None:
+        """Reach ``point`` (at the learner's step unless ``step``); None when nobody takes
+        part in or observes it."""
+        if not self.bus.wants_safe_point(point):
+            return None
+        at = self.learner.step if step is None else step
+        outcome = await self.bus.safe_point(point, step=at, **details)
+        self.on_outcome(outcome)
+        return outcome
+
+    async def decide(self, point: SafePoint, *, checkpoint_due: bool = False) -> None:
+        """Reach ``point`` (``BEFORE_FIT`` or ``STEP_BOUNDARY``) and act on its decision.
+
+        With ``checkpoint_due`` (the schedule's checkpoint), the checkpoint is written after
+        the decision, so it holds what the voters did, and once: a ``CHECKPOINT`` or
+        ``STOP`` decision writes the same one.
+        """
+        outcome = await self.reach(point)
+        action = Action.GO_ON if outcome is None else action_for(point, outcome.decision)
+        if checkpoint_due and action not in (Action.SAVE, Action.STOP):
+            await self.state.save()
+        if outcome is not None:
+            await self.act(point, outcome, self.learner.step)
+
+    async def act(self, point: SafePoint, outcome: SafePointOutcome, step: int) -> Action:
+        """Do what the table says for ``outcome`` at ``point``; returns the action.
+
+        ``RESTORE`` and ``RERAISE`` (``TERMINAL_FAILURE`` only) are left to the caller.
+
+        Raises:
+            StopRequested: The action is ``STOP``.
+            RunAborted: The action is ``ABORT``.
+        """
+        action = action_for(point, outcome.decision)
+        if action is Action.SAVE:
+            await self.state.save()
+        elif action is Action.RESTART_ROLLOUTS:
+            with self.stages.stage("restart", step):
+                await self.driver.restart(step, outcome.summary())
+        elif action is Action.STOP:
+            raise StopRequested(outcome.summary())
+        elif action is Action.ABORT:
+            raise RunAborted(outcome)
+        return action

@@ -182,7 +182,8 @@ def progress_view(
 
     The live view draws its first frame at once: loading torch, the model and the workers
     takes seconds, and a blank screen looks like a hang. Without ``verbose`` the handler
-    leaves out records that repeat an event the view prints.
+    leaves out records that repeat an event the view prints, and prints each record as its
+    one line, without a traceback (the line names the error; ``--verbose`` shows where).
     """
     view: PlainProgress | LiveProgress
     handler: logging.Handler
@@ -193,11 +194,24 @@ def progress_view(
         view.start("starting: loading torch, the model and the rollout workers")
         # Log records go through the live view's console, above the bar, not through it.
         handler = RichHandler(console=view.console, show_path=False, markup=False)
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        line = "%(name)s: %(message)s"
     else:
         view = PlainProgress()
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        line = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(logging.Formatter(line) if verbose else _OneLine(line))
     if not verbose:
         handler.addFilter(lambda record: not also_an_event(record))
     return view, handler
+
+
+class _OneLine(logging.Formatter):
+    """A record's own line, without the traceback of its ``exc_info``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        kept = record.exc_info, record.exc_text
+        record.exc_info = record.exc_text = None  # other handlers still get them back
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text = kept

@@ -112,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where the learner runs")
     train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
-    train.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    train.add_argument("-v", "--verbose", action="store_true", help="log at INFO, with tracebacks")
 
     report = commands.add_parser("report", help="summary table and plots of a run")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder")

@@ -220,6 +220,35 @@ def test_an_extension_failure_is_one_line_without_a_traceback(tmp_path: Path) ->
     )
 
 
+def test_an_extension_failing_on_extension_failed_is_one_line_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    # Its failure cannot be published (that would loop), so only the log says it.
+    (tmp_path / "touchy.py").write_text(
+        "from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability, ExtensionFailed\n"
+        "class Touchy:\n"
+        "    name = 'touchy'\n"
+        "    api_version = RUNTIME_EXTENSION_API_VERSION\n"
+        "    required_capabilities = (Capability.EVENTS,)\n"
+        "    def on_event(self, context, event):\n"
+        "        raise ValueError(f'cannot take {type(event).__name__}')\n"
+    )
+    done = trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "1", "--no-progress"),
+        *("--extension", "touchy:Touchy", "--out", "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "cannot take ExtensionFailed" in done.stderr, done.stderr
+    verbose = trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "1", "--no-progress"),
+        *("--extension", "touchy:Touchy", "--out", "run-v", "-v"),
+        cwd=tmp_path,
+    )
+    assert "Traceback" in verbose.stderr  # --verbose shows where
+
+
 def _nesting(line: str) -> int:
     depth = deepest = 0
     for char in line:

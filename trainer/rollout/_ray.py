@@ -48,7 +48,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 
 import anyio
@@ -144,8 +143,8 @@ class RayBackend(ServingActors):
     # --- RolloutBackend -------------------------------------------------------------------
 
     async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
-        """Initialise Ray if needed and start ``workers`` actors sampling from ``version``
-        (the standby then starts in the background).
+        """Initialise Ray if needed and start ``workers`` actors sampling from ``version``,
+        and the standby with them (so it is warm from the first step).
 
         Raises:
             RuntimeError: Already started or closed, or the actors did not start (Ray is
@@ -167,7 +166,7 @@ class RayBackend(ServingActors):
                     f"{self._pool.start_timeout_s:g} s (rollout.start_timeout_s)"
                 ) from None
             ids = [self._epoch.next_id() for _ in range(self.workers)]
-            for actor in await self._pool.start(ids, Counter()):
+            for actor in await self._pool.start_with_standby(ids):
                 self._serve(actor)
             self._start_background()
         except BaseException:

@@ -136,13 +136,27 @@ class ActorPool:
             self.kill([actor])  # its node is gone: it cannot serve
         return None
 
+    async def start_with_standby(self, worker_ids: list[str]) -> list[ActorView]:
+        """Start the serving actors and the standby together and wait for all of them, so
+        the standby is warm from the first step (a fault then finds it ready); returns the
+        serving ones."""
+        spare = [self._next_standby_id() for _ in range(self.standby_target)]
+        actors = await self.start([*worker_ids, *spare], Counter())
+        for actor in actors[len(worker_ids) :]:
+            self.keep_as_standby(actor)
+        return actors[: len(worker_ids)]
+
+    def _next_standby_id(self) -> str:
+        worker_id = f"ray-s{self._standbys_made}"
+        self._standbys_made += 1
+        return worker_id
+
     async def fill_standby(self, placed: Counter[str]) -> None:
         """Start standby actors (one at a time, so training keeps most of the CPU) until
         there are ``standby`` of them. Start failures are logged, counted and retried by
         the next call."""
         while len(self.standby) < self.standby_target:
-            worker_id = f"ray-s{self._standbys_made}"
-            self._standbys_made += 1
+            worker_id = self._next_standby_id()
             spread = placed + Counter(a.node for a in self.standby)
             try:
                 (actor,) = await self.start([worker_id], spread)

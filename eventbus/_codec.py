@@ -24,12 +24,17 @@ _decoders_generation = -1
 
 
 def event_types() -> tuple[type[Event], ...]:
-    """Every concrete event type currently defined, ours first."""
+    """Every concrete event type currently defined, ours first.
+
+    A base that only shares fields among events (it sets ``base_only = True`` in its own
+    body, e.g. ``_WorkEvent``) is not an event type: it is never published or decoded.
+    """
     found: list[type[Event]] = []
     stack: list[type[Event]] = list(Event.__subclasses__())
     while stack:
         cls = stack.pop(0)
-        found.append(cls)
+        if not vars(cls).get("base_only", False):
+            found.append(cls)
         stack.extend(cls.__subclasses__())
     return tuple(found)
 

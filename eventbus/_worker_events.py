@@ -26,16 +26,18 @@ __all__ = [
 ]
 
 
-class WorkerJoined(Event, frozen=True):
-    """A rollout worker joined the run: it takes work from the next step on.
+class _MembershipChange(Event, frozen=True):
+    """What a join and a leave both say (the base of the two; never published itself).
 
     Attributes:
-        worker_id: The new worker.
+        worker_id: The worker that joined or left.
         node: Where it runs (a Ray node id, or the host name for in-process workers).
-        reason: Why it was added (the request's reason, with who asked).
+        reason: Why it was added or removed (the request's reason, with who asked).
         workers: Workers the run asked for after this change.
         step: The step boundary the change was applied at.
     """
+
+    base_only = True
 
     worker_id: str
     node: str = ""
@@ -44,22 +46,12 @@ class WorkerJoined(Event, frozen=True):
     step: int = 0
 
 
-class WorkerLeft(Event, frozen=True):
-    """A rollout worker left the run, after delivering every rollout it had started.
+class WorkerJoined(_MembershipChange, frozen=True):
+    """A rollout worker joined the run: it takes work from the next step on."""
 
-    Attributes:
-        worker_id: The worker.
-        node: Where it ran.
-        reason: Why it was removed.
-        workers: Workers the run asked for after this change.
-        step: The step boundary the change was applied at.
-    """
 
-    worker_id: str
-    node: str = ""
-    reason: str = ""
-    workers: int = 0
-    step: int = 0
+class WorkerLeft(_MembershipChange, frozen=True):
+    """A rollout worker left the run, after delivering every rollout it had started."""
 
 
 # --- events from inside the rollout workers ---------------------------------------------
@@ -69,148 +61,109 @@ class WorkerLeft(Event, frozen=True):
 # stamped with the worker and its node; ``worker_time`` is when it happened in the worker.
 
 
-class RolloutStarted(Event, frozen=True):
-    """A worker began a piece of work (a few prompt groups sampled together).
+class _WorkEvent(Event, frozen=True):
+    """What every event about one piece of work in a worker carries (the base of those
+    events; never published itself).
 
     Attributes:
         worker_id: The worker.
         node: Where it runs.
         work_id: The piece of work.
         step: The trainer step it was dispatched at.
-        attempt: The highest attempt among its groups (above 1: rollouts run again).
-        groups: Prompt groups in it.
-        rollouts: Rollouts in it.
         worker_time: Wall-clock seconds in the worker.
     """
+
+    base_only = True
 
     worker_id: str
     node: str = ""
     work_id: str = ""
     step: int = 0
-    attempt: int = 1
-    groups: int = 0
-    rollouts: int = 0
     worker_time: float = 0.0
 
 
-class RolloutFinished(Event, frozen=True):
+class RolloutStarted(_WorkEvent, frozen=True):
+    """A worker began a piece of work (a few prompt groups sampled together).
+
+    Attributes:
+        attempt: The highest attempt among its groups (above 1: rollouts run again).
+        groups: Prompt groups in it.
+        rollouts: Rollouts in it.
+    """
+
+    attempt: int = 1
+    groups: int = 0
+    rollouts: int = 0
+
+
+class RolloutFinished(_WorkEvent, frozen=True):
     """A worker finished a piece of work and is sending its results.
 
     Attributes:
-        worker_id: The worker.
-        node: Where it runs.
-        work_id: The piece of work.
-        step: The trainer step it was dispatched at.
         rollouts: Results it produced.
         failed: Of which failed (each also a ``RolloutFailed``).
         duration_s: Seconds the worker spent on it.
         reward_mean: Mean reward of the rollouts that succeeded.
-        worker_time: Wall-clock seconds in the worker.
     """
 
-    worker_id: str
-    node: str = ""
-    work_id: str = ""
-    step: int = 0
     rollouts: int = 0
     failed: int = 0
     duration_s: float = 0.0
     reward_mean: float | None = None
-    worker_time: float = 0.0
 
 
-class RolloutFailed(Event, frozen=True):
+class RolloutFailed(_WorkEvent, frozen=True):
     """A rollout failed inside a worker (its reward call raised or timed out, its prompt did
     not fit the context, the worker raised).
 
     Attributes:
-        worker_id: The worker.
-        node: Where it runs.
-        work_id: The piece of work.
-        step: The trainer step it was dispatched at.
         rollout_id: The rollout.
         attempt: Its attempt.
         kind: The failure's kind (``reward_timeout``, ``context_length``, ...).
         error: What went wrong.
-        worker_time: Wall-clock seconds in the worker.
     """
 
-    worker_id: str
-    node: str = ""
-    work_id: str = ""
-    step: int = 0
     rollout_id: str = ""
     attempt: int = 1
     kind: str = ""
     error: str = ""
-    worker_time: float = 0.0
 
 
-class RolloutRetried(Event, frozen=True):
+class RolloutRetried(_WorkEvent, frozen=True):
     """A worker runs rollouts again: reissued after a restart, under a new attempt.
 
     Attributes:
-        worker_id: The worker.
-        node: Where it runs.
-        work_id: The piece of work.
-        step: The trainer step it was dispatched at.
         attempt: The attempt it runs.
         rollouts: Rollouts it runs again.
-        worker_time: Wall-clock seconds in the worker.
     """
 
-    worker_id: str
-    node: str = ""
-    work_id: str = ""
-    step: int = 0
     attempt: int = 2
     rollouts: int = 0
-    worker_time: float = 0.0
 
 
-class RewardTimed(Event, frozen=True):
+class RewardTimed(_WorkEvent, frozen=True):
     """How long a worker's reward call took for a piece of work.
 
     Attributes:
-        worker_id: The worker.
-        node: Where it runs.
-        work_id: The piece of work.
-        step: The trainer step it was dispatched at.
         rollouts: Rollouts scored.
         duration_s: Seconds the scoring took.
-        worker_time: Wall-clock seconds in the worker.
     """
 
-    worker_id: str
-    node: str = ""
-    work_id: str = ""
-    step: int = 0
     rollouts: int = 0
     duration_s: float = 0.0
-    worker_time: float = 0.0
 
 
-class WorkerStalled(Event, frozen=True):
+class WorkerStalled(_WorkEvent, frozen=True):
     """A worker has been in one phase of its work for too long (checked from outside the
     stuck thread, so it is said while the worker is still stuck).
 
     Attributes:
-        worker_id: The worker.
-        node: Where it runs.
-        work_id: The piece of work.
-        step: The trainer step it was dispatched at.
         phase: ``generate``, ``reward``, ``injected fault``, ...
         stalled_s: Seconds in that phase when it noticed.
-        worker_time: Wall-clock seconds in the worker.
     """
 
-    worker_id: str
-    node: str = ""
-    work_id: str = ""
-    step: int = 0
     phase: str = ""
     stalled_s: float = 0.0
-    worker_time: float = 0.0
 
 
 class WorkerEventsDropped(Event, frozen=True):

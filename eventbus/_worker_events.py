@@ -26,12 +26,24 @@ __all__ = [
 ]
 
 
-class _MembershipChange(Event, frozen=True):
+class _AboutWorker(Event, frozen=True):
+    """What every event about one rollout worker carries (a base; never published itself).
+
+    Attributes:
+        worker_id: The worker.
+        node: Where it runs (a Ray node id, or the host name for in-process workers).
+    """
+
+    base_only = True
+
+    worker_id: str
+    node: str = ""
+
+
+class _MembershipChange(_AboutWorker, frozen=True):
     """What a join and a leave both say (the base of the two; never published itself).
 
     Attributes:
-        worker_id: The worker that joined or left.
-        node: Where it runs (a Ray node id, or the host name for in-process workers).
         reason: Why it was added or removed (the request's reason, with who asked).
         workers: Workers the run asked for after this change.
         step: The step boundary the change was applied at.
@@ -39,8 +51,6 @@ class _MembershipChange(Event, frozen=True):
 
     base_only = True
 
-    worker_id: str
-    node: str = ""
     reason: str = ""
     workers: int = 0
     step: int = 0
@@ -61,13 +71,11 @@ class WorkerLeft(_MembershipChange, frozen=True):
 # stamped with the worker and its node; ``worker_time`` is when it happened in the worker.
 
 
-class _WorkEvent(Event, frozen=True):
+class _WorkEvent(_AboutWorker, frozen=True):
     """What every event about one piece of work in a worker carries (the base of those
     events; never published itself).
 
     Attributes:
-        worker_id: The worker.
-        node: Where it runs.
         work_id: The piece of work.
         step: The trainer step it was dispatched at.
         worker_time: Wall-clock seconds in the worker.
@@ -75,8 +83,6 @@ class _WorkEvent(Event, frozen=True):
 
     base_only = True
 
-    worker_id: str
-    node: str = ""
     work_id: str = ""
     step: int = 0
     worker_time: float = 0.0
@@ -166,16 +172,12 @@ class WorkerStalled(_WorkEvent, frozen=True):
     stalled_s: float = 0.0
 
 
-class WorkerEventsDropped(Event, frozen=True):
+class WorkerEventsDropped(_AboutWorker, frozen=True):
     """A worker's event buffer overflowed before the trainer collected it: ``missed`` of its
     events were dropped, the oldest first (the ``Lagged`` idea, across processes).
 
     Attributes:
-        worker_id: The worker.
-        node: Where it runs.
         missed: Events dropped since the last collection.
     """
 
-    worker_id: str
-    node: str = ""
     missed: int = 0

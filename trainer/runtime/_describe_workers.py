@@ -50,14 +50,10 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _joined(e: WorkerJoined, context: object) -> str:
+def _membership(e: WorkerJoined | WorkerLeft, context: object) -> str:
+    verb = "joined" if isinstance(e, WorkerJoined) else "left"
     now = _count(e.workers, "worker")
-    return f"{_who(e)} joined at step {e.step} ({now}): {e.reason or 'no reason'}"
-
-
-def _left(e: WorkerLeft, context: object) -> str:
-    now = _count(e.workers, "worker")
-    return f"{_who(e)} left at step {e.step} ({now}): {e.reason or 'no reason'}"
+    return f"{_who(e)} {verb} at step {e.step} ({now}): {e.reason or 'no reason'}"
 
 
 def _started(e: RolloutStarted, context: object) -> str:
@@ -109,8 +105,8 @@ def _dropped(e: WorkerEventsDropped, context: object) -> str:
 
 
 WORKER_DESCRIBERS: dict[type[Event], Callable[[Any, Any], str]] = {
-    WorkerJoined: _joined,
-    WorkerLeft: _left,
+    WorkerJoined: _membership,
+    WorkerLeft: _membership,
     RolloutStarted: _started,
     RolloutFinished: _finished,
     RolloutFailed: _failed,

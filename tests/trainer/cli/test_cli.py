@@ -36,6 +36,19 @@ def tiny_toml(tmp_path: Path) -> Path:
     return path
 
 
+def train_one_step_with(
+    tmp_path: Path, extension: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """One quiet step of the tiny run with ``extension`` loaded, into ``run`` unless ``args``
+    name another ``--out``."""
+    out = () if "--out" in args else ("--out", "run")
+    return trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "1", "--no-progress"),
+        *("--extension", extension, *out, *args),
+        cwd=tmp_path,
+    )
+
+
 def test_train_writes_the_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = trainbus(
@@ -207,11 +220,7 @@ def test_an_extension_failure_is_one_line_without_a_traceback(tmp_path: Path) ->
         "    def state_dict(self): return {'best': object()}\n"
         "    def load_state_dict(self, state): pass\n"
     )
-    done = trainbus(
-        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "1", "--no-progress"),
-        *("--extension", "keeper:Keeper", "--out", "run"),
-        cwd=tmp_path,
-    )
+    done = train_one_step_with(tmp_path, "keeper:Keeper")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     failures = [line for line in done.stdout.splitlines() if "keeper failed" in line]
@@ -233,19 +242,11 @@ def test_an_extension_failing_on_extension_failed_is_one_line_without_a_tracebac
         "    def on_event(self, context, event):\n"
         "        raise ValueError(f'cannot take {type(event).__name__}')\n"
     )
-    done = trainbus(
-        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "1", "--no-progress"),
-        *("--extension", "touchy:Touchy", "--out", "run"),
-        cwd=tmp_path,
-    )
+    done = train_one_step_with(tmp_path, "touchy:Touchy")
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "cannot take ExtensionFailed" in done.stderr, done.stderr
-    verbose = trainbus(
-        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "1", "--no-progress"),
-        *("--extension", "touchy:Touchy", "--out", "run-v", "-v"),
-        cwd=tmp_path,
-    )
+    verbose = train_one_step_with(tmp_path, "touchy:Touchy", "--out", "run-v", "-v")
     assert "Traceback" in verbose.stderr  # --verbose shows where
 
 

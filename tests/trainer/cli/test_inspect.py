@@ -33,6 +33,8 @@ from eventbus import (
     StepFinished,
     StepStarted,
     Vote,
+    WorkerJoined,
+    WorkerLeft,
     encode_event,
 )
 from tests._events import sample_wait
@@ -159,6 +161,14 @@ def _resolved(decision: Decision, reason: str = "", timed_out: bool = False) -> 
             "run r1: 9 steps, sync mode, local backend",
         ),
         (Lagged(missed=12), "12 events missed (this reader fell behind)"),
+        (
+            WorkerJoined(worker_id="ray-0.2", node="host", reason="more", workers=3, step=4),
+            "worker ray-0.2 [host] joined at step 4 (3 workers): more",
+        ),
+        (
+            WorkerLeft(worker_id="ray-0.2", workers=1, step=6),
+            "worker ray-0.2 left at step 6 (1 worker): no reason",
+        ),
     ],
     ids=lambda value: type(value).__name__ if isinstance(value, Event) else None,
 )

@@ -36,6 +36,25 @@ def tiny_toml(tmp_path: Path) -> Path:
     return path
 
 
+def write_extension(
+    path: Path, cls: str, capabilities: tuple[str, ...], *body: str, imports: tuple[str, ...] = ()
+) -> str:
+    """Write the module a user writes for extension class ``cls`` (named ``cls.lower()``,
+    asking for ``capabilities``, with the class body lines ``body``); its ``--extension``."""
+    names = ", ".join(("RUNTIME_EXTENSION_API_VERSION", "Capability", *imports))
+    asked = "".join(f"Capability.{name}, " for name in capabilities)
+    lines = (
+        f"from eventbus import {names}",
+        f"class {cls}:",
+        f"    name = {cls.lower()!r}",
+        "    api_version = RUNTIME_EXTENSION_API_VERSION",
+        f"    required_capabilities = ({asked})",
+        *(f"    {line}" for line in body),
+    )
+    path.write_text("\n".join(lines) + "\n")
+    return f"{path.stem}:{cls}"
+
+
 def train_one_step_with(
     tmp_path: Path, extension: str, *args: str
 ) -> subprocess.CompletedProcess[str]:
@@ -71,15 +90,14 @@ def test_train_writes_the_run_folder(tmp_path: Path) -> None:
 
 
 def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
-    (tmp_path / "my_ext.py").write_text(
-        "from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability, StepFinished\n"
-        "class Printer:\n"
-        "    name = 'printer'\n"
-        "    api_version = RUNTIME_EXTENSION_API_VERSION\n"
-        "    required_capabilities = (Capability.EVENTS,)\n"
-        "    def on_event(self, context, event):\n"
-        "        if isinstance(event, StepFinished):\n"
-        "            print(f'PRINTER saw step {event.step}', flush=True)\n"
+    spec = write_extension(
+        tmp_path / "my_ext.py",
+        "Printer",
+        ("EVENTS",),
+        "def on_event(self, context, event):",
+        "    if isinstance(event, StepFinished):",
+        "        print(f'PRINTER saw step {event.step}', flush=True)",
+        imports=("StepFinished",),
     )
     out = tmp_path / "run"
     done = trainbus(
@@ -90,7 +108,7 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         "--out",
         str(out),
         "--extension",
-        "my_ext:Printer",
+        spec,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
@@ -210,17 +228,15 @@ def test_a_failure_is_printed_once(tmp_path: Path) -> None:
 
 
 def test_an_extension_failure_is_one_line_without_a_traceback(tmp_path: Path) -> None:
-    (tmp_path / "keeper.py").write_text(
-        "from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability\n"
-        "class Keeper:\n"
-        "    name = 'keeper'\n"
-        "    api_version = RUNTIME_EXTENSION_API_VERSION\n"
-        "    required_capabilities = (Capability.EVENTS, Capability.STATE)\n"
-        "    def on_event(self, context, event): pass\n"
-        "    def state_dict(self): return {'best': object()}\n"
-        "    def load_state_dict(self, state): pass\n"
+    keeper = write_extension(
+        tmp_path / "keeper.py",
+        "Keeper",
+        ("EVENTS", "STATE"),
+        "def on_event(self, context, event): pass",
+        "def state_dict(self): return {'best': object()}",
+        "def load_state_dict(self, state): pass",
     )
-    done = train_one_step_with(tmp_path, "keeper:Keeper")
+    done = train_one_step_with(tmp_path, keeper)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     failures = [line for line in done.stdout.splitlines() if "keeper failed" in line]
@@ -233,20 +249,18 @@ def test_an_extension_failing_on_extension_failed_is_one_line_without_a_tracebac
     tmp_path: Path,
 ) -> None:
     # Its failure cannot be published (that would loop), so only the log says it.
-    (tmp_path / "touchy.py").write_text(
-        "from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability, ExtensionFailed\n"
-        "class Touchy:\n"
-        "    name = 'touchy'\n"
-        "    api_version = RUNTIME_EXTENSION_API_VERSION\n"
-        "    required_capabilities = (Capability.EVENTS,)\n"
-        "    def on_event(self, context, event):\n"
-        "        raise ValueError(f'cannot take {type(event).__name__}')\n"
+    touchy = write_extension(
+        tmp_path / "touchy.py",
+        "Touchy",
+        ("EVENTS",),
+        "def on_event(self, context, event):",
+        "    raise ValueError(f'cannot take {type(event).__name__}')",
     )
-    done = train_one_step_with(tmp_path, "touchy:Touchy")
+    done = train_one_step_with(tmp_path, touchy)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "cannot take ExtensionFailed" in done.stderr, done.stderr
-    verbose = train_one_step_with(tmp_path, "touchy:Touchy", "--out", "run-v", "-v")
+    verbose = train_one_step_with(tmp_path, touchy, "--out", "run-v", "-v")
     assert "Traceback" in verbose.stderr  # --verbose shows where
 
 

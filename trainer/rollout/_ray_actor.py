@@ -3,9 +3,10 @@
 Ray imports this module in every actor process; the backend (:mod:`._ray`) only holds
 handles (:class:`ActorView`, its view of one actor). The actor's methods are what the
 backend calls: ``ready`` once it is built, ``run`` or ``load_and_run`` for each piece of
-work, ``load`` to keep a standby current, ``hang`` for the fault and as the probe that tells
-when a killed actor is really gone, and ``stacks`` (served by a second thread, the
-``diagnose`` concurrency group) for a stall diagnosis that cannot use py-spy.
+work, ``load`` to keep a standby current and ``warm`` to run its first generation, ``hang``
+for the fault and as the probe that tells when a killed actor is really gone, and ``stacks``
+(served by a second thread, the ``diagnose`` concurrency group) for a stall diagnosis that
+cannot use py-spy.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 import typing
 from dataclasses import dataclass
 
+import msgspec
 import ray
 import torch
 from ray.actor import ActorClass, ActorHandle
@@ -88,6 +90,13 @@ class RolloutActor:
         return results, *collected
 
     @ray.method
+    def warm(self, work: RolloutWork) -> None:
+        """Run ``work`` once and drop the results: a standby's first generation (torch's
+        first forward passes are several times slower) happens before it serves, not
+        after. No events: the request is stripped, and a standby has none of its own."""
+        self.worker.run(msgspec.structs.replace(work, events=None, faults=()))
+
+    @ray.method
     def load(self, weights: bytes, version: int) -> None:
         """Load ``weights`` as ``version`` (a standby keeping up with training)."""
         self.worker.load_weights(weights, version)
@@ -133,6 +142,7 @@ class ActorView:
         retired: The backend took it out of service and killed it (so its death is no loss).
         deadline: ``time.monotonic()`` by which a superseded call must return, or the actor
             is killed as hung (None: no deadline).
+        warmed: It has generated at least once (served work, or was warmed as a standby).
     """
 
     worker_id: str
@@ -146,6 +156,7 @@ class ActorView:
     busy: bool = False
     retired: bool = False
     deadline: float | None = None
+    warmed: bool = False
 
 
 def first_line(error: BaseException) -> str:

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ._placement import affinity, choose_nodes, live_nodes
 from ._ray_actor import ActorView, first_line, remote_actor_class
-from ._worker import WorkerSpec
+from ._worker import RolloutWork, WorkerSpec
 
 __all__ = ["ActorPool", "Weights", "kill_actor"]
 
@@ -76,6 +76,7 @@ class ActorPool:
         self.errors = 0
         self._standbys_made = 0
         self._loads: dict[str, ObjectRef[None]] = {}  # standby worker id -> its last load
+        self.sample: RolloutWork | None = None  # the first work served: what warms a standby
 
     def name_of(self, worker_id: str) -> str:
         """The Ray name of ``worker_id``'s actor (``ray.get_actor(name)`` finds it)."""
@@ -173,7 +174,22 @@ class ActorPool:
         if actor.weights_serial != self.weights[0]:
             self._push(actor)
         self.standby.append(actor)
+        self._warm(actor)
         return True
+
+    def set_sample(self, work: RolloutWork) -> None:
+        """Remember ``work`` (the first served) and warm the standby with it."""
+        self.sample = work
+        for actor in self.standby:
+            self._warm(actor)
+
+    def _warm(self, actor: ActorView) -> None:
+        if actor.warmed or self.sample is None:
+            return
+        # In order after its weight load, like everything one caller sends one actor; a
+        # failure shows when check_standby awaits this call.
+        self._loads[actor.worker_id] = actor.handle.warm.remote(self.sample)
+        actor.warmed = True
 
     def set_weights(self, weights: Weights) -> None:
         """Make ``weights`` the latest; the standby load them now, in the background."""

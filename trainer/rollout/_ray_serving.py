@@ -392,6 +392,9 @@ class ServingActors(BackendBase):
         if faults is not None and faults.should_hang(actor.worker_id, work.step):
             await actor.handle.hang.remote(work)  # never answers; killed as hung after a restart
             raise RuntimeError(f"actor {actor.worker_id} returned from hang()")
+        actor.warmed = True
+        if self._pool.sample is None:
+            self._pool.set_sample(work)
         serial, version, weights = self._pool.weights
         if actor.weights_serial == serial or weights is None:
             call = actor.handle.run.remote(work)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,9 +63,18 @@ class RayCluster:
             os.kill(info.process.pid, signal.SIGKILL)
 
     def remove(self, node: Any) -> None:
-        """Stop every process of ``node`` that is still running (idempotent)."""
+        """Stop every process of ``node`` that is still running (idempotent), and wait until
+        Ray declares it dead: until then Ray lists it as alive, and a later test's actors
+        placed there would fail to start."""
+        import ray
+
         if node in self.cluster.worker_nodes:
             self.cluster.remove_node(node, allow_graceful=False)
+        deadline = time.monotonic() + 60.0
+        while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ray still lists node {node.node_id} as alive after 60 s")
+            time.sleep(0.1)
 
 
 def _check_namespace() -> None:

@@ -47,7 +47,6 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the pack
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before anything imports ray
 
 import anyio
-import psutil  # type: ignore[import-untyped]
 import torch
 
 from benchmarks._common import (
@@ -241,6 +240,28 @@ async def chaos_run(plan: Plan, extra: list[Any], outcome: Outcome) -> None:
     outcome.dropped = dict(+tracked)
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from ``/proc``: no psutil in the environment)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended while we looked
+            continue
+        # The command name is in parentheses and may hold spaces; the parent pid follows.
+        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
 def loopback_only() -> bool:
     return sorted(name for _, name in socket.if_nameindex()) == ["lo"]
 
@@ -268,7 +289,7 @@ def run(plan: Plan) -> Outcome:
         ray.shutdown()
         cluster.shutdown()  # type: ignore[no-untyped-call]
     time.sleep(1.0)  # let the killed processes be reaped before looking for leftovers
-    outcome.leftover_processes = len(psutil.Process().children(recursive=True))
+    outcome.leftover_processes = len(descendants(os.getpid()))
     outcome.load_after = os.getloadavg()[0]
     return outcome
 

@@ -68,7 +68,8 @@ def run_events(args: argparse.Namespace) -> int:
         0 once the log is printed (with ``--follow``: once the fit ended, or on Ctrl-C).
 
     Raises:
-        UsageError: The folder is missing or not a run folder, or a type name is unknown.
+        UsageError: The folder is missing or not a run folder, a type name is unknown, or
+            (without ``--follow``) no event of the run is about the ``--worker`` asked for.
     """
     path = events_path(args.run_dir, follow=args.follow)
     view = LogView(
@@ -85,6 +86,10 @@ def run_events(args: argparse.Namespace) -> int:
             raise
     except BrokenPipeError:
         _quiet_stdout()
+        return 0
+    if args.worker is not None and not args.follow and args.worker not in view.workers:
+        known = ", ".join(sorted(view.workers)) or "none"
+        _usage(f"--worker {args.worker!r}: no event of this run is about it (workers: {known})")
     return 0
 
 
@@ -249,6 +254,7 @@ class LogView:
         self.out = out
         self.origin: float | None = None
         self.context = Context()
+        self.workers: set[str] = set()  # every worker an event of the log is about
         self._last_lifecycle = ""
 
     def fit_over(self) -> bool:
@@ -268,6 +274,8 @@ class LogView:
             self.origin = _time(entry) or None
         if isinstance(entry, FitStarted):
             self.context = Context(total_steps=entry.total_steps)
+        if (worker := entry_worker(entry)) is not None:
+            self.workers.add(worker)
         if not self.selection.matches(entry):
             return
         text = (

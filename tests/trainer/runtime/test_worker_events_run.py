@@ -96,6 +96,12 @@ def test_events_worker_filters_by_worker(
     assert lines and all("local-0.1" in line for line in lines)
     kinds = {line.split()[2] for line in lines}
     assert {"RolloutStarted", "RolloutFinished", "RewardTimed"} <= kinds
+    # A worker no event is about is a mistyped id: one line naming the workers there are.
+    assert main(["events", str(out), "--worker", "local-9"]) == 2
+    printed = capsys.readouterr()
+    error = printed.err.strip()
+    assert error.startswith("error: --worker 'local-9': no event of this run is about it")
+    assert "local-0.0, local-0.1" in error and printed.out == ""
 
 
 def _tiny_toml(folder: Path) -> Path:

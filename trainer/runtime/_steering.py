@@ -37,7 +37,8 @@ class Steering:
         state: Writes the checkpoints a decision asks for.
         driver: Restarts the rollout side when a decision asks for it.
         stages: Marks a restart as a wait of the trainer (for stall diagnosis).
-        on_outcome: Called with every outcome reached (the run's fold).
+        on_outcome: Called with every outcome reached: the run's fold, looked up at each
+            call (the trainer replaces its fold at each ``fit()``).
     """
 
     bus: EventBus

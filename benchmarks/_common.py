@@ -25,11 +25,18 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any
+from typing import Literal
+from typing import TextIO
 
 __all__ = [
     "RESULTS_DIR",

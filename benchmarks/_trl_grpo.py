@@ -38,7 +38,8 @@ def main() -> None:
     import torch
     from datasets import load_dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+    from trl import GRPOTrainer
 
     from trainer.rl._text_tasks import task_reward
 

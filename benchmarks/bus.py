@@ -49,7 +49,10 @@ import importlib
 import itertools
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Mapping
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -57,27 +60,23 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and `eventbus` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import (
-    Body,
-    Result,
-    add_output_arguments,
-    clock_ns,
-    load_average,
-    measure_group,
-    op_loop,
-    print_table,
-    run_facts,
-    save_results,
-    use_clock,
-)
-from eventbus import (
-    Decision,
-    EventBus,
-    SafePoint,
-    SafePointReached,
-    StepStarted,
-    Subscription,
-)
+from benchmarks._common import Body
+from benchmarks._common import Result
+from benchmarks._common import add_output_arguments
+from benchmarks._common import clock_ns
+from benchmarks._common import load_average
+from benchmarks._common import measure_group
+from benchmarks._common import op_loop
+from benchmarks._common import print_table
+from benchmarks._common import run_facts
+from benchmarks._common import save_results
+from benchmarks._common import use_clock
+from eventbus import Decision
+from eventbus import EventBus
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import StepStarted
+from eventbus import Subscription
 
 try:
     import uvloop

@@ -49,27 +49,27 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before anything imports
 import anyio
 import torch
 
-from benchmarks._common import (
-    Result,
-    add_output_arguments,
-    print_table,
-    write_results,
-)
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    BatchReconciled,
-    Capability,
-    Decision,
-    Event,
-    ExtensionContext,
-    RolloutRestarted,
-    SafePointReached,
-    StepFinished,
-    WorkerLost,
-)
+from benchmarks._common import Result
+from benchmarks._common import add_output_arguments
+from benchmarks._common import print_table
+from benchmarks._common import write_results
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import BatchReconciled
+from eventbus import Capability
+from eventbus import Decision
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import RolloutRestarted
+from eventbus import SafePointReached
+from eventbus import StepFinished
+from eventbus import WorkerLost
 from eventbus.testing import record_events
 from replay import GroupResult
-from trainer import FaultInjector, PPOTrainer, SelfHealingExtension, TrainerConfig, load_config
+from trainer import FaultInjector
+from trainer import PPOTrainer
+from trainer import SelfHealingExtension
+from trainer import TrainerConfig
+from trainer import load_config
 
 NAME = "chaos"
 NODE: dict[str, Any] = {

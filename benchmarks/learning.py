@@ -43,13 +43,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import (  # noqa: E402
-    Result,
-    add_output_arguments,
-    print_table,
-    versions,
-    write_results,
-)
+from benchmarks._common import Result  # noqa: E402
+from benchmarks._common import add_output_arguments  # noqa: E402
+from benchmarks._common import print_table  # noqa: E402
+from benchmarks._common import versions  # noqa: E402
+from benchmarks._common import write_results  # noqa: E402
 
 TRL_VENV = Path(__file__).resolve().parent / ".trl-venv"
 TRL_VERSION = "trl==1.16.*"
@@ -61,7 +59,8 @@ class _Recorder:
     name = "learning-benchmark"
 
     def __init__(self, target: float) -> None:
-        from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability
+        from eventbus import RUNTIME_EXTENSION_API_VERSION
+        from eventbus import Capability
 
         self.api_version = RUNTIME_EXTENSION_API_VERSION
         self.required_capabilities = (Capability.EVENTS,)
@@ -72,7 +71,8 @@ class _Recorder:
         self.trainer: Any = None
 
     def on_event(self, context: Any, event: Any) -> None:
-        from eventbus import FitStarted, StepFinished
+        from eventbus import FitStarted
+        from eventbus import StepFinished
 
         if isinstance(event, FitStarted):
             self.began = time.perf_counter()
@@ -95,7 +95,8 @@ def run_trainbus(
     """One trainbus run until the target (or ``--max-steps``)."""
     import torch
 
-    from trainer import PPOTrainer, load_config
+    from trainer import PPOTrainer
+    from trainer import load_config
 
     torch.set_num_threads(1)
     overrides: dict[str, Any] = {"run.steps": args.max_steps, "run.seed": seed}

@@ -77,19 +77,24 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before anything imports
 
 import torch
 
-from benchmarks._common import Result, add_output_arguments, print_table, write_results
-from eventbus import (
-    BatchReconciled,
-    Decision,
-    FaultInjected,
-    FitStarted,
-    RolloutRestarted,
-    SafePointResolved,
-    StallDiagnosed,
-    StepFinished,
-)
+from benchmarks._common import Result
+from benchmarks._common import add_output_arguments
+from benchmarks._common import print_table
+from benchmarks._common import write_results
+from eventbus import BatchReconciled
+from eventbus import Decision
+from eventbus import FaultInjected
+from eventbus import FitStarted
+from eventbus import RolloutRestarted
+from eventbus import SafePointResolved
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
 from eventbus.testing import record_events
-from trainer import FaultInjector, PPOTrainer, SelfHealingExtension, TrainerConfig, load_config
+from trainer import FaultInjector
+from trainer import PPOTrainer
+from trainer import SelfHealingExtension
+from trainer import TrainerConfig
+from trainer import load_config
 
 NAME = "recovery"
 BACKENDS = ("local", "ray", "ray+standby")

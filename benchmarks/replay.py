@@ -34,14 +34,14 @@ import anyio.to_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eventbus import Decision, EventBus, RolloutRejected
-from replay import (
-    AsyncReplayBuffer,
-    PromptGroup,
-    ReplayBuffer,
-    RolloutResult,
-    RolloutTracker,
-)
+from eventbus import Decision
+from eventbus import EventBus
+from eventbus import RolloutRejected
+from replay import AsyncReplayBuffer
+from replay import PromptGroup
+from replay import ReplayBuffer
+from replay import RolloutResult
+from replay import RolloutTracker
 
 REFERENCE_POLL_S = 2.0
 

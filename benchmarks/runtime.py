@@ -76,9 +76,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` and the packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -86,17 +88,21 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` and the pack
 import anyio
 import torch
 
-from benchmarks._common import (
-    Result,
-    add_output_arguments,
-    load_average,
-    print_table,
-    run_facts,
-    save_results,
-)
-from eventbus import CheckpointSaved, JsonlSink, StallDiagnosed, StepFinished
+from benchmarks._common import Result
+from benchmarks._common import add_output_arguments
+from benchmarks._common import load_average
+from benchmarks._common import print_table
+from benchmarks._common import run_facts
+from benchmarks._common import save_results
+from eventbus import CheckpointSaved
+from eventbus import JsonlSink
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
 from eventbus.testing import ScriptedVoter
-from trainer import FitSummary, PPOTrainer, TrainerConfig, load_config
+from trainer import FitSummary
+from trainer import PPOTrainer
+from trainer import TrainerConfig
+from trainer import load_config
 
 NAME = "runtime"
 

@@ -138,7 +138,8 @@ def _rows(data: dict[str, Any]) -> str:
     """The ``results`` rows of ``benchmarks._common.write_results``, one table per group."""
     sys.path.insert(0, str(ROOT))
     try:
-        from benchmarks._common import format_ratio, format_value
+        from benchmarks._common import format_ratio
+        from benchmarks._common import format_value
     finally:
         sys.path.remove(str(ROOT))
     groups: dict[str, list[dict[str, Any]]] = {}

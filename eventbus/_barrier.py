@@ -25,8 +25,10 @@ import threading
 from collections.abc import Hashable
 from typing import Protocol
 
-from ._decisions import Decision, SafePoint
-from ._events import SafePointOutcome, Vote
+from ._decisions import Decision
+from ._decisions import SafePoint
+from ._events import SafePointOutcome
+from ._events import Vote
 
 __all__ = ["Barrier", "Deadlines", "Roster", "Voter"]
 

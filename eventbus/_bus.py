@@ -19,28 +19,34 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from ._decisions import Decision, SafePoint
-from ._errors import BusClosedError, BusNotRunningError
-from ._events import Event, SafePointOutcome
-from ._extensions import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    host_for,
-    validate_extension,
-)
+from ._decisions import Decision
+from ._decisions import SafePoint
+from ._errors import BusClosedError
+from ._errors import BusNotRunningError
+from ._events import Event
+from ._events import SafePointOutcome
+from ._extensions import RUNTIME_EXTENSION_API_VERSION
+from ._extensions import Capability
+from ._extensions import host_for
+from ._extensions import validate_extension
 from ._host import ExtensionHost
 from ._order import lock_free
-from ._registration import Registration, Registry
+from ._registration import Registration
+from ._registration import Registry
 from ._safepoints import reach
 from ._state import BusState
-from ._subscription import OVERFLOW_POLICIES, Overflow, Subscription
+from ._subscription import OVERFLOW_POLICIES
+from ._subscription import Overflow
+from ._subscription import Subscription
 from ._util import check_timeout
 
 _force_setattr = msgspec.structs.force_setattr

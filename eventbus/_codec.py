@@ -6,12 +6,14 @@ msgspec's tagged unions. It is rebuilt only when a new event type appears.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
 import msgspec
 
 from ._errors import EventDecodeError
-from ._events import Event, event_types_generation
+from ._events import Event
+from ._events import event_types_generation
 
 __all__ = ["decode_event", "encode_event", "event_types"]
 

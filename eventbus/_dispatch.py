@@ -20,7 +20,8 @@ import anyio
 import anyio.lowlevel
 
 from ._decisions import Decision
-from ._events import Event, SafePointReached
+from ._events import Event
+from ._events import SafePointReached
 from ._registration import Registration
 from ._state import BusState
 

@@ -12,11 +12,13 @@ on the trainer's hot path.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
 import msgspec
 
-from ._decisions import Decision, SafePoint
+from ._decisions import Decision
+from ._decisions import SafePoint
 
 __all__ = [
     "BatchReconciled",

@@ -12,9 +12,12 @@ What an extension may do once registered lives in ``_registration`` and ``_dispa
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
 
 from ._decisions import SafePoint
 from ._errors import ExtensionError

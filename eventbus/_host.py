@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Iterable
 from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
 
 from ._dispatch import run_extension
-from ._registration import Registration, Registry
+from ._registration import Registration
+from ._registration import Registry
 from ._state import BusState
 
 __all__ = ["ExtensionHost"]

@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from types import CodeType, TracebackType
+from types import CodeType
+from types import TracebackType
 from typing import TypeVar
 
 __all__ = ["OrderLock", "lock_free"]

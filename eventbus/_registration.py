@@ -22,9 +22,12 @@ from typing import Any
 import anyio
 
 from ._decisions import SafePoint
-from ._errors import BusClosedError, ExtensionError
-from ._events import Event, SampleWait
-from ._extensions import Capability, ValidatedExtension
+from ._errors import BusClosedError
+from ._errors import ExtensionError
+from ._events import Event
+from ._events import SampleWait
+from ._extensions import Capability
+from ._extensions import ValidatedExtension
 from ._state import BusState
 from ._subscription import Subscription
 from ._util import NoPublicConstructor

@@ -13,10 +13,15 @@ import asyncio
 import time
 from typing import Any
 
-from ._barrier import Barrier, Deadlines
-from ._decisions import Decision, SafePoint
-from ._events import SafePointOutcome, SafePointReached, SafePointResolved
-from ._state import BusState, PointRoute
+from ._barrier import Barrier
+from ._barrier import Deadlines
+from ._decisions import Decision
+from ._decisions import SafePoint
+from ._events import SafePointOutcome
+from ._events import SafePointReached
+from ._events import SafePointResolved
+from ._state import BusState
+from ._state import PointRoute
 
 __all__ = ["reach"]
 

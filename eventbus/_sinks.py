@@ -7,15 +7,19 @@ Both sinks are ordinary extensions on the public contract: register them with
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
+from typing import Literal
 
 from ._bus import ExtensionContext
-from ._codec import decode_event, encode_event
+from ._codec import decode_event
+from ._codec import encode_event
 from ._errors import EventDecodeError
 from ._events import Event
-from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability
+from ._extensions import RUNTIME_EXTENSION_API_VERSION
+from ._extensions import Capability
 
 __all__ = ["JsonlSink", "LoggingSink", "read_events"]
 

@@ -25,15 +25,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
+from typing import TypeVar
 
 import msgspec
 
-from ._barrier import Barrier, Deadlines, Roster, Voter
-from ._decisions import Decision, SafePoint
+from ._barrier import Barrier
+from ._barrier import Deadlines
+from ._barrier import Roster
+from ._barrier import Voter
+from ._decisions import Decision
+from ._decisions import SafePoint
 from ._errors import SafePointError
-from ._events import Event, ExtensionFailed, SafePointReached, SafePointResolved, Vote
-from ._order import OrderLock, lock_free
+from ._events import Event
+from ._events import ExtensionFailed
+from ._events import SafePointReached
+from ._events import SafePointResolved
+from ._events import Vote
+from ._order import OrderLock
+from ._order import lock_free
 from ._util import describe_error
 
 __all__ = ["BusState", "Inbox", "PointRoute", "Push"]

@@ -30,9 +30,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from ._decisions import Decision, SafePoint
+from ._decisions import Decision
+from ._decisions import SafePoint
 from ._errors import SubscriberOverflowError
-from ._events import Event, Lagged, SafePointReached
+from ._events import Event
+from ._events import Lagged
+from ._events import SafePointReached
 from ._loops import RunningLoop
 from ._order import lock_free
 from ._state import BusState

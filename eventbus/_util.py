@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any
+from typing import NoReturn
 
 __all__ = ["NoPublicConstructor", "check_timeout", "describe_error"]
 

@@ -8,16 +8,26 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeVar, overload
+from typing import Any
+from typing import Final
+from typing import TypeVar
+from typing import overload
 
 import anyio
 
-from ._bus import EventBus, ExtensionContext
-from ._decisions import Decision, SafePoint
-from ._events import Event, SafePointReached
-from ._extensions import RUNTIME_EXTENSION_API_VERSION, Capability
+from ._bus import EventBus
+from ._bus import ExtensionContext
+from ._decisions import Decision
+from ._decisions import SafePoint
+from ._events import Event
+from ._events import SafePointReached
+from ._extensions import RUNTIME_EXTENSION_API_VERSION
+from ._extensions import Capability
 from ._subscription import Subscription
 
 __all__ = ["HANG", "RecordingSubscriber", "ScriptEntry", "ScriptedVoter", "record_events"]

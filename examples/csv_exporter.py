@@ -9,7 +9,9 @@ import csv
 from collections.abc import Mapping
 from typing import Any
 
-from trainer import Exporter, RunEnd, RunStart
+from trainer import Exporter
+from trainer import RunEnd
+from trainer import RunStart
 
 
 class CsvExporter(Exporter):

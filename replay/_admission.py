@@ -31,15 +31,21 @@ import logging
 import math
 import numbers
 from collections.abc import Iterable
-from typing import TypeGuard, cast
+from typing import TypeGuard
+from typing import cast
 
 import msgspec
 
 from eventbus import RolloutRejected
 
-from ._model import RolloutResult, RolloutStatus
+from ._model import RolloutResult
+from ._model import RolloutStatus
 from ._reasons import Admission
-from ._records import FAILED, IN_FLIGHT, PLACEHOLDER, SUCCEEDED, Rollout
+from ._records import FAILED
+from ._records import IN_FLIGHT
+from ._records import PLACEHOLDER
+from ._records import SUCCEEDED
+from ._records import Rollout
 from ._state import TrackerState
 
 __all__ = ["AdmissionGate", "malformed"]

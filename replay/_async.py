@@ -22,17 +22,25 @@ them in the tracker (late results for them are dropped as ``finalized``), then p
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Iterable
 
-from eventbus import BatchReconciled, EventBus
+from eventbus import BatchReconciled
+from eventbus import EventBus
 
 from ._base import BufferBase
-from ._model import GroupResult, GroupStatus, Partition, PromptGroup, check_partition
-from ._reasons import EvictionReason, StalenessStrategy
+from ._model import GroupResult
+from ._model import GroupStatus
+from ._model import Partition
+from ._model import PromptGroup
+from ._model import check_partition
+from ._reasons import EvictionReason
+from ._reasons import StalenessStrategy
 from ._records import Group
 from ._tracker import RolloutTracker
 from ._validate import check_count
-from ._waiting import Poll, WaitInterrupts
+from ._waiting import Poll
+from ._waiting import WaitInterrupts
 
 __all__ = ["AsyncReplayBuffer", "RefillCallback"]
 

@@ -9,18 +9,30 @@ reporting and deadlines.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ClassVar, Literal, TypeVar
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from typing import Any
+from typing import ClassVar
+from typing import Literal
+from typing import TypeVar
 
 from eventbus import EventBus
 
 from ._errors import SampleDeadlineExceeded
-from ._model import Partition, PromptGroup, RolloutResult
-from ._reasons import Admission, EvictionReason
-from ._stats import PartitionCounts, ReplayState, ReplayStatistics
+from ._model import Partition
+from ._model import PromptGroup
+from ._model import RolloutResult
+from ._reasons import Admission
+from ._reasons import EvictionReason
+from ._stats import PartitionCounts
+from ._stats import ReplayState
+from ._stats import ReplayStatistics
 from ._tracker import RolloutTracker
 from ._validate import check_seconds
-from ._waiting import PollTimeout, WaitInterrupts, WaitReporter
+from ._waiting import PollTimeout
+from ._waiting import WaitInterrupts
+from ._waiting import WaitReporter
 
 __all__ = ["BufferBase"]
 

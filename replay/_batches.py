@@ -16,18 +16,35 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 
-from eventbus import BatchReconciled, BatchReport
+from eventbus import BatchReconciled
+from eventbus import BatchReport
 
-from ._errors import BatchFailedError, RegistrationError
-from ._model import Partition, PromptGroup, ReconciledBatch, check_partition
-from ._reasons import Admission, FailurePolicy
-from ._records import FAILED, IN_FLIGHT, MISSING, PLACEHOLDER, TIMED_OUT, Batch, Counters
-from ._report import apply_policy, build_report, judge
+from ._errors import BatchFailedError
+from ._errors import RegistrationError
+from ._model import Partition
+from ._model import PromptGroup
+from ._model import ReconciledBatch
+from ._model import check_partition
+from ._reasons import Admission
+from ._reasons import FailurePolicy
+from ._records import FAILED
+from ._records import IN_FLIGHT
+from ._records import MISSING
+from ._records import PLACEHOLDER
+from ._records import TIMED_OUT
+from ._records import Batch
+from ._records import Counters
+from ._report import apply_policy
+from ._report import build_report
+from ._report import judge
 from ._state import TrackerState
 from ._validate import check_groups
-from ._waiting import Poll, PollTimeout
+from ._waiting import Poll
+from ._waiting import PollTimeout
 
 __all__ = ["SyncBatches"]
 

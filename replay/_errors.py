@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from eventbus import BatchReport, Decision, SafePointOutcome, SampleWaitState
+from eventbus import BatchReport
+from eventbus import Decision
+from eventbus import SafePointOutcome
+from eventbus import SampleWaitState
 
 __all__ = [
     "BatchFailedError",

@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 
 from ._reasons import GraceMode
-from ._records import Rollout, Tally
+from ._records import Rollout
+from ._records import Tally
 
 __all__ = ["GraceWindow"]
 

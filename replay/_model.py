@@ -9,7 +9,9 @@ to them (a payload must not contain its own result).
 from __future__ import annotations
 
 import enum
-from typing import Any, Final, Literal
+from typing import Any
+from typing import Final
+from typing import Literal
 
 import msgspec
 

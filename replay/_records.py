@@ -29,7 +29,10 @@ import enum
 import math
 from collections.abc import Iterable
 
-from ._model import GroupStatus, PromptGroup, ReconciledBatch, RolloutResult
+from ._model import GroupStatus
+from ._model import PromptGroup
+from ._model import ReconciledBatch
+from ._model import RolloutResult
 from ._reasons import Admission
 
 __all__ = [

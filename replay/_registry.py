@@ -14,18 +14,25 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import TypeVar
 
 from eventbus import BatchReport
 
-from ._model import Partition, PromptGroup
-from ._reasons import Admission, EvictionReason
-from ._records import Counters, Group
+from ._model import Partition
+from ._model import PromptGroup
+from ._reasons import Admission
+from ._reasons import EvictionReason
+from ._records import Counters
+from ._records import Group
 from ._report import build_report
 from ._state import TrackerState
 from ._validate import check_groups
-from ._waiting import Poll, PollTimeout
+from ._waiting import Poll
+from ._waiting import PollTimeout
 
 __all__ = ["AsyncRegistry", "Sweep"]
 

@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ._errors import RegistrationError
-from ._model import Partition, PromptGroup, check_partition
-from ._records import IN_FLIGHT, PLACEHOLDER
+from ._model import Partition
+from ._model import PromptGroup
+from ._model import check_partition
+from ._records import IN_FLIGHT
+from ._records import PLACEHOLDER
 
 if TYPE_CHECKING:
     from ._state import TrackerState

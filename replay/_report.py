@@ -12,9 +12,19 @@ from collections.abc import Iterable
 
 from eventbus import BatchReport
 
-from ._model import GroupResult, GroupStatus, PromptGroup, RolloutResult, RolloutStatus
+from ._model import GroupResult
+from ._model import GroupStatus
+from ._model import PromptGroup
+from ._model import RolloutResult
+from ._model import RolloutStatus
 from ._reasons import FailurePolicy
-from ._records import IN_FLIGHT, MISSING, SUCCEEDED, TIMED_OUT, Counters, Group, Rollout
+from ._records import IN_FLIGHT
+from ._records import MISSING
+from ._records import SUCCEEDED
+from ._records import TIMED_OUT
+from ._records import Counters
+from ._records import Group
+from ._records import Rollout
 
 __all__ = ["apply_policy", "build_report", "judge"]
 

@@ -21,20 +21,33 @@ Invariants, whenever :attr:`TrackerState.lock` is free:
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TypeVar
 
 from eventbus import EventBus
 
-from ._cancel import CancelHook, CancelQueue
+from ._cancel import CancelHook
+from ._cancel import CancelQueue
 from ._errors import RegistrationError
 from ._grace import GraceWindow
 from ._history import RetiredIds
 from ._model import PromptGroup
 from ._reasons import Admission
-from ._records import FAILED, IN_FLIGHT, PLACEHOLDER, Batch, Counters, Group, Rollout, Tally
-from ._signal import ChangeSignal, Sleep
-from ._waiting import Poll, PollTimeout, poll_until
+from ._records import FAILED
+from ._records import IN_FLIGHT
+from ._records import PLACEHOLDER
+from ._records import Batch
+from ._records import Counters
+from ._records import Group
+from ._records import Rollout
+from ._records import Tally
+from ._signal import ChangeSignal
+from ._signal import Sleep
+from ._waiting import Poll
+from ._waiting import PollTimeout
+from ._waiting import poll_until
 
 __all__ = ["Totals", "TrackerState"]
 

@@ -22,13 +22,11 @@ from eventbus import EventBus
 
 from ._base import BufferBase
 from ._errors import RegistrationError
-from ._model import (
-    GroupResult,
-    GroupStatus,
-    Partition,
-    PromptGroup,
-    check_partition,
-)
+from ._model import GroupResult
+from ._model import GroupStatus
+from ._model import Partition
+from ._model import PromptGroup
+from ._model import check_partition
 from ._reasons import EvictionReason
 from ._stats import PartitionCounts
 from ._tracker import RolloutTracker

@@ -23,33 +23,41 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
 
 import anyio
 
-from eventbus import BatchReport, EventBus
+from eventbus import BatchReport
+from eventbus import EventBus
 
 from ._admission import AdmissionGate
 from ._batches import SyncBatches
 from ._cancel import CancelHook
 from ._grace import GraceWindow
-from ._model import (
-    PARTITIONS,
-    GroupStatus,
-    Partition,
-    PromptGroup,
-    ReconciledBatch,
-    RolloutResult,
-    check_partition,
-)
-from ._reasons import Admission, FailurePolicy, GraceMode
-from ._records import IN_FLIGHT, PLACEHOLDER, Group
+from ._model import PARTITIONS
+from ._model import GroupStatus
+from ._model import Partition
+from ._model import PromptGroup
+from ._model import ReconciledBatch
+from ._model import RolloutResult
+from ._model import check_partition
+from ._reasons import Admission
+from ._reasons import FailurePolicy
+from ._reasons import GraceMode
+from ._records import IN_FLIGHT
+from ._records import PLACEHOLDER
+from ._records import Group
 from ._registry import AsyncRegistry
 from ._reissue import reissue
 from ._signal import Sleep
 from ._state import TrackerState
-from ._stats import PartitionCounts, TrackerStatistics
-from ._validate import check_count, check_seconds
+from ._stats import PartitionCounts
+from ._stats import TrackerStatistics
+from ._validate import check_count
+from ._validate import check_seconds
 from ._waiting import PollTimeout
 
 __all__ = ["RolloutTracker"]

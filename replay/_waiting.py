@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import KW_ONLY, dataclass
-from typing import Generic, Literal, TypeVar
+from collections.abc import Awaitable
+from collections.abc import Callable
+from dataclasses import KW_ONLY
+from dataclasses import dataclass
+from typing import Generic
+from typing import Literal
+from typing import TypeVar
 
-from eventbus import Decision, EventBus, SafePoint, SampleWait, SampleWaitState
+from eventbus import Decision
+from eventbus import EventBus
+from eventbus import SafePoint
+from eventbus import SampleWait
+from eventbus import SampleWaitState
 
 from ._errors import SampleWaitInterrupted
-from ._signal import ChangeSignal, Sleep
+from ._signal import ChangeSignal
+from ._signal import Sleep
 
 __all__ = ["WaitInterrupts", "Poll", "PollTimeout", "WaitReporter", "poll_until"]
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventbus import SampleWait, SampleWaitState, StallDiagnosed
+from eventbus import SampleWait
+from eventbus import SampleWaitState
+from eventbus import StallDiagnosed
 
 _WAIT_DEFAULTS: dict[str, Any] = {
     "mode": "sync",

@@ -11,7 +11,9 @@ reader has to hold in their head. Each package's architecture tests use it::
 from __future__ import annotations
 
 import ast
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection
+from collections.abc import Iterator
+from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests._imports import REPOSITORY, find_cycles, format_cycle, import_graph, imported_modules
+from tests._imports import REPOSITORY
+from tests._imports import find_cycles
+from tests._imports import format_cycle
+from tests._imports import import_graph
+from tests._imports import imported_modules
 
 
 @pytest.mark.parametrize(

@@ -6,19 +6,17 @@ import msgspec
 import pytest
 
 import eventbus as eb
-from eventbus import (
-    BatchReconciled,
-    BatchReport,
-    Decision,
-    Event,
-    EventDecodeError,
-    SafePoint,
-    SafePointOutcome,
-    Vote,
-    decode_event,
-    encode_event,
-    event_types,
-)
+from eventbus import BatchReconciled
+from eventbus import BatchReport
+from eventbus import Decision
+from eventbus import Event
+from eventbus import EventDecodeError
+from eventbus import SafePoint
+from eventbus import SafePointOutcome
+from eventbus import Vote
+from eventbus import decode_event
+from eventbus import encode_event
+from eventbus import event_types
 from tests._events import wait_state
 
 # Every field off its default, so a field that does not round-trip shows.

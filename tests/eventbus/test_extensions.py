@@ -9,24 +9,23 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    Decision,
-    Event,
-    EventBus,
-    ExtensionContext,
-    ExtensionError,
-    ExtensionFailed,
-    Registration,
-    SafePoint,
-    SafePointReached,
-    SafePointResolved,
-    SampleWait,
-    StepFinished,
-    StepStarted,
-)
-from eventbus.testing import ScriptedVoter, record_events
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import Capability
+from eventbus import Decision
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import ExtensionContext
+from eventbus import ExtensionError
+from eventbus import ExtensionFailed
+from eventbus import Registration
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import SafePointResolved
+from eventbus import SampleWait
+from eventbus import StepFinished
+from eventbus import StepStarted
+from eventbus.testing import ScriptedVoter
+from eventbus.testing import record_events
 from tests._events import wait_state
 
 

@@ -9,14 +9,13 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from eventbus import (
-    BusClosedError,
-    Capability,
-    EventBus,
-    FitFinished,
-    StepStarted,
-)
-from eventbus.testing import HANG, ScriptedVoter
+from eventbus import BusClosedError
+from eventbus import Capability
+from eventbus import EventBus
+from eventbus import FitFinished
+from eventbus import StepStarted
+from eventbus.testing import HANG
+from eventbus.testing import ScriptedVoter
 
 
 def other_tasks() -> set[asyncio.Task[object]]:

@@ -6,20 +6,19 @@ import asyncio
 
 import anyio
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from eventbus import (
-    Decision,
-    Event,
-    EventBus,
-    Lagged,
-    SafePoint,
-    SafePointReached,
-    StepStarted,
-    SubscriberOverflowError,
-    Subscription,
-)
+from eventbus import Decision
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import Lagged
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import StepStarted
+from eventbus import SubscriberOverflowError
+from eventbus import Subscription
 
 ops = st.lists(
     st.tuples(st.sampled_from(["publish", "take"]), st.integers(min_value=1, max_value=12)),

@@ -11,15 +11,13 @@ import anyio.lowlevel
 import pytest
 
 import eventbus
-from eventbus import (
-    BusClosedError,
-    Event,
-    EventBus,
-    FitStarted,
-    StepFinished,
-    StepStarted,
-    Subscription,
-)
+from eventbus import BusClosedError
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import FitStarted
+from eventbus import StepFinished
+from eventbus import StepStarted
+from eventbus import Subscription
 
 
 async def drain(sub: Subscription) -> list[Event]:

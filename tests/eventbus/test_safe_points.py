@@ -9,22 +9,23 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from eventbus import (
-    BusNotRunningError,
-    Decision,
-    Event,
-    EventBus,
-    SafePoint,
-    SafePointError,
-    SafePointReached,
-    SafePointResolved,
-    StepStarted,
-    Subscription,
-)
-from eventbus.testing import HANG, ScriptedVoter, record_events
+from eventbus import BusNotRunningError
+from eventbus import Decision
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import SafePoint
+from eventbus import SafePointError
+from eventbus import SafePointReached
+from eventbus import SafePointResolved
+from eventbus import StepStarted
+from eventbus import Subscription
+from eventbus.testing import HANG
+from eventbus.testing import ScriptedVoter
+from eventbus.testing import record_events
 
 decisions = st.sampled_from(list(Decision))
 

@@ -17,7 +17,12 @@ from collections.abc import Callable
 
 import pytest
 
-from eventbus import Decision, Event, EventBus, SafePoint, StepStarted, Subscription
+from eventbus import Decision
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import SafePoint
+from eventbus import StepStarted
+from eventbus import Subscription
 from eventbus._loops import RunningLoop
 
 WAIT_S = 10.0  # bound of every wait below; never reached when the bus behaves

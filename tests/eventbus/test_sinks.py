@@ -7,17 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from eventbus import (
-    EventBus,
-    EventDecodeError,
-    JsonlSink,
-    Lagged,
-    LoggingSink,
-    SafePoint,
-    StepFinished,
-    StepStarted,
-    read_events,
-)
+from eventbus import EventBus
+from eventbus import EventDecodeError
+from eventbus import JsonlSink
+from eventbus import Lagged
+from eventbus import LoggingSink
+from eventbus import SafePoint
+from eventbus import StepFinished
+from eventbus import StepStarted
+from eventbus import read_events
 from eventbus.testing import ScriptedVoter
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from replay import RolloutTracker
 
-from .helpers import FakeTime, MakeTracker
+from .helpers import FakeTime
+from .helpers import MakeTracker
 
 
 @pytest.fixture

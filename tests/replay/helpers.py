@@ -8,7 +8,9 @@ from typing import Any
 import anyio.lowlevel
 
 from eventbus import Decision
-from replay import PromptGroup, RolloutResult, RolloutTracker
+from replay import PromptGroup
+from replay import RolloutResult
+from replay import RolloutTracker
 
 MakeTracker = Callable[..., RolloutTracker]
 """The ``make_tracker`` fixture: a tracker on the fake clock and sleep, with options."""

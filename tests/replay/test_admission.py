@@ -6,21 +6,25 @@ import logging
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 import replay._admission as admission_module
-from eventbus import EventBus, RolloutRejected, decode_event, encode_event
+from eventbus import EventBus
+from eventbus import RolloutRejected
+from eventbus import decode_event
+from eventbus import encode_event
 from eventbus.testing import record_events
-from replay import (
-    Admission,
-    PromptGroup,
-    RolloutResult,
-    RolloutStatus,
-    RolloutTracker,
-)
+from replay import Admission
+from replay import PromptGroup
+from replay import RolloutResult
+from replay import RolloutStatus
+from replay import RolloutTracker
 
-from .helpers import FakeTime, MakeTracker, groups_for
+from .helpers import FakeTime
+from .helpers import MakeTracker
+from .helpers import groups_for
 
 
 def test_first_result_of_a_registered_rollout_is_admitted(make_tracker: MakeTracker) -> None:

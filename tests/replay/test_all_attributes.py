@@ -14,7 +14,8 @@ import pkgutil
 import re
 import types
 from importlib import import_module
-from inspect import isclass, isfunction
+from inspect import isclass
+from inspect import isfunction
 from pathlib import Path
 
 import pytest

@@ -8,20 +8,22 @@ from collections.abc import Iterator
 
 import pytest
 
-from eventbus import BatchReconciled, EventBus, SampleWait
+from eventbus import BatchReconciled
+from eventbus import EventBus
+from eventbus import SampleWait
 from eventbus.testing import record_events
-from replay import (
-    Admission,
-    AsyncReplayBuffer,
-    EvictionReason,
-    PartitionCounts,
-    PromptGroup,
-    RolloutTracker,
-    SampleDeadlineExceeded,
-    StalenessStrategy,
-)
+from replay import Admission
+from replay import AsyncReplayBuffer
+from replay import EvictionReason
+from replay import PartitionCounts
+from replay import PromptGroup
+from replay import RolloutTracker
+from replay import SampleDeadlineExceeded
+from replay import StalenessStrategy
 
-from .helpers import FakeTime, interrupts, succeed_all
+from .helpers import FakeTime
+from .helpers import interrupts
+from .helpers import succeed_all
 
 
 def make_buffer(

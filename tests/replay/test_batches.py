@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import pytest
 
-from eventbus import BatchReconciled, EventBus
+from eventbus import BatchReconciled
+from eventbus import EventBus
 from eventbus.testing import record_events
-from replay import (
-    Admission,
-    BatchFailedError,
-    FailurePolicy,
-    GroupStatus,
-    PromptGroup,
-    RegistrationError,
-    RolloutResult,
-    RolloutTracker,
-)
+from replay import Admission
+from replay import BatchFailedError
+from replay import FailurePolicy
+from replay import GroupStatus
+from replay import PromptGroup
+from replay import RegistrationError
+from replay import RolloutResult
+from replay import RolloutTracker
 
-from .helpers import FakeTime, MakeTracker, groups_for, succeed_all
+from .helpers import FakeTime
+from .helpers import MakeTracker
+from .helpers import groups_for
+from .helpers import succeed_all
 
 
 def test_completion_is_a_set_check_not_a_count(make_tracker: MakeTracker) -> None:

@@ -10,16 +10,15 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
-from replay import (
-    Admission,
-    AsyncReplayBuffer,
-    PromptGroup,
-    ReplayBuffer,
-    RolloutResult,
-    RolloutTracker,
-)
+from replay import Admission
+from replay import AsyncReplayBuffer
+from replay import PromptGroup
+from replay import ReplayBuffer
+from replay import RolloutResult
+from replay import RolloutTracker
 
-from .helpers import groups_for, interrupts
+from .helpers import groups_for
+from .helpers import interrupts
 
 
 def _results(groups: list[PromptGroup], copies: int) -> list[RolloutResult]:

@@ -7,9 +7,15 @@ from typing import Any
 
 import pytest
 
-from replay import Admission, AsyncReplayBuffer, PromptGroup, RolloutTracker
+from replay import Admission
+from replay import AsyncReplayBuffer
+from replay import PromptGroup
+from replay import RolloutTracker
 
-from .helpers import FakeTime, MakeTracker, groups_for, interrupts
+from .helpers import FakeTime
+from .helpers import MakeTracker
+from .helpers import groups_for
+from .helpers import interrupts
 
 
 def first_rollout_failed(

@@ -8,7 +8,10 @@ import pytest
 
 from replay import Admission
 
-from .helpers import FakeTime, MakeTracker, groups_for, succeed_all
+from .helpers import FakeTime
+from .helpers import MakeTracker
+from .helpers import groups_for
+from .helpers import succeed_all
 
 
 async def test_reissue_restarts_the_batch_deadline(

@@ -8,28 +8,28 @@ import msgspec
 import pytest
 
 import replay._waiting as waiting_module
-from eventbus import (
-    BatchReconciled,
-    Decision,
-    EventBus,
-    SafePoint,
-    SampleWait,
-    SampleWaitState,
-)
-from eventbus.testing import ScriptedVoter, record_events
-from replay import (
-    Admission,
-    GroupStatus,
-    PartitionCounts,
-    RegistrationError,
-    ReplayBuffer,
-    ReplayState,
-    RolloutTracker,
-    SampleDeadlineExceeded,
-    SampleWaitInterrupted,
-)
+from eventbus import BatchReconciled
+from eventbus import Decision
+from eventbus import EventBus
+from eventbus import SafePoint
+from eventbus import SampleWait
+from eventbus import SampleWaitState
+from eventbus.testing import ScriptedVoter
+from eventbus.testing import record_events
+from replay import Admission
+from replay import GroupStatus
+from replay import PartitionCounts
+from replay import RegistrationError
+from replay import ReplayBuffer
+from replay import ReplayState
+from replay import RolloutTracker
+from replay import SampleDeadlineExceeded
+from replay import SampleWaitInterrupted
 
-from .helpers import FakeTime, groups_for, interrupts, succeed_all
+from .helpers import FakeTime
+from .helpers import groups_for
+from .helpers import interrupts
+from .helpers import succeed_all
 
 
 def make_buffer(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer import TrainerConfig, load_config
+from trainer import TrainerConfig
+from trainer import load_config
 
 
 def tiny_config(**overrides: Any) -> TrainerConfig:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eventbus import Event, read_events
+from eventbus import Event
+from eventbus import read_events
 
 TINY_TOML = (
     "[run]\nsteps = 10\n"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests._imports import find_cycle, import_graph
+from tests._imports import find_cycle
+from tests._imports import import_graph
 
 LAYERS = ("rl", "config", "rollout", "runtime", "cli")
 

@@ -16,23 +16,25 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO
+from typing import Any
+from typing import NoReturn
 
-from eventbus import (
-    BatchReconciled,
-    Event,
-    EventDecodeError,
-    FitStarted,
-    SafePointResolved,
-    SampleWait,
-    decode_event,
-    event_types,
-)
+from eventbus import BatchReconciled
+from eventbus import Event
+from eventbus import EventDecodeError
+from eventbus import FitStarted
+from eventbus import SafePointResolved
+from eventbus import SampleWait
+from eventbus import decode_event
+from eventbus import event_types
 
-from ..runtime._describe import Context, describe
+from ..runtime._describe import Context
+from ..runtime._describe import describe
 from ._errors import UsageError
 
 __all__ = [

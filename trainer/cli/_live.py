@@ -14,32 +14,38 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
+from rich.console import Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn
+from rich.progress import MofNCompleteColumn
+from rich.progress import Progress
+from rich.progress import TextColumn
+from rich.progress import TimeElapsedColumn
 from rich.text import Text
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    Event,
-    ExtensionContext,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    SampleWait,
-    StepFinished,
-    StepStarted,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import Capability
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import FitFailed
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import SampleWait
+from eventbus import StepFinished
+from eventbus import StepStarted
 
 from ..rollout._backend import Holding
 from ..rollout._logs import also_an_event
-from ..runtime._describe import Context, describe
+from ..runtime._describe import Context
+from ..runtime._describe import describe
 from ..runtime._selfheal import WaitProgress
-from ._progress import PlainProgress, is_notice
+from ._progress import PlainProgress
+from ._progress import is_notice
 
 __all__ = ["LiveProgress", "describe_silence"]
 

@@ -16,12 +16,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import NoReturn
 
-from ..rollout._faults import FAULT_HELP, FAULTS
-from ._errors import EXIT_USAGE, UsageError
+from ..rollout._faults import FAULT_HELP
+from ..rollout._faults import FAULTS
+from ._errors import EXIT_USAGE
+from ._errors import UsageError
 from ._runs import add_run_commands
-from ._workload import add_workload_commands, run_workload_command
+from ._workload import add_workload_commands
+from ._workload import run_workload_command
 
 if TYPE_CHECKING:
     from ..config._schema import TrainerConfig
@@ -189,7 +194,8 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "bench":
         return _bench(args)
     if args.command in ("runs", "compare"):
-        from ._runs import run_compare, run_runs
+        from ._runs import run_compare
+        from ._runs import run_runs
 
         return run_runs(args) if args.command == "runs" else run_compare(args)
     if args.command in ("model", "dataset"):
@@ -198,8 +204,10 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _config_command(args: argparse.Namespace) -> int:
-    from ..config._schema import ConfigError, load_config
-    from ..config._toml import example_toml, to_toml
+    from ..config._schema import ConfigError
+    from ..config._schema import load_config
+    from ..config._toml import example_toml
+    from ..config._toml import to_toml
 
     if args.config_command == "example":
         print(example_toml(), end="")
@@ -375,7 +383,9 @@ def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | Non
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..config._schema import ConfigError, convert, load_config
+    from ..config._schema import ConfigError
+    from ..config._schema import convert
+    from ..config._schema import load_config
     from ..rollout._faults import FaultInjector
 
     if "help" in args.inject:

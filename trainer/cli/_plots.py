@@ -9,14 +9,19 @@ global pyplot state. Each file is written aside and renamed, so a viewer never r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eventbus import CheckpointRestored, Event, RolloutRestarted, StepStarted
+from eventbus import CheckpointRestored
+from eventbus import Event
+from eventbus import RolloutRestarted
+from eventbus import StepStarted
 
-from ..runtime._fold import REWARD_METRIC, WAIT_METRIC
+from ..runtime._fold import REWARD_METRIC
+from ..runtime._fold import WAIT_METRIC
 from ._rundata import RunData
 
 if TYPE_CHECKING:

@@ -13,27 +13,26 @@ import logging
 import sys
 from typing import TextIO
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    BatchReconciled,
-    Capability,
-    CheckpointRestored,
-    Event,
-    ExtensionContext,
-    ExtensionFailed,
-    FaultInjected,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    Lagged,
-    RolloutRestarted,
-    SampleWait,
-    StepFinished,
-    WorkerLost,
-    WorkerRestarted,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import BatchReconciled
+from eventbus import Capability
+from eventbus import CheckpointRestored
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import ExtensionFailed
+from eventbus import FaultInjected
+from eventbus import FitFailed
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import Lagged
+from eventbus import RolloutRestarted
+from eventbus import SampleWait
+from eventbus import StepFinished
+from eventbus import WorkerLost
+from eventbus import WorkerRestarted
 
-from ..runtime._describe import Context, describe
+from ..runtime._describe import Context
+from ..runtime._describe import describe
 
 __all__ = ["NOTICES", "PlainProgress", "is_notice"]
 

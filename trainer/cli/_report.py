@@ -12,16 +12,21 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import msgspec
 
 from eventbus import Decision
 
 from ..runtime._describe import describe
-from ..runtime._fold import REWARD_METRIC, WAIT_METRIC, FitSummary
+from ..runtime._fold import REWARD_METRIC
+from ..runtime._fold import WAIT_METRIC
+from ..runtime._fold import FitSummary
 from ._plots import write_plots
-from ._rundata import RunData, load_run, run_folder
+from ._rundata import RunData
+from ._rundata import load_run
+from ._rundata import run_folder
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -10,17 +10,25 @@ folder without a log falls back to ``summary.json``, and one with neither to
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import NoReturn
 
 import msgspec
 
-from eventbus import Event, Lagged, StepFinished, read_events
+from eventbus import Event
+from eventbus import Lagged
+from eventbus import StepFinished
+from eventbus import read_events
 
-from ..runtime._fold import FitSummary, RunFold, fold_events
+from ..runtime._fold import FitSummary
+from ..runtime._fold import RunFold
+from ..runtime._fold import fold_events
 from ..runtime._metrics import named
-from ..runtime._run import EVENTS_FILE, METRICS_FILE, SUMMARY_FILE
+from ..runtime._run import EVENTS_FILE
+from ..runtime._run import METRICS_FILE
+from ..runtime._run import SUMMARY_FILE
 from ._errors import UsageError
 
 __all__ = ["RUN_FILES", "RunData", "is_run_folder", "load_run", "read_metrics", "run_folder"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from ._errors import UsageError
 
@@ -66,7 +67,8 @@ def add_run_commands(commands: Any) -> None:
 def list_runs(folder: Path) -> list[RunData]:
     """The run folders directly inside ``folder`` (or ``folder`` itself when it is one), in
     name order (``runs/`` names sort by start time); ``runs/latest`` is not listed twice."""
-    from ._rundata import is_run_folder, load_run
+    from ._rundata import is_run_folder
+    from ._rundata import load_run
 
     if is_run_folder(folder):
         return [load_run(folder)]
@@ -172,7 +174,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from ._plots import write_compare_plot
     from ._report import print_table
-    from ._rundata import load_run, run_folder
+    from ._rundata import load_run
+    from ._rundata import run_folder
 
     runs = [load_run(run_folder(name)) for name in args.run_dirs]
     labels = _labels(runs)

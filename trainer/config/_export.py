@@ -7,7 +7,8 @@ looked for only when a run asks for them (``trainer.runtime.exporters``).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
+from typing import Literal
 
 import msgspec
 from msgspec import Meta

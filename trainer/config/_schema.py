@@ -11,14 +11,18 @@ from __future__ import annotations
 import random
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated
+from typing import Any
+from typing import Literal
 
 import msgspec
 import msgspec.inspect
 from msgspec import Meta
 
-from ..rl._hf import ModelLoadError, check_model_folder
-from ..rl._hparams import PolicyConfig, PPOConfig
+from ..rl._hf import ModelLoadError
+from ..rl._hf import check_model_folder
+from ..rl._hparams import PolicyConfig
+from ..rl._hparams import PPOConfig
 from ..rl._tasks import make_task
 from ._export import ExportConfig
 from ._messages import readable

@@ -21,7 +21,10 @@ import msgspec
 
 from ._hf import datasets
 from ._hparams import WorkloadError
-from ._tasks import IndexedPromptStream, Prompt, PromptStream, Task
+from ._tasks import IndexedPromptStream
+from ._tasks import Prompt
+from ._tasks import PromptStream
+from ._tasks import Task
 from ._text_tasks import task_text
 
 __all__ = [

@@ -18,8 +18,10 @@ import msgspec
 import torch
 from torch import Tensor
 
-from trainer.rl._hparams import Completion, PPOConfig
-from trainer.rl._policy import Scores, TokenBatch
+from trainer.rl._hparams import Completion
+from trainer.rl._hparams import PPOConfig
+from trainer.rl._policy import Scores
+from trainer.rl._policy import TokenBatch
 from trainer.rl._tasks import Prompt
 
 

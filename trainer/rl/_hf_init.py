@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
 from ._hf import transformers
 
@@ -38,7 +39,12 @@ def _characters(texts: Iterable[str]) -> list[str]:
 
 def _tokenizer(characters: list[str]) -> Any:
     hf = transformers()
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import Regex
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
+    from tokenizers import processors
 
     vocab = {token: i for i, token in enumerate([*SPECIALS, *characters])}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

@@ -23,11 +23,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
+from torch import nn
 
-from ._hf import ModelLoadError, check_model_folder, transformers
-from ._hparams import Completion, WorkloadError
-from ._policy import Scores, TokenBatch, score_responses
+from ._hf import ModelLoadError
+from ._hf import check_model_folder
+from ._hf import transformers
+from ._hparams import Completion
+from ._hparams import WorkloadError
+from ._policy import Scores
+from ._policy import TokenBatch
+from ._policy import score_responses
 
 __all__ = ["HFPolicy", "ModelLoadError", "check_model_folder", "resolve_device"]
 

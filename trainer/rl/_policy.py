@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import copy
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
+from torch import nn
 
-from trainer.rl._hparams import Completion, PolicyConfig
-from trainer.rl._tasks import EOS, PAD, Prompt
+from trainer.rl._hparams import Completion
+from trainer.rl._hparams import PolicyConfig
+from trainer.rl._tasks import EOS
+from trainer.rl._tasks import PAD
+from trainer.rl._tasks import Prompt
 
 TokenBatch = Sequence[Sequence[int]]
 """Token ids of several sequences, one per row (prompts, or responses)."""

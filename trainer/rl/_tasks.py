@@ -14,7 +14,11 @@ from __future__ import annotations
 import abc
 import random
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any
+from typing import ClassVar
+from typing import Generic
+from typing import Protocol
+from typing import TypeVar
 
 import msgspec
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._tasks import TOKEN_NAMES, Prompt, PromptStream, Task
+from ._tasks import TOKEN_NAMES
+from ._tasks import Prompt
+from ._tasks import PromptStream
+from ._tasks import Task
 
 __all__ = ["task_reward", "task_rows", "task_text"]
 

@@ -12,11 +12,17 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable
+from collections.abc import Collection
+from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
+from typing import Protocol
+from typing import runtime_checkable
 
-from eventbus import Event, ThreadStack
+from eventbus import Event
+from eventbus import ThreadStack
 from replay import RolloutResult
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not

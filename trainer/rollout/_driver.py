@@ -16,36 +16,40 @@ import logging
 import math
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import KW_ONLY
+from dataclasses import dataclass
+from dataclasses import field
 
-from eventbus import (
-    Event,
-    EventBus,
-    RolloutRestarted,
-    WorkerJoined,
-    WorkerLeft,
-    WorkerLost,
-    WorkerRestarted,
-)
-from replay import (
-    AsyncReplayBuffer,
-    EvictionReason,
-    GroupResult,
-    PromptGroup,
-    ReplayBuffer,
-    RolloutResult,
-    RolloutTracker,
-    TrackerStatistics,
-    WaitInterrupts,
-)
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import RolloutRestarted
+from eventbus import WorkerJoined
+from eventbus import WorkerLeft
+from eventbus import WorkerLost
+from eventbus import WorkerRestarted
+from replay import AsyncReplayBuffer
+from replay import EvictionReason
+from replay import GroupResult
+from replay import PromptGroup
+from replay import ReplayBuffer
+from replay import RolloutResult
+from replay import RolloutTracker
+from replay import TrackerStatistics
+from replay import WaitInterrupts
 
 from ..config._schema import TrainerConfig
-from ..rl._tasks import Prompt, PromptSource
+from ..rl._tasks import Prompt
+from ..rl._tasks import PromptSource
 from ._backend import RolloutBackend
-from ._worker import RolloutWork, chunk, work_seed
-from ._worker_events import WORKER_EVENTS, EventRequest
+from ._worker import RolloutWork
+from ._worker import chunk
+from ._worker import work_seed
+from ._worker_events import WORKER_EVENTS
+from ._worker_events import EventRequest
 
 __all__ = ["AsyncDriver", "RestartRecord", "RolloutDriver", "SyncDriver", "make_driver"]
 

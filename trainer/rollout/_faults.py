@@ -21,14 +21,16 @@ import os
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from eventbus import EventBus, FaultInjected
+from eventbus import EventBus
+from eventbus import FaultInjected
 
 from ..rl._names import did_you_mean
 

@@ -23,18 +23,27 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 
 import anyio
 
 from eventbus import ThreadStack
 
-from ._backend import BackendBase, Leave, ResultSink
-from ._faults import FaultInjector, WorkerCrashed
+from ._backend import BackendBase
+from ._backend import Leave
+from ._backend import ResultSink
+from ._faults import FaultInjector
+from ._faults import WorkerCrashed
 from ._logs import ALSO_AN_EVENT
-from ._stacks import StackReader, helpers_of, helping
-from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+from ._stacks import StackReader
+from ._stacks import helpers_of
+from ._stacks import helping
+from ._worker import RolloutWork
+from ._worker import RolloutWorker
+from ._worker import WorkerSpec
 from ._worker_events import WorkerEvents
 
 __all__ = ["LocalBackend"]

@@ -60,15 +60,22 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from eventbus import ThreadStack
 
-from ._backend import Leave, ResultSink
+from ._backend import Leave
+from ._backend import ResultSink
 from ._faults import FaultInjector
 from ._placement import live_nodes
-from ._ray_pool import ActorPool, Weights
-from ._ray_serving import Epoch, ServingActors
-from ._ray_session import init_ray, note_local_processes, shutdown_ray
+from ._ray_pool import ActorPool
+from ._ray_pool import Weights
+from ._ray_serving import Epoch
+from ._ray_serving import ServingActors
+from ._ray_session import init_ray
+from ._ray_session import note_local_processes
+from ._ray_session import shutdown_ray
 from ._ray_stacks import read_actor_stacks
-from ._stacks import StackReader, helping
-from ._worker import RolloutWork, WorkerSpec
+from ._stacks import StackReader
+from ._stacks import helping
+from ._worker import RolloutWork
+from ._worker import WorkerSpec
 
 __all__ = ["RayBackend"]
 

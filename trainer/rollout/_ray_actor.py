@@ -21,13 +21,17 @@ from dataclasses import dataclass
 import msgspec
 import ray
 import torch
-from ray.actor import ActorClass, ActorHandle
+from ray.actor import ActorClass
+from ray.actor import ActorHandle
 
-from eventbus import Event, ThreadStack
+from eventbus import Event
+from eventbus import ThreadStack
 from replay import RolloutResult
 
 from ._stacks import own_stacks
-from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+from ._worker import RolloutWork
+from ._worker import RolloutWorker
+from ._worker import WorkerSpec
 
 Collected = tuple[list[Event], int]
 """A worker's buffered events, oldest first, and how many were dropped before them."""

@@ -22,13 +22,19 @@ import anyio
 try:
     import ray
     from ray import ObjectRef
-    from ray.exceptions import RayActorError, RayError
+    from ray.exceptions import RayActorError
+    from ray.exceptions import RayError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
 
-from ._placement import affinity, choose_nodes, live_nodes
-from ._ray_actor import ActorView, first_line, remote_actor_class
-from ._worker import RolloutWork, WorkerSpec
+from ._placement import affinity
+from ._placement import choose_nodes
+from ._placement import live_nodes
+from ._ray_actor import ActorView
+from ._ray_actor import first_line
+from ._ray_actor import remote_actor_class
+from ._worker import RolloutWork
+from ._worker import WorkerSpec
 
 __all__ = ["ActorPool", "Weights", "kill_actor"]
 

@@ -17,22 +17,30 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 import anyio
 import ray
-from ray.exceptions import RayActorError, RayError
+from ray.exceptions import RayActorError
+from ray.exceptions import RayError
 
-from eventbus import Event, WorkerEventsDropped
+from eventbus import Event
+from eventbus import WorkerEventsDropped
 from replay import RolloutResult
 
-from ._backend import BackendBase, Leave
+from ._backend import BackendBase
+from ._backend import Leave
 from ._faults import FaultInjector
 from ._logs import ALSO_AN_EVENT
 from ._placement import live_nodes
-from ._ray_actor import ActorView, Output, first_line
+from ._ray_actor import ActorView
+from ._ray_actor import Output
+from ._ray_actor import first_line
 from ._ray_pool import ActorPool
-from ._worker import RolloutWork, RolloutWorker, WorkerSpec
+from ._worker import RolloutWork
+from ._worker import RolloutWorker
+from ._worker import WorkerSpec
 from ._worker_events import EventRequest
 
 __all__ = ["Epoch", "ServingActors"]

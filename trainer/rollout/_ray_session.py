@@ -18,7 +18,9 @@ import threading
 
 import ray
 
-from ._ray_leftovers import clean_leftovers, forget_local_instance, record_local_instance
+from ._ray_leftovers import clean_leftovers
+from ._ray_leftovers import forget_local_instance
+from ._ray_leftovers import record_local_instance
 
 __all__ = ["init_ray", "note_local_processes", "shutdown_ray"]
 

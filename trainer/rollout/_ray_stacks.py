@@ -8,16 +8,19 @@ stack's note, never raised.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 import msgspec
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import GetTimeoutError
+from ray.exceptions import RayError
 
 from eventbus import ThreadStack
 
 from ._placement import live_nodes
-from ._ray_actor import ActorView, first_line
+from ._ray_actor import ActorView
+from ._ray_actor import first_line
 from ._stacks import StackReader
 
 __all__ = ["read_actor_stacks"]

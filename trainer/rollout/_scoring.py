@@ -27,7 +27,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..rl._rewards import RewardFailure, RewardFunction, combine, judge
+from ..rl._rewards import RewardFailure
+from ..rl._rewards import RewardFunction
+from ..rl._rewards import combine
+from ..rl._rewards import judge
 from ._stacks import helping
 
 __all__ = ["HANGING_REWARD", "MAX_ABANDONED", "RewardScorer", "call_with_deadline"]

@@ -25,13 +25,16 @@ import subprocess
 import sys
 import sysconfig
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from eventbus import StackFrame, ThreadStack
+from eventbus import StackFrame
+from eventbus import ThreadStack
 
 __all__ = [
     "StackReader",

@@ -19,14 +19,17 @@ from collections.abc import Sequence
 import msgspec
 import torch
 
-from replay import PromptGroup, RolloutResult
+from replay import PromptGroup
+from replay import RolloutResult
 
 from ..rl._datasets import decode_prompt
 from ..rl._policy import load_weights
 from ..rl._rewards import RewardFailure
 from ..rl._tasks import Prompt
-from ._worker_events import EventRequest, WorkerEvents
-from ._workload import WorkerSpec, build_workload
+from ._worker_events import EventRequest
+from ._worker_events import WorkerEvents
+from ._workload import WorkerSpec
+from ._workload import build_workload
 
 __all__ = ["RolloutWork", "RolloutWorker", "WorkerSpec", "work_seed"]
 

@@ -22,25 +22,27 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Protocol
 
 import msgspec
 
-from eventbus import (
-    Event,
-    RewardTimed,
-    RolloutFailed,
-    RolloutFinished,
-    RolloutRetried,
-    RolloutStarted,
-    WorkerEventsDropped,
-    WorkerStalled,
-)
+from eventbus import Event
+from eventbus import RewardTimed
+from eventbus import RolloutFailed
+from eventbus import RolloutFinished
+from eventbus import RolloutRetried
+from eventbus import RolloutStarted
+from eventbus import WorkerEventsDropped
+from eventbus import WorkerStalled
 
 if TYPE_CHECKING:
-    from replay import PromptGroup, RolloutResult
+    from replay import PromptGroup
+    from replay import RolloutResult
 
 
 class _Work(Protocol):

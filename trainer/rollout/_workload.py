@@ -8,8 +8,10 @@ the trainer's validation, on its own copy of the policy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from contextlib import nullcontext
 from typing import Any
 
 import msgspec
@@ -17,11 +19,18 @@ import torch
 from torch import nn
 
 from ..config._schema import TrainerConfig
-from ..rl._hparams import Completion, PolicyConfig
-from ..rl._policy import build_policy, generate
-from ..rl._rewards import RewardFailure, RewardFunction, load_rewards
-from ..rl._tasks import Prompt, Task, make_task
-from ._scoring import HANGING_REWARD, RewardScorer
+from ..rl._hparams import Completion
+from ..rl._hparams import PolicyConfig
+from ..rl._policy import build_policy
+from ..rl._policy import generate
+from ..rl._rewards import RewardFailure
+from ..rl._rewards import RewardFunction
+from ..rl._rewards import load_rewards
+from ..rl._tasks import Prompt
+from ..rl._tasks import Task
+from ..rl._tasks import make_task
+from ._scoring import HANGING_REWARD
+from ._scoring import RewardScorer
 
 __all__ = ["Outcome", "WorkerSpec", "Workload", "build_workload", "worker_spec"]
 

@@ -26,16 +26,14 @@ from typing import Any
 
 import msgspec
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    Decision,
-    Event,
-    ExtensionContext,
-    SafePoint,
-    SafePointReached,
-    StepFinished,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import Capability
+from eventbus import Decision
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import StepFinished
 
 from ..config._schema import AutoscaleConfig
 

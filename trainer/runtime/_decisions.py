@@ -16,7 +16,9 @@ import enum
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from eventbus import Decision, SafePoint, SafePointOutcome
+from eventbus import Decision
+from eventbus import SafePoint
+from eventbus import SafePointOutcome
 
 __all__ = [
     "ACTIONS",

@@ -20,31 +20,30 @@ from typing import Any
 
 import msgspec
 
-from eventbus import (
-    BatchReconciled,
-    CheckpointRestored,
-    CheckpointSaved,
-    Event,
-    ExtensionFailed,
-    FaultInjected,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    Lagged,
-    RolloutRejected,
-    RolloutRestarted,
-    SafePointReached,
-    SafePointResolved,
-    SampleWait,
-    StallDiagnosed,
-    StepFinished,
-    StepStarted,
-    WeightsSynced,
-    WorkerLost,
-    WorkerRestarted,
-)
+from eventbus import BatchReconciled
+from eventbus import CheckpointRestored
+from eventbus import CheckpointSaved
+from eventbus import Event
+from eventbus import ExtensionFailed
+from eventbus import FaultInjected
+from eventbus import FitFailed
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import Lagged
+from eventbus import RolloutRejected
+from eventbus import RolloutRestarted
+from eventbus import SafePointReached
+from eventbus import SafePointResolved
+from eventbus import SampleWait
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
+from eventbus import StepStarted
+from eventbus import WeightsSynced
+from eventbus import WorkerLost
+from eventbus import WorkerRestarted
 
-from ._describe_workers import WORKER_DESCRIBERS, worker_label
+from ._describe_workers import WORKER_DESCRIBERS
+from ._describe_workers import worker_label
 from ._metrics import named
 
 __all__ = ["DESCRIBERS", "Context", "describe", "describe_fields", "step_label"]

@@ -12,18 +12,16 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from eventbus import (
-    Event,
-    RewardTimed,
-    RolloutFailed,
-    RolloutFinished,
-    RolloutRetried,
-    RolloutStarted,
-    WorkerEventsDropped,
-    WorkerJoined,
-    WorkerLeft,
-    WorkerStalled,
-)
+from eventbus import Event
+from eventbus import RewardTimed
+from eventbus import RolloutFailed
+from eventbus import RolloutFinished
+from eventbus import RolloutRetried
+from eventbus import RolloutStarted
+from eventbus import WorkerEventsDropped
+from eventbus import WorkerJoined
+from eventbus import WorkerLeft
+from eventbus import WorkerStalled
 
 __all__ = ["WORKER_DESCRIBERS", "short_node", "worker_label"]
 

@@ -24,13 +24,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from eventbus import EventBus, StallDiagnosed, StuckRollout, ThreadStack
+from eventbus import EventBus
+from eventbus import StallDiagnosed
+from eventbus import StuckRollout
+from eventbus import ThreadStack
 
 from ..config._schema import TrainerConfig
-from ..rollout._backend import Holding, RolloutBackend
+from ..rollout._backend import Holding
+from ..rollout._backend import RolloutBackend
 from ..rollout._driver import RolloutDriver
-from ..rollout._stacks import StackReader, helpers_of
-from ._stall import Stages, Stall, StallWatch
+from ..rollout._stacks import StackReader
+from ..rollout._stacks import helpers_of
+from ._stall import Stages
+from ._stall import Stall
+from ._stall import StallWatch
 
 __all__ = ["StallDiagnoser", "start_stall_diagnosis", "stop_stall_diagnosis"]
 

@@ -23,33 +23,32 @@ are the last attempt's; ``attempts`` lists each one; every other count is the wh
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
-from eventbus import (
-    BatchReconciled,
-    CheckpointRestored,
-    CheckpointSaved,
-    Decision,
-    Event,
-    EventBus,
-    ExtensionFailed,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    RolloutRestarted,
-    SafePoint,
-    SafePointOutcome,
-    SafePointResolved,
-    StallDiagnosed,
-    StepFinished,
-    Subscription,
-    WorkerJoined,
-    WorkerLeft,
-    WorkerLost,
-)
+from eventbus import BatchReconciled
+from eventbus import CheckpointRestored
+from eventbus import CheckpointSaved
+from eventbus import Decision
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import ExtensionFailed
+from eventbus import FitFailed
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import RolloutRestarted
+from eventbus import SafePoint
+from eventbus import SafePointOutcome
+from eventbus import SafePointResolved
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
+from eventbus import Subscription
+from eventbus import WorkerJoined
+from eventbus import WorkerLeft
+from eventbus import WorkerLost
 
 from ._decisions import interrupts_sample_wait
 from ._metrics import named

@@ -10,16 +10,21 @@ on. :meth:`Learner.state_dict` is the learner's share of a checkpoint.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from replay import GroupResult
 
 from ..config._schema import TrainerConfig
-from ..rl._grpo import Sample, group_samples, ppo_update
+from ..rl._grpo import Sample
+from ..rl._grpo import group_samples
+from ..rl._grpo import ppo_update
 from ..rl._hparams import Completion
-from ..rl._policy import Policy, frozen_copy, weights_to_bytes
+from ..rl._policy import Policy
+from ..rl._policy import frozen_copy
+from ..rl._policy import weights_to_bytes
 from ..rl._tasks import Prompt
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import logging
 
+from eventbus import SafePoint
+
 from ..rollout._backend import RolloutBackend
+from ..rollout._logs import ALSO_AN_EVENT
+from ._decisions import Action
 from ._state import RunState
+from ._steering import Steering
 
 __all__ = ["MAX_RECOVERIES", "Recovery"]
 
@@ -44,6 +49,35 @@ class Recovery:
         self.backend = backend
         self.budget = budget
         self.used = 0
+
+    async def after_failure(self, error: Exception, failed_step: int, steering: Steering) -> bool:
+        """``TERMINAL_FAILURE``: restore the last checkpoint if the decision says so.
+
+        Returns whether the run can go on. Never raises: a failure here must not replace
+        ``error``.
+        """
+        logger.error(
+            "step %d failed: %s: %s",
+            *(failed_step, type(error).__name__, error),
+            extra=ALSO_AN_EVENT,  # FitFailed, or the recovery's events
+        )
+        try:
+            outcome = await steering.reach(
+                SafePoint.TERMINAL_FAILURE,
+                step=failed_step,  # the step that failed, where its restart is reported
+                error_type=type(error).__name__,
+                message=str(error),
+            )
+            if outcome is None:
+                return False
+            step = self.state.learner.step
+            action = await steering.act(SafePoint.TERMINAL_FAILURE, outcome, step)
+            if action is not Action.RESTORE:
+                return False
+            return await self.restore_latest(outcome.summary(), error, failed_step)
+        except Exception:
+            logger.exception("recovery from %s failed", type(error).__name__)
+            return False
 
     async def restore_latest(
         self, reason: str, error: Exception, failed_step: int | None = None

@@ -22,9 +22,15 @@ from pathlib import Path
 
 import msgspec
 
-from eventbus import Event, EventBus, JsonlSink, Subscription, read_events
+from eventbus import Event
+from eventbus import EventBus
+from eventbus import JsonlSink
+from eventbus import Subscription
+from eventbus import read_events
 
-from ._fold import FitSummary, RunFold, fold_events
+from ._fold import FitSummary
+from ._fold import RunFold
+from ._fold import fold_events
 
 __all__ = [
     "EVENTS_FILE",

@@ -22,7 +22,9 @@ from collections.abc import Iterator
 
 import anyio
 
-from eventbus import EventBus, SafePoint, SafePointResolved
+from eventbus import EventBus
+from eventbus import SafePoint
+from eventbus import SafePointResolved
 from replay import GroupResult
 
 from ..rollout._driver import RolloutDriver

@@ -21,24 +21,23 @@ so the extension is deterministic under a fake clock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    Decision,
-    Event,
-    ExtensionContext,
-    SafePoint,
-    SafePointReached,
-    SampleWait,
-    SampleWaitState,
-    StallDiagnosed,
-    WorkerLost,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import Capability
+from eventbus import Decision
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import SampleWait
+from eventbus import SampleWaitState
+from eventbus import StallDiagnosed
+from eventbus import WorkerLost
 
 from ..config._schema import SelfHealConfig
 

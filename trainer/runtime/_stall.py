@@ -20,10 +20,14 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import ParamSpec, Protocol, TypeVar
+from dataclasses import dataclass
+from dataclasses import field
+from typing import ParamSpec
+from typing import Protocol
+from typing import TypeVar
 
 import anyio
 

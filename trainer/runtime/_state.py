@@ -19,7 +19,8 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +28,22 @@ import anyio
 import msgspec
 import torch
 
-from eventbus import Capability, CheckpointRestored, CheckpointSaved, EventBus
+from eventbus import Capability
+from eventbus import CheckpointRestored
+from eventbus import CheckpointSaved
+from eventbus import EventBus
 
 from ..config._schema import TrainerConfig
 from ..rl._datasets import decode_prompt
-from ..rl._tasks import Prompt, PromptSource
+from ..rl._tasks import Prompt
+from ..rl._tasks import PromptSource
 from ..rollout._driver import RolloutDriver
-from ._checkpoint import CheckpointStore, StoredCheckpoint
+from ._checkpoint import CheckpointStore
+from ._checkpoint import StoredCheckpoint
 from ._learner import Learner
 from ._run import RunFolder
-from ._stall import Stages, WaitDeadlineExceeded
+from ._stall import Stages
+from ._stall import WaitDeadlineExceeded
 
 __all__ = ["CHECKPOINT_FORMAT", "RunState"]
 

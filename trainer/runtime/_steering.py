@@ -16,10 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from eventbus import EventBus, SafePoint, SafePointOutcome
+from eventbus import EventBus
+from eventbus import SafePoint
+from eventbus import SafePointOutcome
 
 from ..rollout._driver import RolloutDriver
-from ._decisions import Action, RunAborted, StopRequested, action_for
+from ._decisions import Action
+from ._decisions import RunAborted
+from ._decisions import StopRequested
+from ._decisions import action_for
 from ._learner import Learner
 from ._stall import Stages
 from ._state import RunState

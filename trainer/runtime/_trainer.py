@@ -24,25 +24,25 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import anyio
 
-from eventbus import (
-    Capability,
-    EventBus,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    Registration,
-    SafePoint,
-    StallDiagnosed,
-    StepFinished,
-    StepStarted,
-    Subscription,
-    WeightsSynced,
-)
-from replay import GroupResult, SampleWaitInterrupted
+from eventbus import Capability
+from eventbus import EventBus
+from eventbus import FitFailed
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import Registration
+from eventbus import SafePoint
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
+from eventbus import StepStarted
+from eventbus import Subscription
+from eventbus import WeightsSynced
+from replay import GroupResult
+from replay import SampleWaitInterrupted
 
 from ..config._schema import TrainerConfig
 from ..rl._policy import Policy
@@ -51,22 +51,29 @@ from ..rollout._backend import RolloutBackend
 from ..rollout._driver import make_driver
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
-from ..rollout._logs import ALSO_AN_EVENT
 from ._checkpoint import CheckpointStore
-from ._decisions import Action, RunAborted, StopRequested, interrupts_sample_wait
-from ._diagnosis import StallDiagnoser, start_stall_diagnosis, stop_stall_diagnosis
+from ._decisions import RunAborted
+from ._decisions import StopRequested
+from ._decisions import interrupts_sample_wait
+from ._diagnosis import StallDiagnoser
+from ._diagnosis import start_stall_diagnosis
+from ._diagnosis import stop_stall_diagnosis
 from ._extload import configured_extensions
-from ._fold import FitSummary, RunFold
+from ._fold import FitSummary
+from ._fold import RunFold
 from ._learner import Learner
 from ._membership import MembershipRequests
 from ._metrics import named
 from ._recovery import Recovery
-from ._run import FAULTS_FILE, RunFolder
-from ._sample_wait import WaitClock, wait_unless_lost
+from ._run import FAULTS_FILE
+from ._run import RunFolder
+from ._sample_wait import WaitClock
+from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
 from ._state import RunState
 from ._steering import Steering
-from ._view import TrainerView, ViewedParts
+from ._view import TrainerView
+from ._view import ViewedParts
 from ._workload import RunWorkload
 
 if TYPE_CHECKING:
@@ -314,7 +321,8 @@ class PPOTrainer:
                     except (StopRequested, RunAborted):
                         raise
                     except Exception as exc:
-                        if not await self._recover(exc):
+                        failed = self._active_step or self.step + 1  # sync and save come after
+                        if not await self.recovery.after_failure(exc, failed, self.steering):
                             raise
             except StopRequested as stop:
                 stop_reason = str(stop)
@@ -468,33 +476,3 @@ class PPOTrainer:
                 )
             )
         return elapsed
-
-    # --- terminal failure: the one decision the loop acts on itself -------------------
-
-    async def _recover(self, error: Exception) -> bool:
-        """``TERMINAL_FAILURE``: restore the last checkpoint if the decision says so.
-
-        Never raises: a failure here must not replace ``error``.
-        """
-        failed = self._active_step or self.step + 1  # the sync and the save come after
-        logger.error(
-            "step %d failed: %s: %s",
-            *(failed, type(error).__name__, error),
-            extra=ALSO_AN_EVENT,  # FitFailed, or the recovery's events
-        )
-        try:
-            outcome = await self.steering.reach(
-                SafePoint.TERMINAL_FAILURE,
-                step=failed,  # the step that failed, where its restart is reported
-                error_type=type(error).__name__,
-                message=str(error),
-            )
-            if outcome is None:
-                return False
-            action = await self.steering.act(SafePoint.TERMINAL_FAILURE, outcome, self.step)
-            if action is not Action.RESTORE:
-                return False
-            return await self.recovery.restore_latest(outcome.summary(), error, failed)
-        except Exception:
-            logger.exception("recovery from %s failed", type(error).__name__)
-            return False

@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventbus import Capability, ExtensionError
+from eventbus import Capability
+from eventbus import ExtensionError
 
 from ..config._schema import TrainerConfig
-from ..rollout._backend import Holding, RolloutBackend
+from ..rollout._backend import Holding
+from ..rollout._backend import RolloutBackend
 from ._learner import Learner
 from ._membership import MembershipRequests
 

@@ -16,15 +16,23 @@ import os
 import shutil
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from ..config._schema import TrainerConfig
-from ..rl._policy import Policy, build_policy
-from ..rl._rewards import RewardFailure, load_rewards
-from ..rl._tasks import Prompt, PromptSource, PromptStream, make_task
-from ..rollout._workload import Workload, build_workload, worker_spec
+from ..rl._policy import Policy
+from ..rl._policy import build_policy
+from ..rl._rewards import RewardFailure
+from ..rl._rewards import load_rewards
+from ..rl._tasks import Prompt
+from ..rl._tasks import PromptSource
+from ..rl._tasks import PromptStream
+from ..rl._tasks import make_task
+from ..rollout._workload import Workload
+from ..rollout._workload import build_workload
+from ..rollout._workload import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
     from ..rl._hf_policy import HFPolicy
@@ -62,7 +70,8 @@ class RunWorkload:
             self.policy = build_policy(config.model, seed=seed)
             self.stream = PromptStream(builtin, seed)
         else:
-            from ..rl._datasets import TextPromptStream, load_prompt_table
+            from ..rl._datasets import TextPromptStream
+            from ..rl._datasets import load_prompt_table
             from ..rl._hf_policy import HFPolicy
 
             hf = HFPolicy.load(config.model.path, config.run.device)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from eventbus import FitFinished, StepFinished, read_events
+from eventbus import FitFinished
+from eventbus import StepFinished
+from eventbus import read_events
 
 TINY = [
     "--steps",

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_cli import tiny_toml, trainbus
+from .test_cli import tiny_toml
+from .test_cli import trainbus
 
 REWARD = """
 def exact(prompts, completions, target, **kw):

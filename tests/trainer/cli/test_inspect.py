@@ -17,42 +17,39 @@ from pathlib import Path
 
 import pytest
 
-from eventbus import (
-    BatchReconciled,
-    BatchReport,
-    Decision,
-    Event,
-    FitFinished,
-    FitStarted,
-    Lagged,
-    RolloutRejected,
-    SafePoint,
-    SafePointOutcome,
-    SafePointResolved,
-    SampleWait,
-    StepFinished,
-    StepStarted,
-    Vote,
-    WorkerJoined,
-    WorkerLeft,
-    encode_event,
-)
+from eventbus import BatchReconciled
+from eventbus import BatchReport
+from eventbus import Decision
+from eventbus import Event
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import Lagged
+from eventbus import RolloutRejected
+from eventbus import SafePoint
+from eventbus import SafePointOutcome
+from eventbus import SafePointResolved
+from eventbus import SampleWait
+from eventbus import StepFinished
+from eventbus import StepStarted
+from eventbus import Vote
+from eventbus import WorkerJoined
+from eventbus import WorkerLeft
+from eventbus import encode_event
 from tests._events import sample_wait
 from trainer.cli._errors import UsageError
-from trainer.cli._inspect import (
-    CONTINUATION,
-    LogReader,
-    LogView,
-    Selection,
-    decode_line,
-    entry_step,
-    format_entry,
-    parse_types,
-    show_log,
-)
+from trainer.cli._inspect import CONTINUATION
+from trainer.cli._inspect import LogReader
+from trainer.cli._inspect import LogView
+from trainer.cli._inspect import Selection
+from trainer.cli._inspect import decode_line
+from trainer.cli._inspect import entry_step
+from trainer.cli._inspect import format_entry
+from trainer.cli._inspect import parse_types
+from trainer.cli._inspect import show_log
 from trainer.runtime._describe import describe
 
-from .test_report import trainbus, trained_run
+from .test_report import trainbus
+from .test_report import trained_run
 
 LINE = re.compile(r"^ *(\d+|-) +(\+\d+\.\d{3}s)?  (\w+) ?(.*)$")
 

@@ -9,15 +9,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from eventbus import (
-    EventBus,
-    ExtensionContext,
-    FitFinished,
-    FitStarted,
-    RolloutRestarted,
-    SampleWait,
-    StepFinished,
-)
+from eventbus import EventBus
+from eventbus import ExtensionContext
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import RolloutRestarted
+from eventbus import SampleWait
+from eventbus import StepFinished
 from tests._events import sample_wait
 from trainer import PlainProgress
 from trainer.cli._live import LiveProgress

@@ -14,9 +14,14 @@ from pathlib import Path
 import pytest
 
 import eventbus as eb
-from trainer.cli._plots import Marker, restart_markers, write_plots
-from trainer.cli._report import report_json, run_report, table_rows
-from trainer.cli._rundata import RunData, load_run
+from trainer.cli._plots import Marker
+from trainer.cli._plots import restart_markers
+from trainer.cli._plots import write_plots
+from trainer.cli._report import report_json
+from trainer.cli._report import run_report
+from trainer.cli._report import table_rows
+from trainer.cli._rundata import RunData
+from trainer.cli._rundata import load_run
 from trainer.runtime._fold import fold_events
 from trainer.runtime._metrics import METRICS
 

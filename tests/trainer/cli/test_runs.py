@@ -11,7 +11,9 @@ import pytest
 
 from trainer.cli._main import main
 
-from .test_report import assert_valid_png, copy_run, trained_run
+from .test_report import assert_valid_png
+from .test_report import copy_run
+from .test_report import trained_run
 
 
 @pytest.fixture(scope="module")

@@ -9,21 +9,22 @@ import io
 import msgspec
 from rich.console import Console
 
-from eventbus import (
-    EventBus,
-    ExtensionContext,
-    FitStarted,
-    RolloutRestarted,
-    SampleWait,
-    StackFrame,
-    StallDiagnosed,
-    StepFinished,
-    StuckRollout,
-    ThreadStack,
-)
+from eventbus import EventBus
+from eventbus import ExtensionContext
+from eventbus import FitStarted
+from eventbus import RolloutRestarted
+from eventbus import SampleWait
+from eventbus import StackFrame
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
+from eventbus import StuckRollout
+from eventbus import ThreadStack
 from replay import PromptGroup
-from tests._events import sample_wait, stall
-from trainer import Holding, RolloutWork, load_config
+from tests._events import sample_wait
+from tests._events import stall
+from trainer import Holding
+from trainer import RolloutWork
+from trainer import load_config
 from trainer.cli._inspect import format_entry
 from trainer.cli._live import LiveProgress
 from trainer.cli._report import stall_line

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer import ConfigError, TrainerConfig, load_config
-from trainer.config._toml import example_toml, to_toml
+from trainer import ConfigError
+from trainer import TrainerConfig
+from trainer import load_config
+from trainer.config._toml import example_toml
+from trainer.config._toml import to_toml
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer.rl._datasets import (
-    DatasetError,
-    TextPrompt,
-    TextPromptStream,
-    decode_prompt,
-    load_prompt_table,
-)
+from trainer.rl._datasets import DatasetError
+from trainer.rl._datasets import TextPrompt
+from trainer.rl._datasets import TextPromptStream
+from trainer.rl._datasets import decode_prompt
+from trainer.rl._datasets import load_prompt_table
 from trainer.rl._tasks import make_task
 
 ROWS = [{"prompt": f"{i}{i}=", "target": f"{i}{i}", "level": i % 3} for i in range(10)]

@@ -6,16 +6,20 @@ import pytest
 import torch
 from torch import Tensor
 
-from trainer.rl._grpo import PPOConfig, Sample, group_samples, grpo_advantages, ppo_update
-from trainer.rl._policy import (
-    Completion,
-    Policy,
-    PolicyConfig,
-    build_policy,
-    frozen_copy,
-    response_logprobs,
-)
-from trainer.rl._tasks import BOS, EOS, SEP
+from trainer.rl._grpo import PPOConfig
+from trainer.rl._grpo import Sample
+from trainer.rl._grpo import group_samples
+from trainer.rl._grpo import grpo_advantages
+from trainer.rl._grpo import ppo_update
+from trainer.rl._policy import Completion
+from trainer.rl._policy import Policy
+from trainer.rl._policy import PolicyConfig
+from trainer.rl._policy import build_policy
+from trainer.rl._policy import frozen_copy
+from trainer.rl._policy import response_logprobs
+from trainer.rl._tasks import BOS
+from trainer.rl._tasks import EOS
+from trainer.rl._tasks import SEP
 
 torch.set_num_threads(1)
 

@@ -9,10 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.rl._grpo import PPOConfig, Sample, group_samples, ppo_update
+from trainer.rl._grpo import PPOConfig
+from trainer.rl._grpo import Sample
+from trainer.rl._grpo import group_samples
+from trainer.rl._grpo import ppo_update
 from trainer.rl._hf import ModelLoadError
 from trainer.rl._hf_init import init_model
-from trainer.rl._hf_policy import HFPolicy, resolve_device
+from trainer.rl._hf_policy import HFPolicy
+from trainer.rl._hf_policy import resolve_device
 
 torch.set_num_threads(1)
 
@@ -23,7 +27,8 @@ def policy(hf_model: Path) -> HFPolicy:
 
 
 def test_model_init_writes_what_the_auto_classes_load(hf_model: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(hf_model, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(hf_model, local_files_only=True)

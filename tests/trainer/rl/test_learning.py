@@ -6,9 +6,16 @@ import statistics
 import pytest
 import torch
 
-from trainer.rl._grpo import PPOConfig, Sample, group_samples, ppo_update
-from trainer.rl._policy import Policy, PolicyConfig, build_policy, generate
-from trainer.rl._tasks import PromptStream, make_task
+from trainer.rl._grpo import PPOConfig
+from trainer.rl._grpo import Sample
+from trainer.rl._grpo import group_samples
+from trainer.rl._grpo import ppo_update
+from trainer.rl._policy import Policy
+from trainer.rl._policy import PolicyConfig
+from trainer.rl._policy import build_policy
+from trainer.rl._policy import generate
+from trainer.rl._tasks import PromptStream
+from trainer.rl._tasks import make_task
 
 torch.set_num_threads(1)
 

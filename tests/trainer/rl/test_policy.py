@@ -6,18 +6,20 @@ import msgspec
 import pytest
 import torch
 
-from trainer.rl._policy import (
-    Completion,
-    Policy,
-    PolicyConfig,
-    build_policy,
-    frozen_copy,
-    generate,
-    load_weights,
-    response_logprobs,
-    weights_to_bytes,
-)
-from trainer.rl._tasks import BOS, EOS, SEP, VOCAB_SIZE, Prompt
+from trainer.rl._policy import Completion
+from trainer.rl._policy import Policy
+from trainer.rl._policy import PolicyConfig
+from trainer.rl._policy import build_policy
+from trainer.rl._policy import frozen_copy
+from trainer.rl._policy import generate
+from trainer.rl._policy import load_weights
+from trainer.rl._policy import response_logprobs
+from trainer.rl._policy import weights_to_bytes
+from trainer.rl._tasks import BOS
+from trainer.rl._tasks import EOS
+from trainer.rl._tasks import SEP
+from trainer.rl._tasks import VOCAB_SIZE
+from trainer.rl._tasks import Prompt
 
 torch.set_num_threads(1)
 

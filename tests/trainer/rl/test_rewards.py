@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from trainer.rl._rewards import (
-    RewardError,
-    RewardFailure,
-    RewardFunction,
-    combine,
-    judge,
-    load_reward,
-    load_rewards,
-)
+from trainer.rl._rewards import RewardError
+from trainer.rl._rewards import RewardFailure
+from trainer.rl._rewards import RewardFunction
+from trainer.rl._rewards import combine
+from trainer.rl._rewards import judge
+from trainer.rl._rewards import load_reward
+from trainer.rl._rewards import load_rewards
 from trainer.rl._text_tasks import task_reward
-from trainer.rollout._scoring import MAX_ABANDONED, RewardScorer
+from trainer.rollout._scoring import MAX_ABANDONED
+from trainer.rollout._scoring import RewardScorer
 
 MODULE = """
 import asyncio

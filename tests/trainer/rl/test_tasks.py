@@ -6,17 +6,15 @@ import random
 import msgspec
 import pytest
 
-from trainer.rl._tasks import (
-    BOS,
-    EOS,
-    PLUS,
-    SEP,
-    TASKS,
-    Prompt,
-    PromptStream,
-    make_task,
-    render,
-)
+from trainer.rl._tasks import BOS
+from trainer.rl._tasks import EOS
+from trainer.rl._tasks import PLUS
+from trainer.rl._tasks import SEP
+from trainer.rl._tasks import TASKS
+from trainer.rl._tasks import Prompt
+from trainer.rl._tasks import PromptStream
+from trainer.rl._tasks import make_task
+from trainer.rl._tasks import render
 
 
 def test_verifiers_on_hand_made_examples() -> None:

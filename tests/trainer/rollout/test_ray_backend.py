@@ -8,24 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import anyio
 import pytest
 
-from replay import PromptGroup, RolloutResult
-from trainer import (
-    Fault,
-    FaultInjector,
-    PolicyConfig,
-    PPOTrainer,
-    RolloutWork,
-    RolloutWorker,
-    WorkerSpec,
-    load_config,
-    make_task,
-)
-from trainer.rl._policy import build_policy, weights_to_bytes
+from replay import PromptGroup
+from replay import RolloutResult
+from trainer import Fault
+from trainer import FaultInjector
+from trainer import PolicyConfig
+from trainer import PPOTrainer
+from trainer import RolloutWork
+from trainer import RolloutWorker
+from trainer import WorkerSpec
+from trainer import load_config
+from trainer import make_task
+from trainer.rl._policy import build_policy
+from trainer.rl._policy import weights_to_bytes
 from trainer.rl._tasks import PromptStream
 
 from ...conftest import RayCluster

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from .test_ray_backend import SPEC, FakeSink, weights
+from .test_ray_backend import SPEC
+from .test_ray_backend import FakeSink
+from .test_ray_backend import weights
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 

@@ -13,13 +13,21 @@ import msgspec
 import pytest
 import torch
 
-from eventbus import RolloutRestarted, StallDiagnosed
+from eventbus import RolloutRestarted
+from eventbus import StallDiagnosed
 from eventbus.testing import record_events
-from trainer import FaultInjector, PPOTrainer, SelfHealingExtension, WaitDeadlineExceeded
+from trainer import FaultInjector
+from trainer import PPOTrainer
+from trainer import SelfHealingExtension
+from trainer import WaitDeadlineExceeded
 from trainer.rollout._stacks import StackReader
 
 from ..helpers import tiny_config
-from .test_ray_backend import SPEC, FakeSink, make_work, until, weights
+from .test_ray_backend import SPEC
+from .test_ray_backend import FakeSink
+from .test_ray_backend import make_work
+from .test_ray_backend import until
+from .test_ray_backend import weights
 
 torch.set_num_threads(1)
 

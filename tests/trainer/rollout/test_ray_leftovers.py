@@ -14,7 +14,9 @@ import pytest
 from trainer.rollout import _ray_leftovers
 from trainer.rollout._ray_leftovers import clean_leftovers
 
-from ..runfolder import kill_at, tiny_toml, trainbus
+from ..runfolder import kill_at
+from ..runfolder import tiny_toml
+from ..runfolder import trainbus
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
 

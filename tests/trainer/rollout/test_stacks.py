@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.rollout._stacks import StackReader, frames_of, is_library, own_stacks
+from trainer.rollout._stacks import StackReader
+from trainer.rollout._stacks import frames_of
+from trainer.rollout._stacks import is_library
+from trainer.rollout._stacks import own_stacks
 
 
 def parked_in_known_function(release: threading.Event) -> None:

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from eventbus import (
-    Event,
-    RewardTimed,
-    RolloutFailed,
-    RolloutFinished,
-    RolloutRetried,
-    RolloutStarted,
-    WorkerStalled,
-)
+from eventbus import Event
+from eventbus import RewardTimed
+from eventbus import RolloutFailed
+from eventbus import RolloutFinished
+from eventbus import RolloutRetried
+from eventbus import RolloutStarted
+from eventbus import WorkerStalled
 from replay import PromptGroup
 from trainer.rollout._worker import RolloutWork
-from trainer.rollout._worker_events import EventRequest, WorkerEvents
+from trainer.rollout._worker_events import EventRequest
+from trainer.rollout._worker_events import WorkerEvents
 
 
 def work(*, attempt: int = 1, events: EventRequest | None = None) -> RolloutWork:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import WorkerJoined, WorkerLeft
-from trainer import AutoscalingExtension, ScalingPolicy, load_config
+from eventbus import WorkerJoined
+from eventbus import WorkerLeft
+from trainer import AutoscalingExtension
+from trainer import ScalingPolicy
+from trainer import load_config
 
 from .test_selfheal import Run
 

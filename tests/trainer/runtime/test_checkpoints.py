@@ -10,16 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    Event,
-    ExtensionContext,
-    ExtensionFailed,
-    StepFinished,
-    read_events,
-)
-from trainer import CheckpointStore, PPOTrainer
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import Capability
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import ExtensionFailed
+from eventbus import StepFinished
+from eventbus import read_events
+from trainer import CheckpointStore
+from trainer import PPOTrainer
 
 from ..helpers import tiny_config
 

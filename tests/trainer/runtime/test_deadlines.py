@@ -13,15 +13,16 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled, CheckpointRestored, FaultInjected, StallDiagnosed
+from eventbus import BatchReconciled
+from eventbus import CheckpointRestored
+from eventbus import FaultInjected
+from eventbus import StallDiagnosed
 from eventbus.testing import record_events
-from trainer import (
-    CheckpointStore,
-    FaultInjector,
-    PPOTrainer,
-    SelfHealingExtension,
-    WaitDeadlineExceeded,
-)
+from trainer import CheckpointStore
+from trainer import FaultInjector
+from trainer import PPOTrainer
+from trainer import SelfHealingExtension
+from trainer import WaitDeadlineExceeded
 from trainer.cli._rundata import load_run
 
 from ..helpers import tiny_config

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from eventbus import Decision, SafePoint
-from trainer.runtime._decisions import ACTIONS, Action, action_for, interrupts_sample_wait
+from eventbus import Decision
+from eventbus import SafePoint
+from trainer.runtime._decisions import ACTIONS
+from trainer.runtime._decisions import Action
+from trainer.runtime._decisions import action_for
+from trainer.runtime._decisions import interrupts_sample_wait
 
 
 @pytest.mark.parametrize("point", list(SafePoint))

@@ -10,17 +10,20 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    Capability,
-    Event,
-    ExtensionContext,
-    RolloutRestarted,
-    StallDiagnosed,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import Capability
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import RolloutRestarted
+from eventbus import StallDiagnosed
 from eventbus.testing import record_events
-from replay import RolloutResult, SampleDeadlineExceeded
-from trainer import LocalBackend, PPOTrainer, RolloutWork, RolloutWorker, SelfHealingExtension
+from replay import RolloutResult
+from replay import SampleDeadlineExceeded
+from trainer import LocalBackend
+from trainer import PPOTrainer
+from trainer import RolloutWork
+from trainer import RolloutWorker
+from trainer import SelfHealingExtension
 from trainer.rollout._worker import WorkerSpec
 from trainer.runtime._fold import LIVE_EVENTS
 

@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled, CheckpointRestored, RolloutRestarted, read_events
+from eventbus import BatchReconciled
+from eventbus import CheckpointRestored
+from eventbus import RolloutRestarted
+from eventbus import read_events
 from trainer import PPOTrainer
 
 from ..helpers import tiny_config

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import PPOTrainer, TrainerConfig
+from trainer import PPOTrainer
+from trainer import TrainerConfig
 
 from ..helpers import tiny_config
 
@@ -41,7 +42,8 @@ async def test_an_hf_model_trains_on_a_builtin_task_as_text(hf_model: Path, tmp_
 async def test_the_model_folder_reloads_and_generates_like_the_trained_policy(
     hf_model: Path, tmp_path: Path
 ) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
 
     fit = PPOTrainer(hf_config(hf_model), out_dir=tmp_path)
     await fit.fit()

@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled, StepFinished, read_events
-from trainer import PPOTrainer, TrainerConfig
+from eventbus import BatchReconciled
+from eventbus import StepFinished
+from eventbus import read_events
+from trainer import PPOTrainer
+from trainer import TrainerConfig
 from trainer.rl._rewards import load_reward
 
 from ..helpers import tiny_config

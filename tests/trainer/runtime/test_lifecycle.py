@@ -11,7 +11,10 @@ import torch
 
 import eventbus as eb
 from eventbus.testing import ScriptedVoter
-from trainer import FaultInjector, InjectedFault, PPOTrainer, RunAborted
+from trainer import FaultInjector
+from trainer import InjectedFault
+from trainer import PPOTrainer
+from trainer import RunAborted
 from trainer.runtime._fold import LIVE_EVENTS
 
 from ..helpers import tiny_config

@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import FitFailed, StepFinished, WorkerLost
+from eventbus import FitFailed
+from eventbus import StepFinished
+from eventbus import WorkerLost
 from eventbus.testing import record_events
-from trainer import FaultInjector, LocalBackend, PPOTrainer, RolloutWorker, TrainerConfig
+from trainer import FaultInjector
+from trainer import LocalBackend
+from trainer import PPOTrainer
+from trainer import RolloutWorker
+from trainer import TrainerConfig
 from trainer.rollout._worker import WorkerSpec
 from trainer.runtime._sample_wait import RolloutsLost
 

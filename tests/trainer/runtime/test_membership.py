@@ -9,21 +9,19 @@ from typing import Any
 
 import torch
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    BatchReconciled,
-    Capability,
-    Decision,
-    Event,
-    ExtensionContext,
-    ExtensionFailed,
-    RolloutRestarted,
-    SafePoint,
-    SafePointReached,
-    SampleWait,
-    WorkerJoined,
-    WorkerLeft,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import BatchReconciled
+from eventbus import Capability
+from eventbus import Decision
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import ExtensionFailed
+from eventbus import RolloutRestarted
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import SampleWait
+from eventbus import WorkerJoined
+from eventbus import WorkerLeft
 
 from .test_selfheal import Run
 

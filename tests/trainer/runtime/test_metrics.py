@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eventbus import Capability, ExtensionContext, StepFinished
+from eventbus import Capability
+from eventbus import ExtensionContext
+from eventbus import StepFinished
 from tests.trainer.helpers import tiny_config
 from trainer import PPOTrainer
-from trainer.runtime._metrics import METRICS, named
+from trainer.runtime._metrics import METRICS
+from trainer.runtime._metrics import named
 
 
 def test_every_metric_a_run_writes_is_in_the_table_and_every_step_metric_is_written(

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from eventbus import SampleWait, StepFinished
+from eventbus import SampleWait
+from eventbus import StepFinished
 from eventbus.testing import ScriptedVoter
 from replay import SampleDeadlineExceeded
-from trainer import FaultInjector, PPOTrainer
+from trainer import FaultInjector
+from trainer import PPOTrainer
 
 from ..helpers import tiny_config
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import CheckpointRestored, FaultInjected, RolloutRestarted, WorkerLost
+from eventbus import CheckpointRestored
+from eventbus import FaultInjected
+from eventbus import RolloutRestarted
+from eventbus import WorkerLost
 from trainer import PPOTrainer
 
 from ...conftest import RayCluster

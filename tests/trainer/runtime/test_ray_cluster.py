@@ -17,25 +17,23 @@ import anyio
 import pytest
 import torch
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    BatchReconciled,
-    Capability,
-    Decision,
-    Event,
-    ExtensionContext,
-    FitStarted,
-    RolloutFinished,
-    RolloutRestarted,
-    RolloutStarted,
-    SafePointReached,
-    StepFinished,
-    WorkerEventsDropped,
-    WorkerLost,
-    WorkerRestarted,
-    WorkerStalled,
-    read_events,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import BatchReconciled
+from eventbus import Capability
+from eventbus import Decision
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import FitStarted
+from eventbus import RolloutFinished
+from eventbus import RolloutRestarted
+from eventbus import RolloutStarted
+from eventbus import SafePointReached
+from eventbus import StepFinished
+from eventbus import WorkerEventsDropped
+from eventbus import WorkerLost
+from eventbus import WorkerRestarted
+from eventbus import WorkerStalled
+from eventbus import read_events
 
 from ...conftest import RayCluster
 from .test_selfheal import Run

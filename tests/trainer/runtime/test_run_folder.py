@@ -11,25 +11,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    BatchReconciled,
-    Capability,
-    CheckpointSaved,
-    Decision,
-    ExtensionContext,
-    FitStarted,
-    SafePoint,
-    SafePointReached,
-    SafePointResolved,
-    StepFinished,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import BatchReconciled
+from eventbus import Capability
+from eventbus import CheckpointSaved
+from eventbus import Decision
+from eventbus import ExtensionContext
+from eventbus import FitStarted
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import SafePointResolved
+from eventbus import StepFinished
 from eventbus.testing import ScriptedVoter
-from trainer import FaultInjector, PPOTrainer
+from trainer import FaultInjector
+from trainer import PPOTrainer
 from trainer.cli._rundata import load_run
 
 from ..helpers import tiny_config
-from ..runfolder import events_of, kill_at, summary_of, tiny_toml, trainbus
+from ..runfolder import events_of
+from ..runfolder import kill_at
+from ..runfolder import summary_of
+from ..runfolder import tiny_toml
+from ..runfolder import trainbus
 
 torch.set_num_threads(1)
 

@@ -16,17 +16,18 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import (
-    BatchReconciled,
-    CheckpointRestored,
-    Event,
-    RolloutRestarted,
-    SafePoint,
-    WorkerLost,
-)
+from eventbus import BatchReconciled
+from eventbus import CheckpointRestored
+from eventbus import Event
+from eventbus import RolloutRestarted
+from eventbus import SafePoint
+from eventbus import WorkerLost
 from eventbus.testing import ScriptedVoter
 from replay import GroupResult
-from trainer import FaultInjector, InjectedFault, PPOTrainer, SelfHealingExtension
+from trainer import FaultInjector
+from trainer import InjectedFault
+from trainer import PPOTrainer
+from trainer import SelfHealingExtension
 
 from ..helpers import tiny_config
 

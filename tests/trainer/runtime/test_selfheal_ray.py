@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import CheckpointRestored, RolloutRestarted, WorkerLost
+from eventbus import CheckpointRestored
+from eventbus import RolloutRestarted
+from eventbus import WorkerLost
 
 from .test_selfheal import Run
 

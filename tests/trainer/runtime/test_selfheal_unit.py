@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from eventbus import (
-    Decision,
-    EventBus,
-    ExtensionContext,
-    SafePoint,
-    SafePointReached,
-    SampleWait,
-    WorkerLost,
-)
+from eventbus import Decision
+from eventbus import EventBus
+from eventbus import ExtensionContext
+from eventbus import SafePoint
+from eventbus import SafePointReached
+from eventbus import SampleWait
+from eventbus import WorkerLost
 from tests._events import sample_wait
 from trainer import SelfHealingExtension
 from trainer.runtime._selfheal import recovery_backoff_s

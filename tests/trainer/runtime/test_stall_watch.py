@@ -11,7 +11,8 @@ import pytest
 
 from eventbus import StallDiagnosed
 from trainer import WaitDeadlineExceeded
-from trainer.runtime._stall import Stages, StallWatch
+from trainer.runtime._stall import Stages
+from trainer.runtime._stall import StallWatch
 
 
 class Clock:

@@ -11,17 +11,15 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import (
-    BatchReconciled,
-    Event,
-    RewardTimed,
-    RolloutFinished,
-    RolloutRestarted,
-    RolloutRetried,
-    RolloutStarted,
-    StepFinished,
-    WorkerStalled,
-)
+from eventbus import BatchReconciled
+from eventbus import Event
+from eventbus import RewardTimed
+from eventbus import RolloutFinished
+from eventbus import RolloutRestarted
+from eventbus import RolloutRetried
+from eventbus import RolloutStarted
+from eventbus import StepFinished
+from eventbus import WorkerStalled
 from eventbus.testing import record_events
 from trainer import PPOTrainer
 from trainer.cli._main import main

@@ -21,30 +21,29 @@ import logging
 import queue
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    BatchReconciled,
-    Capability,
-    CheckpointRestored,
-    CheckpointSaved,
-    Decision,
-    Event,
-    ExtensionContext,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    RolloutRestarted,
-    SafePointResolved,
-    StallDiagnosed,
-    StepFinished,
-    WorkerLost,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import BatchReconciled
+from eventbus import Capability
+from eventbus import CheckpointRestored
+from eventbus import CheckpointSaved
+from eventbus import Decision
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import FitFailed
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import RolloutRestarted
+from eventbus import SafePointResolved
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
+from eventbus import WorkerLost
 
 __all__ = ["ExportError", "Exporter", "ExporterStatistics", "RunEnd", "RunStart"]
 

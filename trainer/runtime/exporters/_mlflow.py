@@ -19,7 +19,9 @@ from typing import Any
 
 from eventbus import ExtensionError
 
-from ._base import Exporter, RunEnd, RunStart
+from ._base import Exporter
+from ._base import RunEnd
+from ._base import RunStart
 from ._deps import require
 from ._tensorboard import flatten
 

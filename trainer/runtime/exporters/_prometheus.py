@@ -21,26 +21,24 @@ from typing import Any
 
 import anyio
 
-from eventbus import (
-    RUNTIME_EXTENSION_API_VERSION,
-    BatchReconciled,
-    Capability,
-    CheckpointRestored,
-    CheckpointSaved,
-    Decision,
-    Event,
-    ExtensionContext,
-    ExtensionError,
-    FitFailed,
-    FitFinished,
-    FitStarted,
-    RolloutRestarted,
-    SafePointResolved,
-    SampleWait,
-    StallDiagnosed,
-    StepFinished,
-    WorkerLost,
-)
+from eventbus import RUNTIME_EXTENSION_API_VERSION
+from eventbus import BatchReconciled
+from eventbus import Capability
+from eventbus import CheckpointRestored
+from eventbus import CheckpointSaved
+from eventbus import Decision
+from eventbus import Event
+from eventbus import ExtensionContext
+from eventbus import ExtensionError
+from eventbus import FitFailed
+from eventbus import FitFinished
+from eventbus import FitStarted
+from eventbus import RolloutRestarted
+from eventbus import SafePointResolved
+from eventbus import SampleWait
+from eventbus import StallDiagnosed
+from eventbus import StepFinished
+from eventbus import WorkerLost
 
 from ...config._export import PrometheusExportConfig
 from ._deps import require

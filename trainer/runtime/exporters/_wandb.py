@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._base import Exporter, RunEnd, RunStart
+from ._base import Exporter
+from ._base import RunEnd
+from ._base import RunStart
 from ._deps import require
 
 __all__ = ["WandbExporter"]

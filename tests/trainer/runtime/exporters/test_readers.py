@@ -16,7 +16,11 @@ from typing import Any
 import anyio
 import pytest
 
-from eventbus import Capability, Decision, ExtensionContext, SafePoint, SafePointReached
+from eventbus import Capability
+from eventbus import Decision
+from eventbus import ExtensionContext
+from eventbus import SafePoint
+from eventbus import SafePointReached
 from tests.trainer.helpers import tiny_config
 from tests.trainer.runtime.exporters.wandb_log import read_offline_run
 from trainer import PPOTrainer
@@ -172,7 +176,9 @@ def test_mlflow_logs_a_hugging_face_run_s_model_folder_at_each_checkpoint(
 ) -> None:
     from mlflow import MlflowClient
 
-    from trainer import MlflowExporter, RunEnd, RunStart
+    from trainer import MlflowExporter
+    from trainer import RunEnd
+    from trainer import RunStart
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "model").mkdir()

@@ -227,11 +227,11 @@ async def test_closing_the_bus_delivers_queued_events_then_ends_iteration(bus: E
     got: list[Event] = []
 
     async def consume() -> None:
-        async for event in sub:
-            got.append(event)
+        got.extend(await drain(sub))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(consume)
+        await anyio.lowlevel.checkpoint()  # the consumer is now waiting on an empty queue
         bus.publish(StepStarted(step=1))
         bus.publish(StepStarted(step=2))
         bus.close()

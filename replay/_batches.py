@@ -30,7 +30,6 @@ from ._model import PromptGroup
 from ._model import ReconciledBatch
 from ._model import check_partition
 from ._reasons import Admission
-from ._reasons import FailurePolicy
 from ._records import FAILED
 from ._records import IN_FLIGHT
 from ._records import MISSING
@@ -38,9 +37,8 @@ from ._records import PLACEHOLDER
 from ._records import TIMED_OUT
 from ._records import Batch
 from ._records import Counters
-from ._report import apply_policy
+from ._report import FailureRules
 from ._report import build_report
-from ._report import judge
 from ._state import TrackerState
 from ._validate import check_groups
 from ._waiting import Poll
@@ -56,23 +54,12 @@ class SyncBatches:
 
     Args:
         state: The tracker's shared state.
-        failure_policy: What :meth:`finalize` does with rollouts that did not succeed.
-        max_failed_fraction: :meth:`finalize` raises above this fraction of failures.
-        fill_reward: The reward of a fill under the ``fill`` policy.
+        failures: What :meth:`finalize` does with rollouts that did not succeed.
     """
 
-    def __init__(
-        self,
-        state: TrackerState,
-        *,
-        failure_policy: FailurePolicy,
-        max_failed_fraction: float,
-        fill_reward: float,
-    ) -> None:
+    def __init__(self, state: TrackerState, failures: FailureRules) -> None:
         self._state = state
-        self._policy = failure_policy
-        self._max_failed_fraction = max_failed_fraction
-        self._fill_reward = fill_reward
+        self._failures = failures
         self._batches: dict[str, Batch] = {}
 
     # --- registration -------------------------------------------------------------------
@@ -197,19 +184,19 @@ class SyncBatches:
                 counters = batch.counters
                 counters.merge(state.window)
                 state.window = Counters()
-                kept, filled, removed = apply_policy(batch.groups, self._policy, self._fill_reward)
+                kept, filled, removed = self._failures.apply(batch.groups)
                 report = build_report(
                     batch.step,
                     batch.rollouts,
                     counters,
-                    policy=self._policy.value,
+                    policy=self._failures.policy.value,
                     filled=filled,
                     removed=removed,
                 )
                 batch.reconciled = ReconciledBatch(
                     step=batch.step, partition=part, groups=kept, report=report
                 )
-                batch.error = judge(report, self._policy, self._max_failed_fraction)
+                batch.error = self._failures.judge(report)
                 state.totals.finalized += 1
             reconciled = batch.reconciled
             reason = batch.error
@@ -235,7 +222,9 @@ class SyncBatches:
             counters = Counters()
             counters.merge(batch.counters)
             counters.merge(state.window)
-            return build_report(batch.step, batch.rollouts, counters, policy=self._policy.value)
+            return build_report(
+                batch.step, batch.rollouts, counters, policy=self._failures.policy.value
+            )
 
     def steps(self) -> dict[str, int]:
         """The step of each partition's current batch."""

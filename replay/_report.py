@@ -2,13 +2,14 @@
 
 Invariant: every registered rollout id appears in a report exactly once, as succeeded,
 failed (by error kind), timed out or missing; every result that did not count is in
-``dropped`` (by reason) or ``duplicates``. These functions only read the records; the
-tracker calls them under its lock.
+``dropped`` (by reason) or ``duplicates``. :func:`build_report` and :class:`FailureRules`
+only read the records; the tracker calls them under its lock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from eventbus import BatchReport
 
@@ -26,7 +27,7 @@ from ._records import Counters
 from ._records import Group
 from ._records import Rollout
 
-__all__ = ["apply_policy", "build_report", "judge"]
+__all__ = ["FailureRules", "build_report"]
 
 
 def _failure_kind(rollout: Rollout) -> str:
@@ -102,65 +103,82 @@ def _fill(rollout: Rollout, spec: PromptGroup, reward: float) -> RolloutResult:
     )
 
 
-def apply_policy(
-    groups: Iterable[Group], policy: FailurePolicy, fill_reward: float
-) -> tuple[tuple[GroupResult, ...], int, tuple[str, ...]]:
-    """Apply the failure policy to closed groups.
+@dataclass(frozen=True, slots=True)
+class FailureRules:
+    """What finalizing a sync batch does with the rollouts that did not succeed.
 
-    Returns:
-        The kept groups in registration order, the number of filled rollouts, and the ids
-        removed.
+    Attributes:
+        policy: Keep them as fills, drop them, drop their groups, or raise.
+        max_failed_fraction: Above this fraction of failures the batch fails (see
+            :meth:`judge`).
+        fill_reward: The reward of a fill under the ``fill`` policy.
     """
-    kept: list[GroupResult] = []
-    filled = 0
-    removed: list[str] = []
-    for group in groups:
-        spec = group.spec
-        if not group.failed:
-            kept.append(
-                GroupResult(group=spec, results=group.results(), status=GroupStatus.FINISHED)
-            )
-            continue
-        if policy is FailurePolicy.DROP_GROUP:
-            removed.extend(r.rollout_id for r in group.rollouts)
-        elif policy is FailurePolicy.DROP_ROLLOUT:
-            good: list[RolloutResult] = []
-            for r in group.rollouts:
-                if r.state is SUCCEEDED and r.result is not None:
-                    good.append(r.result)
-                else:
-                    removed.append(r.rollout_id)
-            if good:
+
+    policy: FailurePolicy
+    max_failed_fraction: float
+    fill_reward: float
+
+    def apply(
+        self, groups: Iterable[Group]
+    ) -> tuple[tuple[GroupResult, ...], int, tuple[str, ...]]:
+        """Apply the failure policy to closed groups.
+
+        Returns:
+            The kept groups in registration order, the number of filled rollouts, and the
+            ids removed.
+        """
+        policy = self.policy
+        kept: list[GroupResult] = []
+        filled = 0
+        removed: list[str] = []
+        for group in groups:
+            spec = group.spec
+            if not group.failed:
                 kept.append(
-                    GroupResult(group=spec, results=tuple(good), status=GroupStatus.FINISHED)
+                    GroupResult(group=spec, results=group.results(), status=GroupStatus.FINISHED)
                 )
-        else:  # FILL, and RAISE (whose batch is still built for the report)
-            results: list[RolloutResult] = []
-            for r in group.rollouts:
-                if r.state is SUCCEEDED and r.result is not None:
-                    results.append(r.result)
-                else:
-                    results.append(_fill(r, spec, fill_reward))
-                    filled += 1
-            kept.append(GroupResult(group=spec, results=tuple(results), status=GroupStatus.FAILED))
-    return tuple(kept), filled, tuple(removed)
+                continue
+            if policy is FailurePolicy.DROP_GROUP:
+                removed.extend(r.rollout_id for r in group.rollouts)
+            elif policy is FailurePolicy.DROP_ROLLOUT:
+                good: list[RolloutResult] = []
+                for r in group.rollouts:
+                    if r.state is SUCCEEDED and r.result is not None:
+                        good.append(r.result)
+                    else:
+                        removed.append(r.rollout_id)
+                if good:
+                    kept.append(
+                        GroupResult(group=spec, results=tuple(good), status=GroupStatus.FINISHED)
+                    )
+            else:  # FILL, and RAISE (whose batch is still built for the report)
+                results: list[RolloutResult] = []
+                for r in group.rollouts:
+                    if r.state is SUCCEEDED and r.result is not None:
+                        results.append(r.result)
+                    else:
+                        results.append(_fill(r, spec, self.fill_reward))
+                        filled += 1
+                kept.append(
+                    GroupResult(group=spec, results=tuple(results), status=GroupStatus.FAILED)
+                )
+        return tuple(kept), filled, tuple(removed)
 
-
-def judge(report: BatchReport, policy: FailurePolicy, max_failed_fraction: float) -> str | None:
-    """Why finalizing this batch must raise :class:`~replay.BatchFailedError`, or None."""
-    failures = report.registered - report.succeeded
-    if not failures:
+    def judge(self, report: BatchReport) -> str | None:
+        """Why finalizing this batch must raise :class:`~replay.BatchFailedError`, or None."""
+        failures = report.registered - report.succeeded
+        if not failures:
+            return None
+        if self.policy is FailurePolicy.RAISE:
+            return (
+                f"{failures} of {report.registered} rollouts did not succeed "
+                f"(failed {report.failed}, {len(report.timed_out)} timed out, "
+                f"{len(report.missing)} missing) under failure policy 'raise'"
+            )
+        fraction = failures / report.registered
+        if fraction > self.max_failed_fraction:
+            return (
+                f"{failures} of {report.registered} rollouts did not succeed ({fraction:.1%}), "
+                f"above max_failed_fraction {self.max_failed_fraction:.1%}"
+            )
         return None
-    if policy is FailurePolicy.RAISE:
-        return (
-            f"{failures} of {report.registered} rollouts did not succeed "
-            f"(failed {report.failed}, {len(report.timed_out)} timed out, "
-            f"{len(report.missing)} missing) under failure policy 'raise'"
-        )
-    fraction = failures / report.registered
-    if fraction > max_failed_fraction:
-        return (
-            f"{failures} of {report.registered} rollouts did not succeed ({fraction:.1%}), "
-            f"above max_failed_fraction {max_failed_fraction:.1%}"
-        )
-    return None

@@ -52,6 +52,7 @@ from ._records import PLACEHOLDER
 from ._records import Group
 from ._registry import AsyncRegistry
 from ._reissue import reissue
+from ._report import FailureRules
 from ._signal import Sleep
 from ._state import TrackerState
 from ._stats import PartitionCounts
@@ -160,12 +161,10 @@ class RolloutTracker:
         self._state = state
         self._gate = AdmissionGate(state, max_payload_bytes=max_payload_bytes)
         # The pieces the buffers drive (package interface, not for users).
-        self.batches = SyncBatches(
-            state,
-            failure_policy=FailurePolicy(failure_policy),
-            max_failed_fraction=float(max_failed_fraction),
-            fill_reward=float(fill_reward),
+        failures = FailureRules(
+            FailurePolicy(failure_policy), float(max_failed_fraction), float(fill_reward)
         )
+        self.batches = SyncBatches(state, failures)
         self.registry = AsyncRegistry(state)
 
     @property

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,19 @@ def kill_at(
         process.kill()
         process.wait(timeout=60)
     return "".join(printed)
+
+
+def wait_for_step(out: Path, step: int, timeout_s: float = 120.0) -> None:
+    """Return once ``out/events.jsonl`` records that ``step`` began (every event before it,
+    the earlier steps' boundaries included, is then in the log too)."""
+    deadline = time.monotonic() + timeout_s
+    wanted = f'{{"type":"StepStarted","step":{step},'
+    while time.monotonic() < deadline:
+        log = out / "events.jsonl"
+        if log.exists() and any(line.startswith(wanted) for line in log.open()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{out} never recorded the start of step {step}")
 
 
 def summary_of(out: Path) -> dict[str, Any]:

@@ -6,8 +6,9 @@ current thing, generated when the documentation is built.
   with the Python that runs MkDocs, from the repository root. A command that fails fails the
   build.
 * ``<!-- api: trainer -->`` becomes ``::: trainer`` listing the members of ``trainer.__all__``
-  (derived at import time from the package's one list of its public names, which the
-  documentation tool cannot evaluate by itself).
+  (each package derives it at import time from its one list of public names, which the
+  documentation tool cannot evaluate by itself); ``<!-- api: eventbus except A B -->`` leaves
+  ``A`` and ``B`` out (a page that renders them in a section of their own).
 * ``<!-- metrics: table -->`` becomes the table of a run's metric names,
   ``trainer.runtime._metrics.METRICS`` (the one list the trainer and the exporters use);
   ``<!-- metrics: prometheus -->`` the Prometheus exporter's own series (its ``SERIES``).
@@ -37,19 +38,23 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 COMMAND = re.compile(r"^<!-- trainbus: (?P<args>[^|>]+?)(?: \| (?P<lang>\w+))? -->$", re.MULTILINE)
 BENCH = re.compile(r"^<!-- bench: (?P<name>[\w-]+) -->$", re.MULTILINE)
-API = re.compile(r"^<!-- api: (?P<module>[\w.]+) -->$", re.MULTILINE)
+API = re.compile(r"^<!-- api: (?P<module>[\w.]+)(?: except (?P<skip>[\w ]+))? -->$", re.MULTILINE)
 METRIC_TABLE = re.compile(r"^<!-- metrics: (?P<which>table|prometheus) -->$", re.MULTILINE)
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     markdown = COMMAND.sub(lambda m: _command_block(m["args"].strip(), m["lang"]), markdown)
-    markdown = API.sub(lambda m: _api_block(m["module"]), markdown)
+    markdown = API.sub(lambda m: _api_block(m["module"], (m["skip"] or "").split()), markdown)
     markdown = METRIC_TABLE.sub(lambda m: _metric_table(m["which"]), markdown)
     return BENCH.sub(lambda m: _bench_tables(m["name"]), markdown)
 
 
-def _api_block(module: str) -> str:
-    names = importlib.import_module(module).__all__
+def _api_block(module: str, skip: list[str]) -> str:
+    exported = importlib.import_module(module).__all__
+    unknown = sorted(set(skip) - set(exported))
+    if unknown:
+        raise PluginError(f"<!-- api: {module} except ... -->: {unknown} not in {module}.__all__")
+    names = [name for name in exported if name not in skip]
     return f"::: {module}\n    options:\n      members: {json.dumps(sorted(names))}"
 
 

@@ -40,33 +40,5 @@ from ._sync import ReplayBuffer as ReplayBuffer
 from ._tracker import RolloutTracker as RolloutTracker
 from ._waiting import WaitInterrupts as WaitInterrupts
 
-__all__ = (
-    "PARTITIONS",
-    "Admission",
-    "AsyncReplayBuffer",
-    "BatchFailedError",
-    "CancelHook",
-    "EvictionReason",
-    "FailurePolicy",
-    "GroupResult",
-    "GraceMode",
-    "GroupStatus",
-    "Partition",
-    "PartitionCounts",
-    "PromptGroup",
-    "ReconciledBatch",
-    "RefillCallback",
-    "RegistrationError",
-    "ReplayBuffer",
-    "ReplayError",
-    "ReplayState",
-    "ReplayStatistics",
-    "RolloutResult",
-    "RolloutStatus",
-    "RolloutTracker",
-    "SampleDeadlineExceeded",
-    "SampleWaitInterrupted",
-    "StalenessStrategy",
-    "TrackerStatistics",
-    "WaitInterrupts",
-)
+# The re-exports above are the one list of the public API; __all__ is read from them.
+__all__ = tuple(sorted(name for name in dict(globals()) if not name.startswith("_")))

@@ -11,7 +11,6 @@ means what the reference shows: it leaves out a name without a docstring
 
 from __future__ import annotations
 
-import importlib.util
 import pkgutil
 import re
 import types
@@ -22,6 +21,8 @@ from typing import Any
 import pytest
 
 import trainer
+
+from .._docs import rendered
 
 griffe = pytest.importorskip("griffe")
 
@@ -81,11 +82,7 @@ def test_each_name_is_documented_where_a_private_module_defines_it(package: Any,
 def test_every_name_is_on_the_api_reference() -> None:
     """The page's ``<!-- api: trainer -->`` marker, as the docs build expands it."""
     pytest.importorskip("mkdocs")
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "_hooks.py")
-    assert spec is not None and spec.loader is not None
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
-    page = hooks.on_page_markdown(API_PAGE.read_text(encoding="utf-8"))
+    page = rendered(API_PAGE)
     directive = re.search(r"^::: trainer\n    options:\n      members: (\[.*\])$", page, re.M)
     assert directive is not None, f"{API_PAGE} renders no `::: trainer` block"
     assert set(re.findall(r'"(\w+)"', directive[1])) == set(trainer.__all__)

@@ -286,6 +286,12 @@ class AutoscaleConfig(_Section, frozen=True, kw_only=True):
                 f"autoscale.min_workers ({self.min_workers}) is above autoscale.max_workers "
                 f"({self.max_workers})"
             )
+        # Decoding checks each bound on its own; a section built in Python (the extension's
+        # ScalingPolicy) is checked here.
+        if self.min_workers < 1 or self.patience_steps < 1 or self.cooldown_steps < 0:
+            raise ValueError(
+                "autoscale: min_workers and patience_steps must be >= 1, cooldown_steps >= 0"
+            )
 
 
 class TrainerConfig(_Section, frozen=True, kw_only=True):

@@ -21,10 +21,7 @@ boundary of the step that prompted it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
-
-import msgspec
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
 from eventbus import Capability
@@ -42,41 +39,17 @@ __all__ = ["AutoscalingExtension", "ScalingPolicy"]
 logger = logging.getLogger("trainbus.autoscale")
 
 
-@dataclass(frozen=True, slots=True)
-class ScalingPolicy:
-    """When to add or remove a worker (the ``[autoscale]`` numbers).
-
-    Attributes:
-        min_workers: Never fewer.
-        max_workers: Never more.
-        scale_up_wait_share: Waiting above this share of the step asks for one more.
-        scale_down_utilization: Utilization below this asks for one fewer.
-        patience_steps: Steps in a row a condition must hold.
-        cooldown_steps: Steps after a change before the next.
-    """
-
-    min_workers: int = 1
-    max_workers: int = 8
-    scale_up_wait_share: float = 0.5
-    scale_down_utilization: float = 0.25
-    patience_steps: int = 2
-    cooldown_steps: int = 2
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_workers <= self.max_workers:
-            raise ValueError(
-                f"need 1 <= min_workers <= max_workers, got {self.min_workers} and "
-                f"{self.max_workers}"
-            )
-        if self.patience_steps < 1 or self.cooldown_steps < 0:
-            raise ValueError("patience_steps must be >= 1 and cooldown_steps >= 0")
+ScalingPolicy = AutoscaleConfig
+"""When to add or remove a worker: the ``[autoscale]`` section's numbers, one struct for the
+TOML file and for Python (``ScalingPolicy(min_workers=2, max_workers=8)``; its ``enabled``
+only decides whether a run registers the extension)."""
 
 
 class AutoscalingExtension:
     """Scales the rollout workers between bounds from the steps' wait share and utilization.
 
     Args:
-        policy: The thresholds and bounds (default: :class:`ScalingPolicy`'s).
+        policy: The thresholds and bounds (default: the ``[autoscale]`` defaults).
         name: The extension name.
 
     Attributes:
@@ -91,21 +64,14 @@ class AutoscalingExtension:
         Capability.STATE,
     )
 
-    def __init__(self, policy: ScalingPolicy | None = None, *, name: str = "autoscaler") -> None:
+    def __init__(self, policy: AutoscaleConfig | None = None, *, name: str = "autoscaler") -> None:
         self.name = name
-        self.policy = policy or ScalingPolicy()
+        self.policy = policy or AutoscaleConfig()
         self.history: list[dict[str, Any]] = []
         self._up = 0  # steps in a row that asked for more
         self._down = 0
         self._last_change = -(10**9)
         self._seen: tuple[int, float, float] | None = None  # step, wait share, utilization
-
-    @classmethod
-    def from_config(cls, config: AutoscaleConfig) -> AutoscalingExtension:
-        """Build from the ``[autoscale]`` section (its keys are the policy's fields)."""
-        fields = msgspec.structs.asdict(config)
-        del fields["enabled"]
-        return cls(ScalingPolicy(**fields))
 
     def on_event(self, context: ExtensionContext, event: Event) -> None:
         """Note each step's wait share and utilization."""

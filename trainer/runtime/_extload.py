@@ -32,7 +32,7 @@ def configured_extensions(config: TrainerConfig, out_dir: Path | None) -> list[o
     if config.autoscale.enabled:
         from ._autoscale import AutoscalingExtension
 
-        extensions.append(AutoscalingExtension.from_config(config.autoscale))
+        extensions.append(AutoscalingExtension(config.autoscale))
     extensions.extend(load_extension(spec) for spec in config.extensions)
     if config.export.to:
         from .exporters._build import build_exporters

@@ -71,8 +71,10 @@ def test_state_survives_a_checkpoint() -> None:
 
 
 def test_policy_rejects_impossible_bounds() -> None:
-    with pytest.raises(ValueError, match="min_workers <= max_workers"):
+    with pytest.raises(ValueError, match=r"min_workers \(5\) is above autoscale.max_workers"):
         ScalingPolicy(min_workers=5, max_workers=2)
+    with pytest.raises(ValueError, match="min_workers and patience_steps must be >= 1"):
+        ScalingPolicy(min_workers=0)
 
 
 async def test_a_run_scales_up_to_its_bound_and_records_why() -> None:

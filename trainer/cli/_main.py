@@ -51,18 +51,28 @@ def _parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a policy (the main job)")
     train.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
-    train.add_argument("--steps", type=int, help="training steps")
-    train.add_argument("--seed", type=int, help="random seed")
-    train.add_argument("--mode", choices=("sync", "async"), help="on-policy or off-policy")
-    train.add_argument("--backend", choices=("local", "ray"), help="rollout workers")
-    train.add_argument("--workers", type=int, help="rollout workers")
+    train.add_argument("--steps", dest="run.steps", type=int, metavar="N", help="training steps")
+    train.add_argument("--seed", dest="run.seed", type=int, metavar="S", help="random seed")
+    train.add_argument(
+        "--mode", dest="run.mode", choices=("sync", "async"), help="on-policy or off-policy"
+    )
+    train.add_argument(
+        "--backend", dest="rollout.backend", choices=("local", "ray"), help="rollout workers"
+    )
+    train.add_argument(
+        "--workers", dest="rollout.workers", type=int, metavar="N", help="rollout workers"
+    )
     train.add_argument(
         "--ray-address",
+        dest="rollout.ray_address",
         metavar="ADDR",
         help="join this Ray cluster (with --backend ray), e.g. auto or HEAD_IP:6379",
     )
     train.add_argument(
-        "--out", metavar="DIR", help="run folder; an unfinished run there is resumed"
+        "--out",
+        dest="run.out",
+        metavar="DIR",
+        help="run folder; an unfinished run there is resumed",
     )
     train.add_argument(
         "--extension",
@@ -85,13 +95,22 @@ def _parser() -> argparse.ArgumentParser:
         help="register AutoscalingExtension: between MIN and MAX rollout workers",
     )
     train.add_argument(
-        "--stall-timeout", type=float, metavar="S", help="self-healing stall timeout"
+        "--stall-timeout",
+        dest="self_heal.stall_timeout_s",
+        type=float,
+        metavar="S",
+        help="self-healing stall timeout",
     )
     train.add_argument(
-        "--wait-timeout", type=float, metavar="S", help="deadline of any sample wait"
+        "--wait-timeout",
+        dest="rollout.wait_timeout_s",
+        type=float,
+        metavar="S",
+        help="deadline of any sample wait",
     )
     train.add_argument(
         "--diagnose-after",
+        dest="diagnose.after_s",
         type=float,
         metavar="S",
         help="diagnose a wait without progress for S seconds (StallDiagnosed; 0: off)",
@@ -105,17 +124,31 @@ def _parser() -> argparse.ArgumentParser:
         " (--inject help says what each does)",
     )
     train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
-    train.add_argument("--model", metavar="DIR", help="a Hugging Face causal LM folder")
-    train.add_argument("--dataset", metavar="FILE", help="prompts (JSONL, JSON, Parquet, CSV)")
-    train.add_argument("--val-dataset", metavar="FILE", help="validation prompts")
+    train.add_argument(
+        "--model", dest="model.path", metavar="DIR", help="a Hugging Face causal LM folder"
+    )
+    train.add_argument(
+        "--dataset",
+        dest="task.dataset",
+        metavar="FILE",
+        help="prompts (JSONL, JSON, Parquet, CSV)",
+    )
+    train.add_argument(
+        "--val-dataset", dest="task.val_dataset", metavar="FILE", help="validation prompts"
+    )
     train.add_argument(
         "--reward",
+        dest="task.rewards",
         action="append",
-        default=[],
         metavar="MODULE:FUNC",
         help="a reward function with TRL's signature (repeatable)",
     )
-    train.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where the learner runs")
+    train.add_argument(
+        "--device",
+        dest="run.device",
+        choices=("auto", "cpu", "cuda"),
+        help="where the learner runs",
+    )
     train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
     train.add_argument("-v", "--verbose", action="store_true", help="log at INFO, with tracebacks")
 
@@ -251,24 +284,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    flags = {
-        "run.steps": args.steps,
-        "run.seed": args.seed,
-        "run.mode": args.mode,
-        "run.out": args.out,
-        "rollout.backend": args.backend,
-        "rollout.workers": args.workers,
-        "rollout.ray_address": args.ray_address,
-        "rollout.wait_timeout_s": args.wait_timeout,
-        "self_heal.stall_timeout_s": args.stall_timeout,
-        "model.path": args.model,
-        "task.dataset": args.dataset,
-        "task.val_dataset": args.val_dataset,
-        "task.rewards": args.reward or None,
-        "run.device": args.device,
-        "diagnose.after_s": args.diagnose_after,
+    # A flag that sets one configuration key is parsed under that key (``--steps`` into
+    # ``run.steps``): the parser is the one place that pairs them.
+    overrides = {
+        key: value for key, value in vars(args).items() if "." in key and value is not None
     }
-    overrides = {key: value for key, value in flags.items() if value is not None}
     if args.self_heal:
         overrides["self_heal.enabled"] = True
     if args.autoscale is not None:

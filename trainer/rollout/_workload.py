@@ -75,6 +75,10 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
 class Workload:
     """Samples and scores groups of rollouts (see the module docstring).
 
+    :meth:`rollouts` is the one flow, the same for both workloads: refuse the prompts the
+    model cannot take, sample the rest, score them. A workload says only how it does each
+    of the three (:meth:`_refuse`, :meth:`_sample`, :meth:`_score`).
+
     Args:
         policy: The sampling policy.
         spec: Task, budgets, rewards.
@@ -104,6 +108,40 @@ class Workload:
         function that hangs past ``reward_timeout_s``: the rollouts fail as
         ``reward_timeout``, through the same deadline a user's function has.
         """
+        out: list[list[Outcome]] = [[] for _ in prompts]
+        fits = []
+        for i, prompt in enumerate(prompts):
+            refused = self._refuse(prompt)
+            if refused is None:
+                fits.append(i)
+            else:
+                out[i] = [(None, refused)] * n
+        if not fits:
+            return out
+        taken = [prompts[i] for i in fits]
+        temperature = 0.0 if greedy else self.spec.temperature
+        with self.phase("generate"):
+            groups = self._sample(taken, n, generator, temperature)
+        with self.phase("reward", sum(map(len, groups))):
+            scores = iter(self._score(taken, groups, hang_reward))
+        for i, group in zip(fits, groups, strict=True):
+            out[i] = [(completion, next(scores)) for completion in group]
+        return out
+
+    def _refuse(self, prompt: Prompt) -> RewardFailure | None:
+        """Why ``prompt`` fails without being sampled; None to sample it."""
+        return None
+
+    def _sample(
+        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, temperature: float
+    ) -> list[list[Completion]]:
+        """``n`` completions of each prompt."""
+        raise NotImplementedError
+
+    def _score(
+        self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
+    ) -> list[float | RewardFailure]:
+        """A reward (or why there is none) per completion, group after group."""
         raise NotImplementedError
 
     def _scorer(self, functions: Sequence[RewardFunction], hang_reward: bool) -> RewardScorer:
@@ -118,33 +156,29 @@ class _Builtin(Workload):
         super().__init__(policy, spec)
         self.task: Task = make_task(spec.task_name, **spec.task_params)
 
-    def rollouts(
-        self,
-        prompts: Sequence[Prompt],
-        n: int,
-        generator: torch.Generator,
-        *,
-        greedy: bool = False,
-        hang_reward: bool = False,
-    ) -> list[list[Outcome]]:
-        with self.phase("generate"):
-            groups = generate(
-                self.policy,  # type: ignore[arg-type]  # a built-in Policy (build_workload)
-                prompts,
-                n,
-                self.task.max_response_len,
-                generator,
-                temperature=0.0 if greedy else self.spec.temperature,
-            )
-        with self.phase("reward", sum(map(len, groups))):
-            if hang_reward:  # the task's own reward cannot hang: only the injected one does
-                count = sum(len(group) for group in groups)
-                failed = iter(self._scorer((), True).score([""] * count, [""] * count, {}))
-                return [[(c, next(failed)) for c in group] for group in groups]
-            return [
-                [(c, self.task.reward(prompt, c.tokens)) for c in group]
-                for prompt, group in zip(prompts, groups, strict=True)
-            ]
+    def _sample(
+        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, temperature: float
+    ) -> list[list[Completion]]:
+        return generate(
+            self.policy,  # type: ignore[arg-type]  # a built-in Policy (build_workload)
+            prompts,
+            n,
+            self.task.max_response_len,
+            generator,
+            temperature=temperature,
+        )
+
+    def _score(
+        self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
+    ) -> list[float | RewardFailure]:
+        if hang_reward:  # the task's own reward cannot hang: only the injected one does
+            count = sum(map(len, groups))
+            return self._scorer((), True).score([""] * count, [""] * count, {})
+        return [
+            self.task.reward(prompt, completion.tokens)
+            for prompt, group in zip(prompts, groups, strict=True)
+            for completion in group
+        ]
 
 
 class _HuggingFace(Workload):
@@ -158,47 +192,38 @@ class _HuggingFace(Workload):
         self.hf = policy
         self.scorer = self._scorer(load_rewards(spec.rewards, spec.reward_weights), False)
 
-    def rollouts(
-        self,
-        prompts: Sequence[Prompt],
-        n: int,
-        generator: torch.Generator,
-        *,
-        greedy: bool = False,
-        hang_reward: bool = False,
-    ) -> list[list[Outcome]]:
+    def _refuse(self, prompt: Prompt) -> RewardFailure | None:
+        context = self.hf.context_length
+        if context is None or len(prompt.tokens) < context:
+            return None
+        return RewardFailure(
+            "context_length",
+            f"prompt {prompt.prompt_id} has {len(prompt.tokens)} tokens; the model's "
+            f"context is {context}",
+        )
+
+    def _sample(
+        self, prompts: Sequence[Prompt], n: int, generator: torch.Generator, temperature: float
+    ) -> list[list[Completion]]:
+        return self.hf.generate(
+            [prompt.tokens for prompt in prompts],
+            n,
+            self.spec.max_new_tokens,
+            generator,
+            temperature,
+            top_p=self.spec.top_p,
+        )
+
+    def _score(
+        self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
+    ) -> list[float | RewardFailure]:
         from ..rl._datasets import TextPrompt
 
-        context = self.hf.context_length
-        out: list[list[Outcome]] = [[] for _ in prompts]
-        fits = []
-        for i, prompt in enumerate(prompts):
-            if context is not None and len(prompt.tokens) >= context:
-                failure = RewardFailure(
-                    "context_length",
-                    f"prompt {prompt.prompt_id} has {len(prompt.tokens)} tokens; the model's "
-                    f"context is {context}",
-                )
-                out[i] = [(None, failure)] * n
-            else:
-                fits.append(i)
-        if not fits:
-            return out
-        with self.phase("generate"):
-            sampled = self.hf.generate(
-                [prompts[i].tokens for i in fits],
-                n,
-                self.spec.max_new_tokens,
-                generator,
-                0.0 if greedy else self.spec.temperature,
-                top_p=self.spec.top_p,
-            )
         texts: list[Any] = []
         contents: list[Any] = []
         rows: list[dict[str, Any]] = []
         ids: list[list[int]] = []
-        for i, group in zip(fits, sampled, strict=True):
-            prompt = prompts[i]
+        for prompt, group in zip(prompts, groups, strict=True):
             content = prompt.content if isinstance(prompt, TextPrompt) else ""
             columns = prompt.columns if isinstance(prompt, TextPrompt) else {}
             for completion in group:
@@ -215,11 +240,7 @@ class _HuggingFace(Workload):
         }
         columns_arg["completion_ids"] = ids
         scorer = self._scorer(self.scorer.functions, True) if hang_reward else self.scorer
-        with self.phase("reward", len(texts)):
-            scores = iter(scorer.score(contents, texts, columns_arg))
-        for i, group in zip(fits, sampled, strict=True):
-            out[i] = [(completion, next(scores)) for completion in group]
-        return out
+        return scorer.score(contents, texts, columns_arg)
 
 
 def worker_spec(config: TrainerConfig) -> WorkerSpec:

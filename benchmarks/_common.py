@@ -1,13 +1,14 @@
 """Shared pieces of the benchmarks: timing, result rows, JSON results and a printed table.
 
-A benchmark body is a function of ``n`` that performs ``n`` operations. :func:`measure`
-calibrates ``n`` so one run takes about ``target_s`` seconds, warms up, repeats the run and
-returns the per-operation time of every run (the median is the headline figure, the min-max
-range the spread). A body that needs untimed set-up (building inputs, starting tasks) returns
-the nanoseconds of its timed part itself (read with :func:`clock_ns`); otherwise the whole
-call is timed. The clock is ``time.perf_counter_ns`` unless :func:`use_clock` says ``"cpu"``.
+A benchmark body is a function of ``n`` that performs ``n`` operations.
+:func:`measure_group` calibrates ``n`` so one run takes about ``target_s`` seconds, warms up,
+repeats the run and returns each body's per-operation time of every run (the median is the
+headline figure, the min-max range the spread). A body that needs untimed set-up (building
+inputs, starting tasks) returns the nanoseconds of its timed part itself (read with
+:func:`clock_ns`); otherwise the whole call is timed. The clock is ``time.perf_counter_ns``
+unless :func:`use_clock` says ``"cpu"``.
 
-    stats = measure(op_loop("obj.method(x)", {"obj": obj, "x": 1}))
+    stats = measure_group({"calls": op_loop("obj.method(x)", {"obj": obj, "x": 1})})["calls"]
     row = Result.from_stats("calls", "empty method call", stats, unit="ns")
     write_results("example", [row])
     print_table([row])
@@ -47,7 +48,6 @@ __all__ = [
     "clock_kind",
     "clock_ns",
     "machine_info",
-    "measure",
     "measure_group",
     "op_loop",
     "load_average",
@@ -197,21 +197,6 @@ def measure_group(
         for name, body in bodies.items():
             runs[name].append(_run_once(body, counts[name]) / counts[name])
     return {name: Stats(tuple(values), counts[name]) for name, values in runs.items()}
-
-
-def measure(
-    body: Body,
-    *,
-    n: int | None = None,
-    target_s: float = 0.2,
-    repeat: int = 5,
-    warmup: int = 1,
-    start_n: int = 1,
-) -> Stats:
-    """Measure one body; see :func:`measure_group`."""
-    return measure_group(
-        {"": body}, n=n, target_s=target_s, repeat=repeat, warmup=warmup, start_n=start_n
-    )[""]
 
 
 def op_loop(stmt: str, namespace: Mapping[str, Any], *, unroll: int = 10) -> Body:

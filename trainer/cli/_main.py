@@ -342,10 +342,6 @@ def _stop_on_signals(trainer: Any) -> dict[int, Any]:
     return previous
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 def _new_run_folder_name() -> Path:
     """``runs/YYYYmmdd-HHMMSS`` (made unique); created only once the run is validated."""
     runs = Path("runs")
@@ -407,6 +403,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..config._schema import convert
     from ..config._schema import load_config
     from ..rollout._faults import FaultInjector
+    from ..runtime._describe_workers import count
 
     if "help" in args.inject:
         width = max(map(len, FAULTS))
@@ -482,7 +479,7 @@ def _train(args: argparse.Namespace) -> int:
     average = summary.reward_moving_average
     print(
         f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "
-        f"(10-step average {average:.3f}), {_count(len(summary.restarts), 'restart')}, "
+        f"(10-step average {average:.3f}), {count(len(summary.restarts), 'restart')}, "
         f"{summary.duration_s:.1f} s; run folder {out}"
         if average is not None and summary.final_reward is not None
         else f"{summary.status}: {summary.steps} steps; run folder {out}"

@@ -23,7 +23,7 @@ from eventbus import WorkerJoined
 from eventbus import WorkerLeft
 from eventbus import WorkerStalled
 
-__all__ = ["WORKER_DESCRIBERS", "short_node", "worker_label"]
+__all__ = ["WORKER_DESCRIBERS", "count", "short_node", "worker_label"]
 
 _RAY_NODE_ID = 56  # hex digits
 
@@ -44,21 +44,22 @@ def _who(e: Any) -> str:
     return worker_label(e.worker_id, e.node)
 
 
-def _count(n: int, noun: str) -> str:
+def count(n: int, noun: str) -> str:
+    """``1 rollout``, ``3 rollouts``: ``n`` and the noun, plural unless ``n`` is 1."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _membership(e: WorkerJoined | WorkerLeft, context: object) -> str:
     verb = "joined" if isinstance(e, WorkerJoined) else "left"
-    now = _count(e.workers, "worker")
+    now = count(e.workers, "worker")
     return f"{_who(e)} {verb} at step {e.step} ({now}): {e.reason or 'no reason'}"
 
 
 def _started(e: RolloutStarted, context: object) -> str:
     again = f", attempt {e.attempt}" if e.attempt > 1 else ""
     return (
-        f"{_who(e)} started {e.work_id} (step {e.step}): {_count(e.groups, 'group')}, "
-        f"{_count(e.rollouts, 'rollout')}{again}"
+        f"{_who(e)} started {e.work_id} (step {e.step}): {count(e.groups, 'group')}, "
+        f"{count(e.rollouts, 'rollout')}{again}"
     )
 
 
@@ -67,7 +68,7 @@ def _finished(e: RolloutFinished, context: object) -> str:
     failed = f", {e.failed} failed" if e.failed else ""
     return (
         f"{_who(e)} finished {e.work_id} in {e.duration_s:.3f} s: "
-        f"{_count(e.rollouts, 'rollout')}{failed}{reward}"
+        f"{count(e.rollouts, 'rollout')}{failed}{reward}"
     )
 
 
@@ -80,15 +81,13 @@ def _failed(e: RolloutFailed, context: object) -> str:
 
 def _retried(e: RolloutRetried, context: object) -> str:
     return (
-        f"{_who(e)} runs {_count(e.rollouts, 'rollout')} again under attempt {e.attempt} "
+        f"{_who(e)} runs {count(e.rollouts, 'rollout')} again under attempt {e.attempt} "
         f"({e.work_id}, step {e.step})"
     )
 
 
 def _reward(e: RewardTimed, context: object) -> str:
-    return (
-        f"{_who(e)} scored {_count(e.rollouts, 'rollout')} of {e.work_id} in {e.duration_s:.3f} s"
-    )
+    return f"{_who(e)} scored {count(e.rollouts, 'rollout')} of {e.work_id} in {e.duration_s:.3f} s"
 
 
 def _stalled(e: WorkerStalled, context: object) -> str:
@@ -97,7 +96,7 @@ def _stalled(e: WorkerStalled, context: object) -> str:
 
 def _dropped(e: WorkerEventsDropped, context: object) -> str:
     return (
-        f"{_who(e)} dropped {_count(e.missed, 'event')} (its buffer was full before the "
+        f"{_who(e)} dropped {count(e.missed, 'event')} (its buffer was full before the "
         f"trainer collected it)"
     )
 

@@ -4,10 +4,10 @@ Invariant: every participant of a barrier ends with exactly one :class:`Vote` (i
 recorded timeout, error or close), and the barrier's future completes exactly once, when the
 last of them is recorded. Votes are kept in the participants' join order, so the outcome never
 depends on who answered first. :meth:`Barrier.record` keeps these rules, and so does
-``BusState.vote``, which records a subscriber's answer inline (the hottest path of a safe
-point: once per participant). All mutation happens under the bus lock; the future is completed
-on its own loop (directly when the voter runs there, through ``call_soon_threadsafe``
-otherwise).
+``Voting.decide`` (``_state``), which records a subscriber's answer inline (the hottest path of
+a safe point: once per participant). All mutation happens under the bus lock; the future is
+completed on its own loop (directly when the voter runs there, through
+``call_soon_threadsafe`` otherwise).
 
 :class:`Deadlines` times out the open barriers of one loop with a single loop timer, armed for
 the earliest deadline and re-armed as it fires: with a constant timeout, deadlines only grow,

@@ -10,6 +10,7 @@ no future, task or timer.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -20,12 +21,14 @@ from ._decisions import SafePoint
 from ._events import SafePointOutcome
 from ._events import SafePointReached
 from ._events import SafePointResolved
+from ._order import lock_free
 from ._state import BusState
 from ._state import PointRoute
 
 __all__ = ["reach"]
 
 _perf_counter = time.perf_counter
+_get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
 _Future = asyncio.Future
 
@@ -35,6 +38,10 @@ def _complete(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+# Lock-free (see _order) in single-thread mode, like publish: a safe point is as hot. A
+# suspended coroutine is not on its thread's stack, so single-thread mode may end during the
+# await; `solo` is tested again after it.
+@lock_free
 async def reach(
     state: BusState,
     route: PointRoute,
@@ -46,32 +53,39 @@ async def reach(
     """Run the safe point ``point`` for ``route``'s participants and observers."""
     opened = _perf_counter()
     roster = route.roster
-    request = SafePointReached(point=point, step=step, details=details, participants=roster.names)
     barrier: Barrier | None = None
     lock = state.lock
-    lock.acquire()
+    solo = lock.solo_thread == _get_ident()
+    if not solo:  # (acquire() ends single-thread mode first)
+        lock.raw_acquire() if lock.shared else lock.acquire()
     try:
-        request = state.stamp_locked(request)
+        # Stamped as it is built, in the same critical section as its delivery (see _state).
+        state.seq = seq = state.seq + 1
+        request = SafePointReached(
+            point=point,
+            step=step,
+            details=details,
+            participants=roster.names,
+            seq=seq,
+            time=state.clock(),
+        )
         if roster.participants:
             loop = _get_running_loop()
             # Not loop.create_future(): on asyncio's loop, a Python method around this.
             future: asyncio.Future[None] = _Future(loop=loop)
             barrier = Barrier(point, step, roster, future, opened)
-            state.barriers[request.seq] = barrier
+            state.barriers[seq] = barrier
         state.deliver_locked(request, route.requests)
         state.safe_points += 1
     finally:
-        lock.release()
+        if not solo:
+            lock.release()
 
-    if barrier is None:
-        outcome = SafePointOutcome(
-            point=point, step=step, decision=Decision.CONTINUE, elapsed_s=_perf_counter() - opened
-        )
-    else:
-        # A shared loop timer rather than a cancel scope: the same guarantee (the finally
-        # block always cleans up) at a fraction of the cost, which matters at every step
-        # boundary. A bus used from a second loop while barriers are open on the first falls
-        # back to a timer of its own.
+    if barrier is not None:
+        # A shared loop timer rather than a cancel scope: the same guarantee (the barrier is
+        # always closed) at a fraction of the cost, which matters at every step boundary. A
+        # bus used from a second loop while barriers are open on the first falls back to a
+        # timer of its own.
         deadlines = state.deadlines
         if deadlines is None or deadlines.loop is not loop:
             if deadlines is None or not deadlines.barriers:
@@ -85,23 +99,47 @@ async def reach(
             timer = loop.call_later(timeout, _complete, future)
         try:
             await future
+        except BaseException:
+            # Cancelled: the barrier still closes with every vote recorded; nobody is told.
+            with lock:
+                _close(state, barrier, seq, timeout)
+            raise
         finally:
             if deadlines is not None:
                 deadlines.forget(barrier)
             elif timer is not None:
                 timer.cancel()
-            with lock:
-                del state.barriers[request.seq]
-                now = _perf_counter()
-                if barrier.remaining:
-                    barrier.expire(state.timeout_decision, timeout, now)
-                outcome = barrier.outcome(now)
 
-    if route.stale:  # subscriptions changed while the barrier was open
-        route = state.point_route(point)
-    if route.resolved:
-        with lock:
-            state.deliver_locked(
-                state.stamp_locked(SafePointResolved(outcome=outcome)), route.resolved
+    # One critical section closes the barrier and tells the observers.
+    solo = lock.solo_thread == _get_ident()
+    if not solo:
+        lock.raw_acquire() if lock.shared else lock.acquire()
+    try:
+        if barrier is not None:
+            outcome = _close(state, barrier, seq, timeout)
+        else:
+            outcome = SafePointOutcome(
+                point=point,
+                step=step,
+                decision=Decision.CONTINUE,
+                elapsed_s=_perf_counter() - opened,
             )
+        if route.stale:  # subscriptions changed while the barrier was open
+            route = state.point_routes.get(point._value_) or state.point_route_locked(point)
+        if route.resolved:
+            state.seq += 1
+            resolved = SafePointResolved(outcome=outcome, seq=state.seq, time=state.clock())
+            state.deliver_locked(resolved, route.resolved)
+    finally:
+        if not solo:
+            lock.release()
     return outcome
+
+
+def _close(state: BusState, barrier: Barrier, seq: int, timeout: float) -> SafePointOutcome:
+    """Take ``barrier`` out of the open set, recording a timeout for whoever has not voted."""
+    del state.barriers[seq]
+    now = _perf_counter()
+    if barrier.remaining:
+        barrier.expire(state.timeout_decision, timeout, now)
+    return barrier.outcome(now)

@@ -26,9 +26,6 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
-from typing import TypeVar
-
-import msgspec
 
 from ._barrier import Barrier
 from ._barrier import Deadlines
@@ -46,17 +43,13 @@ from ._order import OrderLock
 from ._order import lock_free
 from ._util import describe_error
 
-__all__ = ["BusState", "Inbox", "PointRoute", "Push"]
+__all__ = ["BusState", "Inbox", "PointRoute", "Push", "Voting"]
 
 logger = logging.getLogger("eventbus")
-
-E = TypeVar("E", bound=Event)
 
 Push = Callable[[Event], None]
 """Appends one event to one queue (a bound method of the queue, cached in routes)."""
 
-_force_setattr = msgspec.structs.force_setattr
-_replace = msgspec.structs.replace
 _perf_counter = time.perf_counter
 _get_ident = threading.get_ident
 
@@ -162,15 +155,6 @@ class BusState:
 
     # --- publishing ---------------------------------------------------------------------
 
-    def stamp_locked(self, event: E) -> E:
-        """Give ``event`` the next ``seq`` and the current time (a copy if already stamped)."""
-        if event.seq:
-            event = _replace(event)
-        self.seq += 1
-        _force_setattr(event, "seq", self.seq)
-        _force_setattr(event, "time", self.clock())
-        return event
-
     def deliver_locked(self, event: Event, pushes: tuple[Push, ...]) -> None:
         """Append an already stamped ``event`` to each of ``pushes``."""
         for push in pushes:
@@ -207,19 +191,24 @@ class BusState:
         route = self.point_routes.get(point._value_)
         if route is None:
             with self.lock:
-                voters: list[Inbox] = []
-                requests: list[Push] = []
-                resolved: list[Push] = []
-                for s in self.subscribers:
-                    if point in s._vote_points:
-                        voters.append(s)
-                        requests.append(s._push_request)
-                    elif s._accepts(SafePointReached) and s._observes_point(point):
-                        requests.append(s._push)
-                    if s._accepts(SafePointResolved) and s._observes_point(point):
-                        resolved.append(s._push)
-                route = PointRoute(Roster(tuple(voters)), tuple(requests), tuple(resolved))
-                self.point_routes[point._value_] = route
+                route = self.point_route_locked(point)
+        return route
+
+    def point_route_locked(self, point: SafePoint) -> PointRoute:
+        """:meth:`point_route`, with the lock held (computed afresh and cached)."""
+        voters: list[Inbox] = []
+        requests: list[Push] = []
+        resolved: list[Push] = []
+        for s in self.subscribers:
+            if point in s._vote_points:
+                voters.append(s)
+                requests.append(s._push_request)
+            elif s._accepts(SafePointReached) and s._observes_point(point):
+                requests.append(s._push)
+            if s._accepts(SafePointResolved) and s._observes_point(point):
+                resolved.append(s._push)
+        route = PointRoute(Roster(tuple(voters)), tuple(requests), tuple(resolved))
+        self.point_routes[point._value_] = route
         return route
 
     # --- membership ---------------------------------------------------------------------
@@ -281,61 +270,6 @@ class BusState:
         """True while the safe point whose request has this ``seq`` is unresolved."""
         return seq in self.barriers
 
-    @lock_free
-    def vote(
-        self, voter: Voter, event: SafePointReached, decision: Decision, reason: str = ""
-    ) -> bool:
-        """A subscriber's answer (``Subscription.decide``): invalid votes raise.
-
-        Returns:
-            True when the vote counted; False when its barrier had already resolved.
-        """
-        if type(decision) is not Decision and not isinstance(decision, Decision):
-            raise TypeError(f"decision must be an eventbus.Decision, got {decision!r}")
-        if type(event) is not SafePointReached:
-            raise SafePointError(
-                f"{voter.name!r} can only decide a SafePointReached event, "
-                f"not {type(event).__name__}"
-            )
-        lock = self.lock
-        solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
-        if not solo:  # (acquire() ends single-thread mode first)
-            lock.raw_acquire() if lock.shared else lock.acquire()
-        try:
-            barrier = self.barriers.get(event.seq)
-            if barrier is not None:
-                index = barrier.roster.positions.get(voter)
-                if index is not None:
-                    votes = barrier.votes
-                    if votes[index] is not None:
-                        raise SafePointError(
-                            f"{voter.name!r} already answered safe point "
-                            f"{event.point.value} (seq {event.seq})"
-                        )
-                    # Barrier.record's work, inline: this runs once per participant.
-                    votes[index] = Vote(
-                        participant=barrier.roster.names[index],
-                        decision=decision,
-                        reason=reason,
-                        latency_s=_perf_counter() - barrier.opened,
-                    )
-                    if decision.severity > barrier.worst.severity:
-                        barrier.worst = decision
-                    barrier.remaining -= 1
-                    if not barrier.remaining:
-                        barrier.complete()
-                    return True
-            if voter.name in event.participants and event.seq <= self.seq:
-                self.late_votes += 1
-                return False
-            raise SafePointError(
-                f"{voter.name!r} does not take part in safe point "
-                f"{event.point.value} (seq {event.seq})"
-            )
-        finally:
-            if not solo:
-                lock.release()
-
     def record_vote(
         self,
         voter: Voter,
@@ -390,3 +324,83 @@ class BusState:
                     event_type=event_type,
                 )
             )
+
+
+class Voting:
+    """Gives a subscription :meth:`decide`, its answer at a safe point.
+
+    Defined here, next to :meth:`BusState.record_vote`, so the rules of a vote live in one
+    module; and as the subscription's own method rather than a call into the state, because a
+    subscriber's vote runs once per participant at every safe point and a frame less is a
+    measurable share of it.
+    """
+
+    __slots__ = ()
+
+    _state: BusState
+    _lock: OrderLock  # the state's
+
+    @property
+    def name(self) -> str:
+        """The voter's name (in its :class:`Vote` and in error messages)."""
+        raise NotImplementedError
+
+    @lock_free
+    def decide(self, event: SafePointReached, decision: Decision, *, reason: str = "") -> bool:
+        """Answer the safe point ``event`` with ``decision``.
+
+        Returns:
+            True when the vote counted; False when the barrier had already resolved (for
+            example it timed out), in which case the vote is counted as late.
+
+        Raises:
+            TypeError: ``decision`` is not a :class:`Decision`.
+            SafePointError: This subscription already answered, or does not take part in
+                this safe point.
+        """
+        if type(decision) is not Decision and not isinstance(decision, Decision):
+            raise TypeError(f"decision must be an eventbus.Decision, got {decision!r}")
+        if type(event) is not SafePointReached:
+            raise SafePointError(
+                f"{self.name!r} can only decide a SafePointReached event, "
+                f"not {type(event).__name__}"
+            )
+        lock = self._lock
+        solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
+        if not solo:  # (acquire() ends single-thread mode first)
+            lock.raw_acquire() if lock.shared else lock.acquire()
+        try:
+            state = self._state
+            barrier = state.barriers.get(event.seq)
+            if barrier is not None:
+                index = barrier.roster.positions.get(self)
+                if index is not None:
+                    votes = barrier.votes
+                    if votes[index] is not None:
+                        raise SafePointError(
+                            f"{self.name!r} already answered safe point "
+                            f"{event.point.value} (seq {event.seq})"
+                        )
+                    # Barrier.record's work, inline: this runs once per participant.
+                    votes[index] = Vote(
+                        participant=barrier.roster.names[index],
+                        decision=decision,
+                        reason=reason,
+                        latency_s=_perf_counter() - barrier.opened,
+                    )
+                    if decision.severity > barrier.worst.severity:
+                        barrier.worst = decision
+                    barrier.remaining -= 1
+                    if not barrier.remaining:
+                        barrier.complete()
+                    return True
+            if self.name in event.participants and event.seq <= state.seq:
+                state.late_votes += 1
+                return False
+            raise SafePointError(
+                f"{self.name!r} does not take part in safe point "
+                f"{event.point.value} (seq {event.seq})"
+            )
+        finally:
+            if not solo:
+                lock.release()

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from ._decisions import Decision
 from ._decisions import SafePoint
 from ._errors import SubscriberOverflowError
 from ._events import Event
@@ -39,6 +38,7 @@ from ._events import SafePointReached
 from ._loops import RunningLoop
 from ._order import lock_free
 from ._state import BusState
+from ._state import Voting
 from ._util import NoPublicConstructor
 
 __all__ = ["OVERFLOW_POLICIES", "Overflow", "Subscription", "SubscriptionStatistics"]
@@ -93,7 +93,7 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-class Subscription(metaclass=NoPublicConstructor):
+class Subscription(Voting, metaclass=NoPublicConstructor):
     """An ordered stream of the events one subscriber asked for.
 
     Created by :meth:`EventBus.subscribe`; live as soon as it is returned. Iterate it with
@@ -169,20 +169,6 @@ class Subscription(metaclass=NoPublicConstructor):
         """The safe points this subscription votes at (empty when it only observes)."""
         return self._vote_points
 
-    def decide(self, event: SafePointReached, decision: Decision, *, reason: str = "") -> bool:
-        """Answer the safe point ``event`` with ``decision``.
-
-        Returns:
-            True when the vote counted; False when the barrier had already resolved (for
-            example it timed out), in which case the vote is counted as late.
-
-        Raises:
-            TypeError: ``decision`` is not a :class:`Decision`.
-            SafePointError: This subscription already answered, or does not take part in
-                this safe point.
-        """
-        return self._state.vote(self, event, decision, reason)
-
     def close(self) -> None:
         """Stop receiving events and end iteration at once. Idempotent.
 
@@ -228,7 +214,8 @@ class Subscription(metaclass=NoPublicConstructor):
                 self._delivered += 1
                 return item  # type: ignore[return-value]  # not a _Gap, so an Event
             lock = self._lock
-            solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
+            thread = _get_ident()
+            solo = lock.solo_thread == thread  # see _order: no lock while one thread runs
             if not solo:  # (acquire() ends single-thread mode first)
                 lock.raw_acquire() if lock.shared else lock.acquire()
             try:
@@ -254,7 +241,6 @@ class Subscription(metaclass=NoPublicConstructor):
                 # costs a system call (see _loops). asyncio.Future itself, not
                 # loop.create_future(): on asyncio's own loop that is a Python method around
                 # the same constructor. Both are paid at every wait.
-                thread = _get_ident()
                 remembered = self._consumer_loop
                 loop = remembered.loop
                 if loop is None or remembered.thread != thread or not loop.is_running():
@@ -303,11 +289,11 @@ class Subscription(metaclass=NoPublicConstructor):
             return
         if self._accepting:
             queue.append(event)
-            # self._wake(), inlined: this runs for every event a subscriber receives.
+            # self._wake(), inlined (see there): this runs for every event a subscriber receives.
             waiter = self._waiter
             if waiter is not None:
                 self._waiter = None
-                if _get_ident() == self._waiter_thread:
+                if self._lock.solo_thread or _get_ident() == self._waiter_thread:
                     if not waiter.done():
                         waiter.set_result(None)
                 else:
@@ -430,7 +416,10 @@ class Subscription(metaclass=NoPublicConstructor):
         if waiter is None:
             return
         self._waiter = None
-        if _get_ident() == self._waiter_thread:
+        # In single-thread mode the waker and the waiter both are the owner thread: any other
+        # thread ends the mode before it touches a queue (see _order). Saves asking which
+        # thread this is, at every wake.
+        if self._lock.solo_thread or _get_ident() == self._waiter_thread:
             _wake(waiter)
         else:
             waiter.get_loop().call_soon_threadsafe(_wake, waiter)

@@ -314,3 +314,19 @@ async def test_an_answered_safe_point_leaves_its_deadline_behind() -> None:
         sub.close()
     silent.close()
     bus.close()
+
+
+async def test_a_cancelled_safe_point_still_records_every_vote() -> None:
+    """However the wait ends, the barrier closes: a vote after the caller was cancelled is
+    late, not counted."""
+    bus = EventBus()
+    sub = bus.subscribe(safe_points=True, name="slow")
+    waiting = asyncio.ensure_future(bus.safe_point(SafePoint.STEP_BOUNDARY, timeout=30))
+    request = await anext(sub)  # the barrier is open and its caller waits
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert isinstance(request, SafePointReached)
+    assert not sub.decide(request, Decision.STOP)
+    assert bus.statistics().late_votes == 1
+    bus.close()

@@ -21,6 +21,7 @@ from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
 from eventbus import SafePoint
+from eventbus import SafePointReached
 from eventbus import StepStarted
 from eventbus import Subscription
 from eventbus._loops import RunningLoop
@@ -71,6 +72,24 @@ def in_thread(target: Callable[[], None]) -> tuple[threading.Thread, threading.E
     return thread, done
 
 
+def publish_once_the_owner_is_held(
+    bus: EventBus, clock: HoldingClock, where: str
+) -> threading.Thread:
+    """Once the owner is held in the clock (past its seq), publish ``StepStarted(step=2)``
+    from another thread, which must not get through before the owner is released."""
+
+    def other_thread() -> None:
+        assert clock.inside.wait(WAIT_S)
+        thread, done = in_thread(lambda: bus.publish(StepStarted(step=2)))
+        got_through = done.wait(GRACE_S)
+        clock.release()
+        thread.join(WAIT_S)
+        assert not got_through, f"published while the owner was inside {where}"
+
+    control, _ = in_thread(other_thread)
+    return control
+
+
 def steps(events: list[Event]) -> list[tuple[int, int]]:
     return [(e.step, e.seq) for e in events if isinstance(e, StepStarted)]
 
@@ -104,15 +123,7 @@ def test_another_thread_waits_until_the_owner_leaves_its_lock_free_publish() -> 
     owner = threading.get_ident()
     clock.hold(lambda thread: thread == owner)
 
-    def other_thread() -> None:
-        assert clock.inside.wait(WAIT_S)  # the owner is inside publish, past its seq
-        thread, done = in_thread(lambda: bus.publish(StepStarted(step=2)))
-        got_through = done.wait(GRACE_S)
-        clock.release()
-        thread.join(WAIT_S)
-        assert not got_through, "published while the owner was inside its critical section"
-
-    control, _ = in_thread(other_thread)
+    control = publish_once_the_owner_is_held(bus, clock, "its critical section")
     bus.publish(StepStarted(step=1))  # held in the clock until the other thread has tried
     control.join(WAIT_S)
     bus.close()
@@ -139,6 +150,65 @@ def test_after_another_thread_published_the_owner_takes_the_lock() -> None:
     thread.join(WAIT_S)
     bus.close()
     assert steps(drain(sub)) == [(1, 1), (2, 2)]
+
+
+def seqs(events: list[Event]) -> list[tuple[str, int]]:
+    return [(type(e).__name__, e.seq) for e in events]
+
+
+def test_another_thread_waits_until_the_owner_leaves_its_lock_free_safe_point() -> None:
+    clock = HoldingClock()
+    bus = EventBus(clock=clock)
+    sub = bus.subscribe()  # an observer: it sees the request, and the resolution
+    owner = threading.get_ident()
+    clock.hold(lambda thread: thread == owner)
+
+    control = publish_once_the_owner_is_held(bus, clock, "its safe point")
+    asyncio.run(bus.safe_point(SafePoint.STEP_BOUNDARY, step=1))
+    control.join(WAIT_S)
+    bus.close()
+    assert seqs(drain(sub)) == [
+        ("SafePointReached", 1),
+        ("SafePointResolved", 2),
+        ("StepStarted", 3),
+    ]
+
+
+def test_a_safe_point_takes_the_lock_after_its_wait_once_another_thread_shared_the_bus() -> None:
+    """Single-thread mode can end while a safe point waits for its votes: it must not resume
+    lock-free on what it saw before the wait."""
+    clock = HoldingClock()
+    bus = EventBus(clock=clock)
+    sub = bus.subscribe(safe_points=True)
+    owner = threading.get_ident()
+    threads: list[threading.Thread] = []
+
+    def release_later() -> None:
+        time.sleep(GRACE_S)  # lets a wrongly lock-free safe point get through first
+        clock.release()
+
+    async def participate() -> None:
+        async for event in sub:
+            if isinstance(event, SafePointReached):
+                sub.decide(event, Decision.CONTINUE)  # the safe point can resume now
+                # Another thread ends single-thread mode and is held inside its publish,
+                # past its seq, until after the safe point has tried to resume.
+                clock.hold(lambda thread: thread != owner)
+                threads.append(in_thread(lambda: bus.publish(StepStarted(step=2)))[0])
+                assert clock.inside.wait(WAIT_S)
+                threads.append(in_thread(release_later)[0])
+                return
+
+    async def use() -> None:
+        task = asyncio.create_task(participate())
+        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=1)
+        await task
+
+    asyncio.run(use())
+    for thread in threads:
+        thread.join(WAIT_S)
+    bus.close()
+    assert seqs(drain(sub)) == [("StepStarted", 2), ("SafePointResolved", 3)]
 
 
 def test_a_consumer_on_another_thread_gets_every_event_in_order() -> None:

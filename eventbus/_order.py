@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable
 from types import CodeType
-from types import TracebackType
 from typing import TypeVar
 
 __all__ = ["OrderLock", "lock_free"]
@@ -116,10 +115,5 @@ class OrderLock:
     def __enter__(self) -> None:
         self.acquire()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._lock.release()

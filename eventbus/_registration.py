@@ -16,7 +16,6 @@ import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -147,12 +146,7 @@ class Registration(metaclass=NoPublicConstructor):
     def __enter__(self) -> Registration:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

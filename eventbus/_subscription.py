@@ -27,7 +27,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Literal
 
 from ._decisions import SafePoint
@@ -268,12 +267,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
     async def __aenter__(self) -> Subscription:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -33,6 +33,9 @@ from ._events import Vote
 __all__ = ["Barrier", "Deadlines", "Roster", "Voter"]
 
 _get_ident = threading.get_ident
+# On Python 3.11, reading a member off the Enum class goes through EnumType.__getattr__'s
+# slot (about 100 ns); a barrier opens at every safe point.
+_CONTINUE = Decision.CONTINUE
 
 
 class Voter(Hashable, Protocol):
@@ -90,7 +93,7 @@ class Barrier:
         self.roster = roster
         self.votes: list[Vote | None] = [None] * len(roster.participants)
         self.remaining = len(roster.participants)
-        self.worst = Decision.CONTINUE
+        self.worst = _CONTINUE
         self.future = future
         self.loop_thread = _get_ident()
         self.opened = opened

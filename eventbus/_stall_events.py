@@ -122,25 +122,31 @@ class StallDiagnosed(Event, frozen=True):
     repeat: int = 0
     notes: tuple[str, ...] = ()
 
-    def headline(self) -> str:
+    def headline(self, *, after_s: float = 0.0) -> str:
         """One line: who holds what, for how long, stuck where.
 
         ``worker ray-1.0 holds 4 rollouts for 6.2 s, stuck in `myrewards.py:41 score` ``,
         or for other stages ``weight_sync at step 3 stalled for 6.2 s, stuck in ...``.
+
+        Args:
+            after_s: How long the stall has gone on since this diagnosis: the durations are
+                stated that much later (a restart or a deadline quoting the diagnosis says
+                how long the rollouts have been held by then, not how long at diagnosis).
         """
+        later = max(0.0, after_s)
         held: dict[str, list[StuckRollout]] = {}
         for rollout in self.stuck:
             held.setdefault(rollout.worker_id, []).append(rollout)
         parts = []
         for worker_id, rollouts in held.items():
-            longest = max(r.held_s for r in rollouts)
+            longest = max(r.held_s for r in rollouts) + later
             count = f"{len(rollouts)} rollout" + ("" if len(rollouts) == 1 else "s")
             parts.append(
                 f"worker {worker_id} holds {count} for {longest:.1f} s" + self._stuck_in(worker_id)
             )
         if parts:
             return "; ".join(parts)
-        what = f"{self.stage} at step {self.step} stalled for {self.stalled_s:.1f} s"
+        what = f"{self.stage} at step {self.step} stalled for {self.stalled_s + later:.1f} s"
         return what + self._stuck_in("trainer")
 
     def _stuck_in(self, owner: str) -> str:

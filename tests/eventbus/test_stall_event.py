@@ -59,3 +59,13 @@ def test_headline_of_a_trainer_stage_uses_the_trainer_stack() -> None:
     assert event.headline() == (
         "weight_sync at step 5 stalled for 9.0 s, stuck in `_worker.py:90 run`"
     )
+
+
+def test_headline_after_the_diagnosis_states_the_durations_that_much_later() -> None:
+    held = stall(stuck=stuck("ray-1", 2, 1.1) + stuck("ray-2", 1, 0.4))
+    assert held.headline(after_s=8.9) == (
+        "worker ray-1 holds 2 rollouts for 10.0 s; worker ray-2 holds 1 rollout for 9.3 s"
+    )
+    trainer_stage = stall(step=5, stage="weight_sync", waited_s=2.0, stalled_s=2.0)
+    assert trainer_stage.headline(after_s=8.0) == "weight_sync at step 5 stalled for 10.0 s"
+    assert held.headline(after_s=-1.0) == held.headline()  # a clock step back: as diagnosed

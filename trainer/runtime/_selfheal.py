@@ -179,7 +179,7 @@ class SelfHealingExtension:
             step = safe_point.step if safe_point.step is not None else -1
             last_step, count = self._stall_restarts_this_step
             count = count + 1 if last_step == step else 1
-            reason, self._stall = self._with_diagnosis(self._stall, step), None
+            reason, self._stall = self._with_diagnosis(self._stall, safe_point), None
             self._progress.reset()  # the restarted wait is watched from scratch
             if count > self.max_stall_restarts_per_step:
                 logger.error("not restarting again at step %d: %s", step, reason)
@@ -190,12 +190,13 @@ class SelfHealingExtension:
             return Decision.RESTART_REQUIRED, reason
         return Decision.CONTINUE, ""
 
-    def _with_diagnosis(self, reason: str, step: int) -> str:
-        """``reason``, followed by the diagnosis of this step's stall when there is one."""
+    def _with_diagnosis(self, reason: str, safe_point: SafePointReached) -> str:
+        """``reason``, followed by the diagnosis of this step's stall when there is one, its
+        durations as of ``safe_point`` (the stall went on after it was diagnosed)."""
         diagnosis, self._diagnosis = self._diagnosis, None
-        if diagnosis is None or diagnosis.step != step:
+        if diagnosis is None or diagnosis.step != safe_point.step:
             return reason
-        return f"{reason}: {diagnosis.headline()}"
+        return f"{reason}: {diagnosis.headline(after_s=safe_point.time - diagnosis.time)}"
 
     async def _recover(self, safe_point: SafePointReached) -> tuple[Decision, str]:
         details = safe_point.details

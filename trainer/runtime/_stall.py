@@ -231,7 +231,11 @@ class WaitDeadlineExceeded(TimeoutError):
         setting: str,
         diagnosis: StallDiagnosed | None = None,
     ) -> None:
-        where = f"; diagnosed: {diagnosis.headline()}" if diagnosis is not None else ""
+        where = ""
+        if diagnosis is not None:
+            # As of the deadline: the wait had lasted waited_s when it was diagnosed.
+            later = timeout_s - diagnosis.waited_s
+            where = f"; diagnosed: {diagnosis.headline(after_s=later)}"
         super().__init__(
             f"{_WHAT.get(stage, stage)} did not finish within {timeout_s:g} s "
             f"({setting}) at step {step}{where}"

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from eventbus import RolloutRestarted
+from eventbus import SafePointReached
 from eventbus import StallDiagnosed
 from eventbus.testing import record_events
 from trainer import FaultInjector
@@ -83,7 +84,9 @@ async def test_a_hung_actor_is_diagnosed_and_named_in_the_restart_vote() -> None
     )
     trainer = PPOTrainer(config, faults=FaultInjector.parse(["hang@2"]))
     trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=3.0, backoff_s=0.0))
-    async with record_events(trainer.bus, StallDiagnosed, RolloutRestarted) as recorder:
+    async with record_events(
+        trainer.bus, StallDiagnosed, RolloutRestarted, SafePointReached
+    ) as recorder:
         summary = await trainer.fit()
     assert summary.status == "finished"
     [restart] = recorder.of_type(RolloutRestarted)
@@ -99,7 +102,9 @@ async def test_a_hung_actor_is_diagnosed_and_named_in_the_restart_vote() -> None
     [stack] = [s for s in latest.stacks if s.owner == worker]
     assert stack.source == "py-spy"
     assert stack.where().function == "RolloutActor.hang"  # type: ignore[union-attr]
-    assert restart.reason.endswith(f": {latest.headline()})")
+    voted_at = [e for e in recorder.of_type(SafePointReached) if e.seq < restart.seq][-1]
+    quoted = [d for d in diagnoses if d.seq < voted_at.seq][-1]  # the healer's latest
+    assert restart.reason.endswith(f": {quoted.headline(after_s=voted_at.time - quoted.time)})")
 
 
 async def test_a_hung_weight_sync_is_diagnosed_where_the_put_hangs() -> None:

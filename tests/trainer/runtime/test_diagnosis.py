@@ -15,6 +15,7 @@ from eventbus import Capability
 from eventbus import Event
 from eventbus import ExtensionContext
 from eventbus import RolloutRestarted
+from eventbus import SafePointReached
 from eventbus import StallDiagnosed
 from eventbus.testing import record_events
 from replay import RolloutResult
@@ -89,7 +90,9 @@ async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
     healer = SelfHealingExtension(stall_timeout_s=1.0, backoff_s=0.0)
     trainer.register_runtime_extension(healer)
     trainer.register_runtime_extension(ReleaseOnRestart(hangs.release))
-    async with record_events(trainer.bus, StallDiagnosed, RolloutRestarted) as recorder:
+    async with record_events(
+        trainer.bus, StallDiagnosed, RolloutRestarted, SafePointReached
+    ) as recorder:
         summary = await trainer.fit()
     assert summary.status == "finished"
     diagnoses = recorder.of_type(StallDiagnosed)
@@ -114,8 +117,10 @@ async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
     assert headline.endswith(f"stuck in `test_diagnosis.py:{line} stuck_in_known_function`")
     # The self-healing vote's reason carries the latest diagnosis before it.
     [restart] = recorder.of_type(RolloutRestarted)
-    latest = [d for d in diagnoses if d.seq < restart.seq][-1]
-    assert restart.reason.endswith(f": {latest.headline()})")
+    voted_at = [e for e in recorder.of_type(SafePointReached) if e.seq < restart.seq][-1]
+    latest = [d for d in diagnoses if d.seq < voted_at.seq][-1]
+    # ... with the durations as of the vote, not of the diagnosis (the stall went on).
+    assert restart.reason.endswith(f": {latest.headline(after_s=voted_at.time - latest.time)})")
     assert restart.reason.startswith("restart_required (self-healing: no progress for ")
     assert summary.restarts[0]["reason"] == restart.reason
 

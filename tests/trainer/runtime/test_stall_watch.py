@@ -171,6 +171,13 @@ async def test_a_bounded_wait_past_its_deadline_names_it_and_carries_its_own_dia
     assert str(raised.value).endswith(f"; diagnosed: {latest.headline()}")
 
 
+def test_a_deadline_error_quotes_its_diagnosis_as_of_the_deadline() -> None:
+    diagnosis = StallDiagnosed(step=3, stage="checkpoint", waited_s=2.0, stalled_s=2.0)
+    error = WaitDeadlineExceeded("checkpoint", 3, 10.0, "checkpoint.timeout_s", diagnosis)
+    # Diagnosed 2 s into the wait; the deadline came 8 s later.
+    assert str(error).endswith("; diagnosed: checkpoint at step 3 stalled for 10.0 s")
+
+
 async def test_a_bounded_wait_that_ends_in_time_or_raises_is_left_alone() -> None:
     stages = Stages()
     with stages.bounded(*LONG):

@@ -21,7 +21,6 @@ from eventbus import Decision
 
 from ..runtime._describe import describe
 from ..runtime._fold import REWARD_METRIC
-from ..runtime._fold import WAIT_METRIC
 from ..runtime._fold import FitSummary
 from ._plots import write_plots
 from ._rundata import RunData
@@ -81,7 +80,7 @@ def report_json(run: RunData) -> dict[str, Any]:
         "source": run.source,
         "summary": msgspec.to_builtins(run.summary),
         "best_reward": {"step": int(best["step"]), "reward": best[REWARD_METRIC]} if best else None,
-        "longest_wait_step": _longest_wait_step(run),
+        "longest_wait_step": run.summary.sample_wait_longest_step,
         "restarts": [describe(e) for e in run.fold.restart_events] if run.fold else None,
         "notable_decisions": [describe(e) for e in run.fold.notable_events] if run.fold else None,
         "stalls": _stalls(run).splitlines()[1:],
@@ -241,17 +240,10 @@ def _dropped(s: FitSummary) -> str:
     return ", ".join(parts) or "none"
 
 
-def _longest_wait_step(run: RunData) -> int | None:
-    # The step of the longest wait, unless that step was redone after a restore.
-    longest = run.summary.sample_wait_longest_s
-    steps = [m["step"] for m in run.metrics if abs(m.get(WAIT_METRIC, -1) - longest) < 1e-9]
-    return int(steps[0]) if steps else None
-
-
 def _waits(run: RunData) -> str:
     s = run.summary
     text = f"{s.sample_wait_total_s:.2f} s total, longest {s.sample_wait_longest_s:.2f} s"
-    step = _longest_wait_step(run)
+    step = s.sample_wait_longest_step
     return text + (f" (step {step})" if step is not None else "")
 
 

@@ -118,6 +118,8 @@ class FitSummary(msgspec.Struct, kw_only=True):
         sample_wait_total_s: Time spent waiting for batches (steps that were redone after
             a restore included: the time was spent).
         sample_wait_longest_s: The longest wait for one batch.
+        sample_wait_longest_step: The step of that wait (a failed step's included; None
+            before the first step).
         checkpoints: Checkpoints written.
         workers_lost: Rollout workers that died.
         extension_failures: Extension hook calls that raised.
@@ -145,6 +147,7 @@ class FitSummary(msgspec.Struct, kw_only=True):
     retry_overwrites: int = 0
     sample_wait_total_s: float = 0.0
     sample_wait_longest_s: float = 0.0
+    sample_wait_longest_step: int | None = None
     checkpoints: int = 0
     workers_lost: int = 0
     extension_failures: int = 0
@@ -228,6 +231,12 @@ class RunFold:
 
     # --- the folds (called with the lock held) ----------------------------------------------
 
+    def _count_wait(self, wait_s: float, step: int) -> None:
+        s = self._summary
+        s.sample_wait_total_s += wait_s
+        if s.sample_wait_longest_step is None or wait_s > s.sample_wait_longest_s:
+            s.sample_wait_longest_s, s.sample_wait_longest_step = wait_s, step
+
     def _rewind(self, step: int) -> None:
         """The run continues from the checkpoint of ``step``: later steps will be redone."""
         self.rewards = {k: v for k, v in self.rewards.items() if k <= step}
@@ -292,9 +301,7 @@ class RunFold:
     def _step_finished(self, e: StepFinished) -> None:
         s = self._summary
         metrics = named(e.metrics)  # an older log has the short keys (reward_mean)
-        wait = float(metrics.get(WAIT_METRIC, 0.0))
-        s.sample_wait_total_s += wait
-        s.sample_wait_longest_s = max(s.sample_wait_longest_s, wait)
+        self._count_wait(float(metrics.get(WAIT_METRIC, 0.0)), e.step)
         s.steps = e.step
         if self._open is not None:
             self._open.end_step = e.step
@@ -405,9 +412,7 @@ class RunFold:
 
     def _fit_failed(self, e: FitFailed) -> None:
         # The failed step's wait (its deadline, lost rollouts) cost time no StepFinished has.
-        s = self._summary
-        s.sample_wait_total_s += e.wait_s
-        s.sample_wait_longest_s = max(s.sample_wait_longest_s, e.wait_s)
+        self._count_wait(e.wait_s, e.step)
         self._end_stalls(f"the run failed: {e.error_type}: {e.message}", e.time)
         if e.error_type == "CancelledError":
             self._close_open_attempt("interrupted", None, e.time)

@@ -275,6 +275,23 @@ def test_the_fold_of_the_log_of_a_failed_run() -> None:
     assert rows["notable decisions"] == "sample_wait at step 1: restart_required (healer: stalled)"
 
 
+def test_the_longest_wait_names_its_step_even_when_the_step_failed() -> None:
+    def finished(step: int, wait_s: float) -> eb.StepFinished:
+        return eb.StepFinished(step=step, metrics={"timing_s/wait": wait_s}, seq=step + 1)
+
+    events = [eb.FitStarted(run_id="w", total_steps=4, seq=1, time=1.0), finished(1, 0.5)]
+    events += [finished(2, 1.5), finished(3, 0.2)]
+    s = fold_events(events).summary()
+    assert (s.sample_wait_longest_s, s.sample_wait_longest_step) == (1.5, 2)
+    # Step 4 failed after waiting longer than any finished step: no StepFinished has it.
+    failed = eb.FitFailed(step=4, error_type="RolloutsLost", message="x", wait_s=9.0, seq=9)
+    fold = fold_events([*events, failed])
+    s = fold.summary()
+    assert (s.sample_wait_longest_s, s.sample_wait_longest_step) == (9.0, 4)
+    rows = dict(table_rows(RunData(Path("x"), summary=s, fold=fold)))
+    assert rows["sample waits"] == "11.20 s total, longest 9.00 s (step 4)"
+
+
 def test_table_rows_of_a_run_without_steps() -> None:
     fold = fold_events([eb.FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)])
     rows = dict(table_rows(RunData(Path("x"), summary=fold.summary(), fold=fold)))

@@ -89,3 +89,50 @@ def test_every_eventbus_module_states_its_purpose() -> None:
         if not ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
     ]
     assert missing == []
+
+
+# Private names of the standard library that the packages read on purpose: thread stacks
+# for stall diagnosis and single-thread mode (there is no public spelling of either).
+STDLIB_PRIVATE = {"sys._current_frames"}
+
+
+def reach_ins(source: str) -> list[str]:
+    """``obj._name`` reads of another object's private attribute: not on ``self``/``cls``,
+    not on a class this module defines (its own table of methods), not a dunder."""
+    tree = ast.parse(source)
+    own_classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") or ast.unparse(node) in STDLIB_PRIVATE:
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in {"self", "cls", *own_classes}:
+            continue
+        found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_reach_in_finder_sees_another_objects_private_attribute() -> None:
+    source = (
+        "import sys\n"
+        "class Own:\n"
+        "    def f(self, other):\n"
+        "        self._a, Own._b, sys._current_frames()\n"
+        "        return other._c, other.__class__\n"
+    )
+    assert reach_ins(source) == ["5: other._c"]
+
+
+@pytest.mark.parametrize("package", ["replay", "trainer"])
+def test_no_module_reads_another_objects_private_attributes(package: str) -> None:
+    """Issue 9 §2: the pieces talk through package-level interfaces (the tracker's, the
+    buffers'), never through each other's underscore names. (``eventbus``'s dispatcher and
+    host still read ``Registration``'s: not covered yet.)"""
+    found = {
+        str(path.relative_to(REPOSITORY)): hits
+        for path in sorted((REPOSITORY / package).rglob("*.py"))
+        if (hits := reach_ins(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}

@@ -322,7 +322,8 @@ class EventBus:
             check_timeout("timeout", timeout)
         positions = route.roster.positions
         if positions and self._registry.by_name and not self._host.running:
-            idle = [r.name for r in self._registry.all() if r._mailbox in positions]
+            registry = self._registry
+            idle = [r.name for r in registry.all() if registry.record(r).mailbox in positions]
             if idle:
                 raise BusNotRunningError(
                     f"extensions {idle} take part in safe points, but the bus is not running "
@@ -374,7 +375,7 @@ class EventBus:
     ) -> None:
         """For hosts that call extension code themselves (``state_dict`` in a checkpoint):
         log the failure, count it and publish ``ExtensionFailed``, as for a failing hook."""
-        registration._failed(hook, error, None)
+        self._registry.record(registration).failed(hook, error, None)
 
     async def drain(
         self, timeout: float = 5.0, *, registrations: Iterable[Registration] | None = None

@@ -1,11 +1,16 @@
-"""Running one extension: its ordered mailbox drained by its own task.
+"""Running one extension: its dispatch record, and its ordered mailbox drained by its own task.
 
 Invariant: an extension's hooks run one at a time, in publish order, on one task, so an
 extension always sees every earlier event before it votes, and its state changes only while
-its dispatcher is inside a hook (which the host can tell: see ``Registration._caught_up``).
+its dispatcher is inside a hook (which the host can tell: see :meth:`Dispatch.caught_up`).
 A hook that raises is isolated (logged, counted, published as ``ExtensionFailed``); the task
 goes on with the next event. A dispatcher never holds the loop for more than a few dozen
 events in a row.
+
+A :class:`Dispatch` is the state the pieces of one registration share, as trio's memory
+channels share theirs: the handle (``Registration``) reads its counters from it, the
+registry closes it, the dispatcher task below marks what it is handling, and the host's
+drain waits on it. None of them reads another's private attributes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import inspect
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,26 +28,92 @@ import anyio.lowlevel
 from ._decisions import Decision
 from ._events import Event
 from ._events import SafePointReached
-from ._registration import Registration
 from ._state import BusState
+from ._subscription import Subscription
 
-__all__ = ["FAIRNESS", "run_extension"]
+__all__ = ["FAIRNESS", "Dispatch", "run_extension"]
 
 FAIRNESS = 64
 """A dispatcher lets other tasks run at least once every this many events."""
 
 
+@dataclass(slots=True, eq=False)
+class Dispatch:
+    """One registration's mailbox, hooks and counters, and what its dispatcher is doing.
+
+    Written on the loop thread, except ``closed`` and ``cancel``, which the bus lock guards.
+
+    Attributes:
+        state: The bus's shared state (failures are published through it).
+        name: The extension's name.
+        mailbox: Its subscription, drained by the dispatcher.
+        on_event: ``on_event`` with the extension's context bound, if it has one.
+        on_safe_point: ``on_safe_point`` likewise.
+        events: Events handed to ``on_event``.
+        votes: Safe points answered by ``on_safe_point``.
+        failures: Hook calls that raised (or returned an invalid decision).
+        closed: The registration was closed.
+        cancel: Set while a dispatcher task runs; cancels it (from any thread).
+        busy: The dispatcher is inside a hook, handling the event numbered ``handling``
+            since ``busy_since`` (on the host's monotonic clock).
+        stall_reported: ``busy_since`` of the stall a drain last warned about.
+        drain_target: A drain waits for every event up to this ``seq`` to be handled, and
+            ``drained`` is set when they are.
+    """
+
+    state: BusState
+    name: str
+    mailbox: Subscription
+    on_event: Callable[[Event], Any] | None
+    on_safe_point: Callable[[Event], Any] | None
+    events: int = 0
+    votes: int = 0
+    failures: int = 0
+    closed: bool = False
+    cancel: Callable[[], None] | None = None
+    busy: bool = False
+    handling: int = 0
+    busy_since: float = 0.0
+    stall_reported: float = -1.0
+    drain_target: int | None = None
+    drained: anyio.Event | None = None
+
+    def failed(self, hook: str, error: Exception, event: Event | None) -> None:
+        """Count, log and publish a failing hook call."""
+        self.failures += 1
+        self.state.extension_failed(self.name, hook, error, event)
+
+    def caught_up(self, seq: int) -> bool:
+        """True when every event up to ``seq`` routed to this extension has been handled."""
+        if self.busy and self.handling <= seq:
+            return False
+        return not self.mailbox._holds_through(seq)
+
+    def progressed(self) -> None:
+        """After each hook call: release a waiting drain once it is satisfied."""
+        target = self.drain_target
+        if target is not None and (self.closed or self.caught_up(target)):
+            self.release_drain()
+
+    def release_drain(self) -> None:
+        """Wake a waiting drain (it looks again)."""
+        drained = self.drained
+        self.drain_target = self.drained = None
+        if drained is not None:
+            drained.set()
+
+
 async def run_extension(
     state: BusState,
-    registration: Registration,
+    dispatch: Dispatch,
     done: anyio.Event,
     monotonic: Callable[[], float],
 ) -> None:
-    """Deliver ``registration``'s mailbox until it is closed or the bus stops running.
+    """Deliver ``dispatch``'s mailbox until it is closed or the bus stops running.
 
     Args:
         state: The bus's shared state (votes go through it).
-        registration: The extension to run.
+        dispatch: The extension to run.
         done: Set when this task ends, however it ends.
         monotonic: The host's clock, read as each hook call begins (a drain uses it to tell
             a stalled extension from a busy one).
@@ -57,23 +129,23 @@ async def run_extension(
                 else:
                     loop.call_soon_threadsafe(scope.cancel)
 
-            registration._cancel = cancel
-            mailbox = registration._mailbox
+            dispatch.cancel = cancel
+            mailbox = dispatch.mailbox
             vote_points = mailbox.safe_points
             handled = 0
             async for event in mailbox:
-                registration._busy = True
-                registration._handling = event.seq
-                registration._busy_since = monotonic()
+                dispatch.busy = True
+                dispatch.handling = event.seq
+                dispatch.busy_since = monotonic()
                 try:
                     if type(event) is SafePointReached and event.point in vote_points:
-                        await _answer(state, registration, event)
+                        await _answer(state, dispatch, event)
                     else:
-                        await _deliver(registration, event)
+                        await _deliver(dispatch, event)
                 finally:
-                    registration._busy = False
-                    if registration._drain_target is not None:
-                        registration._progressed()
+                    dispatch.busy = False
+                    if dispatch.drain_target is not None:
+                        dispatch.progressed()
                 handled += 1
                 if handled % FAIRNESS == 0:
                     # Taking a queued event never suspends, and neither does a plain-function
@@ -81,27 +153,27 @@ async def run_extension(
                     # until it is through. (Between events, so "taken" means "being handled".)
                     await anyio.lowlevel.checkpoint()
     finally:
-        registration._busy = False
-        registration._cancel = None
-        registration._release_drain()
+        dispatch.busy = False
+        dispatch.cancel = None
+        dispatch.release_drain()
         done.set()
 
 
-async def _deliver(registration: Registration, event: Event) -> None:
-    on_event = registration._on_event
+async def _deliver(dispatch: Dispatch, event: Event) -> None:
+    on_event = dispatch.on_event
     if on_event is None:
         return
-    registration._events += 1
+    dispatch.events += 1
     try:
         result = on_event(event)
         if inspect.isawaitable(result):
             await result
     except Exception as exc:  # noqa: BLE001  (isolation: logged, counted, published)
-        registration._failed("on_event", exc, event)
+        dispatch.failed("on_event", exc, event)
 
 
-async def _answer(state: BusState, registration: Registration, event: SafePointReached) -> None:
-    on_safe_point = registration._on_safe_point
+async def _answer(state: BusState, dispatch: Dispatch, event: SafePointReached) -> None:
+    on_safe_point = dispatch.on_safe_point
     assert on_safe_point is not None  # only SAFE_POINTS extensions receive requests
     try:
         result = on_safe_point(event)
@@ -109,11 +181,11 @@ async def _answer(state: BusState, registration: Registration, event: SafePointR
             result = await result
         decision, reason = _interpret(result)
     except Exception as exc:  # noqa: BLE001  (isolation: logged, counted, published)
-        registration._failed("on_safe_point", exc, event)
-        state.record_vote(registration._mailbox, event, state.error_decision, error=exc)
+        dispatch.failed("on_safe_point", exc, event)
+        state.record_vote(dispatch.mailbox, event, state.error_decision, error=exc)
         return
-    registration._votes += 1
-    state.record_vote(registration._mailbox, event, decision, reason=reason)
+    dispatch.votes += 1
+    state.record_vote(dispatch.mailbox, event, decision, reason=reason)
 
 
 def _interpret(result: Any) -> tuple[Decision, str]:

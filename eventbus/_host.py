@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 
+from ._dispatch import Dispatch
 from ._dispatch import run_extension
 from ._registration import Registration
 from ._registration import Registry
@@ -75,7 +76,7 @@ class ExtensionHost:
         task_group.start_soon(
             run_extension,
             self.state,
-            registration,
+            self.registry.record(registration),
             done,
             self.monotonic,
             name=f"extension {registration.name}",
@@ -96,37 +97,37 @@ class ExtensionHost:
             the host is not running (then nothing handles the mailboxes).
         """
         chosen = self.registry.all() if registrations is None else tuple(registrations)
-        chosen = tuple(r for r in chosen if not r.closed)
+        dispatches = tuple(self.registry.record(r) for r in chosen if not r.closed)
         if self._task_group is None:
-            return not chosen
+            return not dispatches
         target = self.state.seq
         caught_up = True
         with anyio.move_on_after(timeout):
-            for registration in chosen:
-                while not registration.closed and not registration._caught_up(target):
-                    if self._stalled(registration, timeout):
+            for dispatch in dispatches:
+                while not dispatch.closed and not dispatch.caught_up(target):
+                    if self._stalled(dispatch, timeout):
                         caught_up = False
                         break
-                    drained = registration._drained
+                    drained = dispatch.drained
                     if drained is None:
-                        drained = registration._drained = anyio.Event()
-                    registration._drain_target = target
+                        drained = dispatch.drained = anyio.Event()
+                    dispatch.drain_target = target
                     await drained.wait()
             return caught_up
         return False
 
-    def _stalled(self, registration: Registration, timeout: float) -> bool:
-        if not registration._busy:
+    def _stalled(self, dispatch: Dispatch, timeout: float) -> bool:
+        if not dispatch.busy:
             return False
-        inside = self.monotonic() - registration._busy_since
+        inside = self.monotonic() - dispatch.busy_since
         if inside < timeout:
             return False
-        if registration._stall_reported != registration._busy_since:
-            registration._stall_reported = registration._busy_since
+        if dispatch.stall_reported != dispatch.busy_since:
+            dispatch.stall_reported = dispatch.busy_since
             logger.warning(
                 "extension %r has been inside one hook call for %.1f s; not waiting for it "
                 "(its state is read as it is)",
-                registration.name,
+                dispatch.name,
                 inside,
             )
         return True
@@ -148,7 +149,7 @@ class ExtensionHost:
             self._loop = asyncio.get_running_loop()
             self._loop_thread = _get_ident()
             for registration in self.registry.all():
-                registration._mailbox._end_iteration_when_empty(False)
+                self.registry.record(registration).mailbox._end_iteration_when_empty(False)
                 self.start(registration)
             try:
                 yield
@@ -165,7 +166,7 @@ class ExtensionHost:
 
     async def _stop_dispatchers(self) -> None:
         for registration in self.registry.all():
-            registration._mailbox._end_iteration_when_empty(True)
+            self.registry.record(registration).mailbox._end_iteration_when_empty(True)
         pending = list(self._dispatch_done.values())
         self._dispatch_done.clear()
         with anyio.move_on_after(self.drain_timeout, shield=True):

@@ -7,20 +7,21 @@ of the same name never removes the newer one. A registration owns one mailbox (a
 dispatcher drains; closing it stops the mailbox and cancels the dispatcher.
 
 Like subscriptions, registrations talk to their bus only through its
-:class:`~eventbus._state.BusState`.
+:class:`~eventbus._state.BusState`. What a registration's handle, its dispatcher and the
+host share is its :class:`~eventbus._dispatch.Dispatch` record, which the registry creates
+with the handle and hands out by handle (:meth:`Registry.record`).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import anyio
 
 from ._decisions import SafePoint
+from ._dispatch import Dispatch
 from ._errors import BusClosedError
 from ._errors import ExtensionError
 from ._events import Event
@@ -65,39 +66,12 @@ class Registration(metaclass=NoPublicConstructor):
     """
 
     def __init__(
-        self,
-        registry: Registry,
-        validated: ValidatedExtension,
-        mailbox: Subscription,
-        context: object,
+        self, registry: Registry, validated: ValidatedExtension, dispatch: Dispatch
     ) -> None:
         self._registry = registry
-        self._state = registry.state
         self._validated = validated
-        self._mailbox = mailbox
+        self._dispatch = dispatch
         self._id = next(_registration_ids)
-        self._closed = False
-        # The hooks with the extension's context bound (the context is the bus's business).
-        self._on_event: Callable[[Event], Any] | None = (
-            functools.partial(validated.on_event, context) if validated.on_event else None
-        )
-        self._on_safe_point: Callable[[Event], Any] | None = (
-            functools.partial(validated.on_safe_point, context) if validated.on_safe_point else None
-        )
-        self._events = 0
-        self._votes = 0
-        self._failures = 0
-        # Set while a dispatcher task runs; cancels it (from any thread).
-        self._cancel: Callable[[], None] | None = None
-        # The dispatcher is inside a hook handling the event ``_handling`` (its seq) since
-        # ``_busy_since`` (on the host's monotonic clock).
-        self._busy = False
-        self._handling = 0
-        self._busy_since = 0.0
-        self._stall_reported = -1.0  # _busy_since of the stall a drain last warned about
-        # A drain waiting for every event up to ``_drain_target`` to be handled.
-        self._drain_target: int | None = None
-        self._drained: anyio.Event | None = None
 
     @property
     def id(self) -> int:
@@ -122,7 +96,7 @@ class Registration(metaclass=NoPublicConstructor):
     @property
     def closed(self) -> bool:
         """True once :meth:`close` ran (or the bus closed)."""
-        return self._closed
+        return self._dispatch.closed
 
     def close(self) -> None:
         """Unregister the extension: no more events or votes. Idempotent."""
@@ -131,16 +105,18 @@ class Registration(metaclass=NoPublicConstructor):
     @property
     def idle(self) -> bool:
         """True when every event delivered to it so far has been handled."""
-        return not self._busy and self._mailbox.statistics().queued == 0
+        dispatch = self._dispatch
+        return not dispatch.busy and dispatch.mailbox.statistics().queued == 0
 
     def statistics(self) -> RegistrationStatistics:
         """A snapshot of this registration's counters."""
+        dispatch = self._dispatch
         return RegistrationStatistics(
             name=self.name,
-            events=self._events,
-            votes=self._votes,
-            failures=self._failures,
-            closed=self._closed,
+            events=dispatch.events,
+            votes=dispatch.votes,
+            failures=dispatch.failures,
+            closed=dispatch.closed,
         )
 
     def __enter__(self) -> Registration:
@@ -150,33 +126,8 @@ class Registration(metaclass=NoPublicConstructor):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else "open"
         return f"<Registration #{self._id} {self.name!r} {state}>"
-
-    # --- for the dispatcher and the host ---------------------------------------------------
-
-    def _failed(self, hook: str, error: Exception, event: Event | None) -> None:
-        """Count, log and publish a failing hook call."""
-        self._failures += 1
-        self._state.extension_failed(self.name, hook, error, event)
-
-    def _caught_up(self, seq: int) -> bool:
-        """True when every event up to ``seq`` routed to this extension has been handled."""
-        if self._busy and self._handling <= seq:
-            return False
-        return not self._mailbox._holds_through(seq)
-
-    def _progressed(self) -> None:
-        """After each hook call: release a waiting drain once it is satisfied."""
-        target = self._drain_target
-        if target is not None and (self._closed or self._caught_up(target)):
-            self._release_drain()
-
-    def _release_drain(self) -> None:
-        drained = self._drained
-        self._drain_target = self._drained = None
-        if drained is not None:
-            drained.set()
 
 
 def _sample_wait_filters(
@@ -207,6 +158,15 @@ class Registry:
         self.state = state
         self._mailbox_size = mailbox_size
         self.by_name: dict[str, Registration] = {}  # mutate under state.lock only
+        # Each handle's record, closed ones included while a handle is held (their counters
+        # still show in statistics()).
+        self._records: weakref.WeakKeyDictionary[Registration, Dispatch] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def record(self, registration: Registration) -> Dispatch:
+        """What ``registration``'s handle, dispatcher and host share."""
+        return self._records[registration]
 
     def add(self, validated: ValidatedExtension, context: object) -> Registration:
         """Register ``validated`` with a fresh mailbox, live at once.
@@ -231,23 +191,37 @@ class Registry:
                 maxsize=self._mailbox_size,
                 overflow="drop_oldest",
             )
-            registration: Registration = Registration._create(self, validated, mailbox, context)
+            # The hooks with the extension's context bound (the context is the bus's business).
+            dispatch = Dispatch(
+                state,
+                validated.name,
+                mailbox,
+                functools.partial(validated.on_event, context) if validated.on_event else None,
+                (
+                    functools.partial(validated.on_safe_point, context)
+                    if validated.on_safe_point
+                    else None
+                ),
+            )
+            registration: Registration = Registration._create(self, validated, dispatch)
+            self._records[registration] = dispatch
             self.by_name[validated.name] = registration
             state.add_locked(mailbox)
         return registration
 
     def remove(self, registration: Registration) -> None:
         """Close ``registration``: its mailbox stops and its dispatcher is cancelled."""
+        dispatch = self._records[registration]
         with self.state.lock:
-            if registration._closed:
+            if dispatch.closed:
                 return
-            registration._closed = True
+            dispatch.closed = True
             # Identity check: a stale handle never removes a newer registration of its name.
             if self.by_name.get(registration.name) is registration:
                 del self.by_name[registration.name]
-            self.state.remove_locked(registration._mailbox)
-            registration._mailbox._stop(discard=True)
-            cancel = registration._cancel
+            self.state.remove_locked(dispatch.mailbox)
+            dispatch.mailbox._stop(discard=True)
+            cancel = dispatch.cancel
         # A waiting drain is released by the dispatcher as it ends (on the loop's thread).
         if cancel is not None:
             cancel()
@@ -266,4 +240,4 @@ class Registry:
             registrations = tuple(self.by_name.values())
             self.by_name.clear()
             for registration in registrations:
-                registration._closed = True
+                self._records[registration].closed = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Set
 from pathlib import Path
 
 import pytest
@@ -96,16 +97,40 @@ def test_every_eventbus_module_states_its_purpose() -> None:
 STDLIB_PRIVATE = {"sys._current_frames"}
 
 
-def reach_ins(source: str) -> list[str]:
+# What eventbus's modules may use of each other's private names: a subscription's bus side
+# (what the bus calls on it, documented in _subscription.py: it stays private because
+# Subscription is a public class), the factory of a NoPublicConstructor class, Enum
+# internals, and eventbus.testing's recorder task.
+EVENTBUS_INTERNAL = {
+    "_accepts",
+    "_observes_point",
+    "_vote_points",
+    "_push",
+    "_push_request",
+    "_stop",
+    "_holds_through",
+    "_end_iteration_when_empty",
+    "_create",
+    "_value_",
+    "_member_names_",
+    "_consume",
+}
+ALLOWED = {"eventbus": EVENTBUS_INTERNAL, "replay": set(), "trainer": set()}
+
+
+def reach_ins(source: str, allowed: Set[str] = frozenset()) -> list[str]:
     """``obj._name`` reads of another object's private attribute: not on ``self``/``cls``,
-    not on a class this module defines (its own table of methods), not a dunder."""
+    not on a class this module defines (its own table of methods), not a dunder, not one of
+    ``allowed``."""
     tree = ast.parse(source)
     own_classes = {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
             continue
-        if node.attr.startswith("__") or ast.unparse(node) in STDLIB_PRIVATE:
+        if node.attr.startswith("__") or node.attr in allowed:
+            continue
+        if ast.unparse(node) in STDLIB_PRIVATE:
             continue
         owner = node.value
         if isinstance(owner, ast.Name) and owner.id in {"self", "cls", *own_classes}:
@@ -125,14 +150,14 @@ def test_the_reach_in_finder_sees_another_objects_private_attribute() -> None:
     assert reach_ins(source) == ["5: other._c"]
 
 
-@pytest.mark.parametrize("package", ["replay", "trainer"])
+@pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_no_module_reads_another_objects_private_attributes(package: str) -> None:
     """Issue 9 §2: the pieces talk through package-level interfaces (the tracker's, the
-    buffers'), never through each other's underscore names. (``eventbus``'s dispatcher and
-    host still read ``Registration``'s: not covered yet.)"""
+    buffers', an extension's ``Dispatch`` record), never through each other's underscore
+    names; in eventbus only through the few listed in ``EVENTBUS_INTERNAL``."""
     found = {
         str(path.relative_to(REPOSITORY)): hits
         for path in sorted((REPOSITORY / package).rglob("*.py"))
-        if (hits := reach_ins(path.read_text(encoding="utf-8")))
+        if (hits := reach_ins(path.read_text(encoding="utf-8"), ALLOWED[package]))
     }
     assert found == {}

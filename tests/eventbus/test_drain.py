@@ -156,7 +156,7 @@ async def test_an_extension_busy_for_less_than_the_timeout_is_waited_for() -> No
     registration = bus.register_extension(stuck)
 
     async def release_once_draining() -> None:
-        while registration._drained is None:  # the drain is now waiting for it
+        while bus._registry.record(registration).drained is None:  # the drain is now waiting for it
             await anyio.lowlevel.checkpoint()
         stuck.release.set()
 
@@ -191,7 +191,7 @@ async def test_a_closed_registration_releases_a_waiting_drain() -> None:
     registration = bus.register_extension(stuck)
 
     async def close_once_draining() -> None:
-        while registration._drained is None:
+        while bus._registry.record(registration).drained is None:
             await anyio.lowlevel.checkpoint()
         registration.close()
 

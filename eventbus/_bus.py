@@ -374,7 +374,11 @@ class EventBus:
         self, registration: Registration, hook: str, error: Exception
     ) -> None:
         """For hosts that call extension code themselves (``state_dict`` in a checkpoint):
-        log the failure, count it and publish ``ExtensionFailed``, as for a failing hook."""
+        log the failure, count it and publish ``ExtensionFailed``, as for a failing hook.
+
+        Raises:
+            ExtensionError: ``registration`` belongs to another bus.
+        """
         self._registry.record(registration).failed(hook, error, None)
 
     async def drain(
@@ -396,6 +400,9 @@ class EventBus:
         Returns:
             True when all of them caught up; False on timeout, when one is stalled, or when
             the bus is not running (then nothing handles the mailboxes).
+
+        Raises:
+            ExtensionError: One of ``registrations`` belongs to another bus.
         """
         return await self._host.drain(timeout, registrations)
 

@@ -165,8 +165,15 @@ class Registry:
         )
 
     def record(self, registration: Registration) -> Dispatch:
-        """What ``registration``'s handle, dispatcher and host share."""
-        return self._records[registration]
+        """What ``registration``'s handle, dispatcher and host share.
+
+        Raises:
+            ExtensionError: ``registration`` was not made by this bus.
+        """
+        dispatch = self._records.get(registration)
+        if dispatch is None:
+            raise ExtensionError(f"{registration!r} is not a registration of this bus")
+        return dispatch
 
     def add(self, validated: ValidatedExtension, context: object) -> Registration:
         """Register ``validated`` with a fresh mailbox, live at once.

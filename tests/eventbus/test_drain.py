@@ -17,6 +17,7 @@ from eventbus import Capability
 from eventbus import Event
 from eventbus import EventBus
 from eventbus import ExtensionContext
+from eventbus import ExtensionError
 from eventbus import StepStarted
 
 # Far longer than any of these tests runs: reaching it means the drain waited for the wrong
@@ -203,3 +204,15 @@ async def test_a_closed_registration_releases_a_waiting_drain() -> None:
             await bus.drain(timeout=NEVER, registrations=[registration])
         assert registration.closed
     bus.close()
+
+
+async def test_a_registration_of_another_bus_is_named_not_looked_up() -> None:
+    bus, other = make_bus(), make_bus()
+    foreign = other.register_extension(Stuck())
+    with pytest.raises(ExtensionError, match="is not a registration of this bus"):
+        await bus.drain(timeout=0.1, registrations=[foreign])
+    with pytest.raises(ExtensionError, match="is not a registration of this bus"):
+        bus.report_extension_failure(foreign, "state_dict", ValueError("x"))
+    assert foreign.statistics().failures == 0
+    bus.close()
+    other.close()

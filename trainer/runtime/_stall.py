@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field
@@ -35,19 +36,7 @@ from eventbus import StallDiagnosed
 
 __all__ = ["STAGES", "Stages", "Stall", "StallWatch", "WaitDeadlineExceeded"]
 
-STAGES = (
-    "start",
-    "rollouts",
-    "update",
-    "weight_sync",
-    "validation",
-    "checkpoint",
-    "restart",
-    "close",
-)
-"""The waits of the trainer a stall diagnosis can name (``StallDiagnosed.stage``)."""
-
-_WHAT = {
+STAGES: Mapping[str, str] = {
     "start": "starting the rollout workers",
     "rollouts": "the wait for rollouts",
     "update": "the update",
@@ -57,6 +46,8 @@ _WHAT = {
     "restart": "restarting the rollout workers",
     "close": "stopping the rollout workers",
 }
+"""The waits of the trainer a stall diagnosis can name (``StallDiagnosed.stage``), each with
+the words a :class:`WaitDeadlineExceeded` message names it by."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -237,7 +228,7 @@ class WaitDeadlineExceeded(TimeoutError):
             later = timeout_s - diagnosis.waited_s
             where = f"; diagnosed: {diagnosis.headline(after_s=later)}"
         super().__init__(
-            f"{_WHAT.get(stage, stage)} did not finish within {timeout_s:g} s "
+            f"{STAGES.get(stage, stage)} did not finish within {timeout_s:g} s "
             f"({setting}) at step {step}{where}"
         )
         self.stage = stage

@@ -4,6 +4,7 @@ functions or prompts that fail, each failing its rollouts with the reason, never
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,25 @@ def rewards_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def rewards(rewards_file: Path) -> dict[str, Any]:
+    """The namespace of the REWARDS module as the trainer imports it (what its functions saw)."""
+    return load_reward(f"{rewards_file}:exact").fn.__globals__
+
+
+@pytest.fixture
+def reverse_config(
+    hf_model: Path, reverse_jsonl: Path, rewards_file: Path
+) -> Callable[..., TrainerConfig]:
+    """``reverse_config(name, **overrides)``: the model on the reverse prompts, scored by the
+    function ``name`` of REWARDS."""
+
+    def config(name: str, **overrides: Any) -> TrainerConfig:
+        return _config(hf_model, reverse_jsonl, f"{rewards_file}:{name}", **overrides)
+
+    return config
+
+
 def _config(model: Path, data: Path, reward: str, **overrides: Any) -> TrainerConfig:
     return tiny_config(
         model__path=str(model),
@@ -76,15 +96,12 @@ def _metrics(run: Path) -> list[dict[str, float]]:
 
 
 async def test_validation_reward_is_a_metric_every_eval_every_steps(
-    hf_model: Path, reverse_jsonl: Path, rewards_file: Path, tmp_path: Path
+    reverse_config: Callable[..., TrainerConfig],
+    reverse_jsonl: Path,
+    rewards: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
-    config = _config(
-        hf_model,
-        reverse_jsonl,
-        f"{rewards_file}:exact",
-        task__val_dataset=str(reverse_jsonl),
-        task__eval_every=2,
-    )
+    config = reverse_config("exact", task__val_dataset=str(reverse_jsonl), task__eval_every=2)
     summary = await PPOTrainer(config, out_dir=tmp_path / "run").fit()
     events = read_events(tmp_path / "run" / "events.jsonl")
     finished = [e for e in events if isinstance(e, StepFinished)]
@@ -98,28 +115,24 @@ async def test_validation_reward_is_a_metric_every_eval_every_steps(
         for m in metrics
         if "val/reward_mean" in m
     )
-    module = load_reward(f"{rewards_file}:exact").fn.__globals__
-    prompt, completion, columns = module["seen"][0]
+    prompt, completion, columns = rewards["seen"][0]
     assert prompt.endswith("=") and isinstance(completion, str)
     assert columns == ["completion_ids"]  # target is a named parameter; nothing else is left
 
 
 async def test_a_reward_that_raises_hangs_or_miscounts_fails_only_its_rollouts(
-    hf_model: Path, reverse_jsonl: Path, rewards_file: Path, tmp_path: Path
+    reverse_config: Callable[..., TrainerConfig], rewards: dict[str, Any], tmp_path: Path
 ) -> None:
-    config = _config(
-        hf_model,
-        reverse_jsonl,
-        f"{rewards_file}:misbehaves",
+    config = reverse_config(
+        "misbehaves",
         task__reward_timeout_s=0.5,
         rollout__max_failed_fraction=0.6,
         run__steps=3,
     )
-    module = load_reward(f"{rewards_file}:misbehaves").fn.__globals__
     try:
         summary = await PPOTrainer(config, out_dir=tmp_path / "run").fit()
     finally:
-        module["release"].set()
+        rewards["release"].set()
     assert summary.status == "finished" and summary.steps == 3
     # Two pieces of work a step (two workers): calls 1, 3 and 5 fail, one in each step.
     failed = [_reports(tmp_path / "run")[step].failed for step in (1, 2, 3)]
@@ -147,7 +160,7 @@ async def test_a_prompt_longer_than_the_context_fails_at_once_without_a_grace_wa
 
 
 async def test_chat_prompts_render_with_the_template_and_score_conversationally(
-    hf_model: Path, rewards_file: Path, tmp_path: Path
+    hf_model: Path, rewards_file: Path, rewards: dict[str, Any], tmp_path: Path
 ) -> None:
     data = tmp_path / "chat.jsonl"
     rows = [
@@ -155,16 +168,15 @@ async def test_chat_prompts_render_with_the_template_and_score_conversationally(
         for i in range(8)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    module = load_reward(f"{rewards_file}:exact").fn.__globals__
-    module["seen"].clear()
+    rewards["seen"].clear()
 
     def exact_chat(
         prompts: list[Any], completions: list[Any], target: list[str], **_: Any
     ) -> list[float]:
-        module["seen"].append((prompts[0], completions[0], []))
+        rewards["seen"].append((prompts[0], completions[0], []))
         return [float(c[0]["content"] == t) for c, t in zip(completions, target, strict=True)]
 
-    module["exact_chat"] = exact_chat
+    rewards["exact_chat"] = exact_chat
     fit = PPOTrainer(_config(hf_model, data, f"{rewards_file}:exact_chat", run__steps=1))
     prompt = fit.stream.next_prompts(1)[0]  # type: ignore[attr-defined]
     text = fit.policy.tokenizer.decode(prompt.tokens)  # type: ignore[union-attr]
@@ -172,7 +184,7 @@ async def test_chat_prompts_render_with_the_template_and_score_conversationally(
     fit.stream.position = 0
     summary = await fit.fit()
     assert summary.status == "finished"
-    chat_prompt, chat_completion, _ = module["seen"][0]
+    chat_prompt, chat_completion, _ = rewards["seen"][0]
     assert chat_prompt[0]["role"] == "user"
     assert chat_completion[0]["role"] == "assistant" and isinstance(
         chat_completion[0]["content"], str

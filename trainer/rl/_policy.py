@@ -42,8 +42,12 @@ class Policy(nn.Module):
     PyTorch's default initialisation: on reverse-5 it reached 0.9 in 34-39 steps against
     37-55 for a GPT-style N(0, 0.02) initialisation.
 
+    Every policy starts with the token embedding (built here, so a seeded build draws it
+    first) and ends with ``head``.
+
     Attributes:
         config: the shape the policy was built from.
+        tok_emb: the token embedding, ``vocab_size`` -> ``d_model``.
     """
 
     head: nn.Linear  # the output projection to the vocabulary
@@ -51,6 +55,7 @@ class Policy(nn.Module):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
         self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
 
     def response_logprobs(
         self, prompts: TokenBatch, responses: TokenBatch, temperature: float = 1.0
@@ -87,7 +92,6 @@ class TransformerPolicy(Policy):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__(config)
         d = config.d_model
-        self.tok_emb = nn.Embedding(config.vocab_size, d)
         self.pos_emb = nn.Embedding(config.max_seq_len, d)
         self.blocks = nn.ModuleList(
             _Block(d, config.heads, config.ffn_mult * d) for _ in range(config.layers)
@@ -110,7 +114,6 @@ class GRUPolicy(Policy):
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__(config)
         d = config.d_model
-        self.tok_emb = nn.Embedding(config.vocab_size, d)
         self.gru = nn.GRU(d, d, num_layers=config.layers, batch_first=True)
         self.head = nn.Linear(d, config.vocab_size)
 

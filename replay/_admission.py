@@ -94,8 +94,6 @@ class AdmissionGate:
             return self._drop_unread(result, bad)
         state = self._state
         with self._lock:
-            totals = state.totals
-            totals.received += 1
             rollout = self._rollouts.get(result.rollout_id)
             if rollout is None:
                 known = self._history.get(result.rollout_id)
@@ -105,14 +103,22 @@ class AdmissionGate:
                 else:
                     step = known[0]
                     verdict = known[1] if result.step == step else _EARLIER_STEP
-                dropped = state.window.dropped
-                dropped[verdict] = dropped.get(verdict, 0) + 1
+                report = state.window
                 settled = False
             else:
                 verdict, settled = self._admit_locked(rollout, result)
                 step = rollout.step
-            verdicts = totals.verdicts
-            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+                batch = rollout.group.batch
+                # After its report went out, a batch's results belong to the next report.
+                report = (
+                    batch.counters
+                    if batch is not None and batch.reconciled is None
+                    else state.window
+                )
+            counts = report.verdicts
+            counts[verdict] = counts.get(verdict, 0) + 1
+            totals = state.totals.verdicts
+            totals[verdict] = totals.get(verdict, 0) + 1
         if verdict is _ADMITTED or verdict is _UPGRADED:
             if settled:
                 state.signal.notify()
@@ -147,11 +153,6 @@ class AdmissionGate:
         rollout's group settled."""
         state = self._state
         group = rollout.group
-        batch = group.batch
-        # After its report went out, a batch's drops belong to the next report.
-        counters = (
-            batch.counters if batch is not None and batch.reconciled is None else state.window
-        )
         verdict: Admission
         if result.step != rollout.step:
             verdict = _EARLIER_STEP if result.step < rollout.step else _UNREGISTERED
@@ -194,8 +195,6 @@ class AdmissionGate:
                     rollout.result = result
                     if ok:
                         rollout.state = SUCCEEDED
-                        counters.retry_overwrites += 1
-                        state.totals.retry_overwrites += 1
                         verdict = _UPGRADED
                     else:  # attempts exhausted: stop waiting for a retry
                         rollout.state = FAILED
@@ -210,18 +209,12 @@ class AdmissionGate:
                     rollout.state = SUCCEEDED
                     rollout.result = result
                     group.failed -= 1
-                    counters.retry_overwrites += 1
-                    state.totals.retry_overwrites += 1
                     return _UPGRADED, True
                 verdict = _DUPLICATE
             elif current is SUCCEEDED:
                 verdict = _DUPLICATE if ok else Admission.ALREADY_SUCCEEDED
             else:  # timed out or missing: only in closed groups, caught above
                 verdict = Admission.FINALIZED
-        if verdict is _DUPLICATE:
-            counters.duplicates += 1
-        else:
-            counters.dropped[verdict] = counters.dropped.get(verdict, 0) + 1
         return verdict, False
 
     def _drop_unread(self, result: object, reason: Admission) -> Admission:
@@ -230,10 +223,8 @@ class AdmissionGate:
         state = self._state
         with self._lock:
             totals = state.totals
-            totals.received += 1
-            totals.verdicts[reason] = totals.verdicts.get(reason, 0) + 1
-            dropped = state.window.dropped
-            dropped[reason] = dropped.get(reason, 0) + 1
+            for counts in (state.window.verdicts, totals.verdicts):
+                counts[reason] = counts.get(reason, 0) + 1
             totals.invalid_logged += 1
             n = totals.invalid_logged
         rollout_id: object = getattr(result, "rollout_id", "")

@@ -87,7 +87,7 @@ class SyncBatches:
             state.check_open(specs, replacing=previous)
             leftovers = self._retire_locked(previous) if previous is not None else 0
             batch = Batch(step, part, state.clock() + state.batch_timeout_s)
-            batch.counters.leftovers = leftovers
+            batch.counters.leftovers_drained = leftovers
             self._batches[part] = batch
             for spec in specs:
                 state.add_group(spec, batch)
@@ -197,7 +197,7 @@ class SyncBatches:
                     step=batch.step, partition=part, groups=kept, report=report
                 )
                 batch.error = self._failures.judge(report)
-                state.totals.finalized += 1
+                state.totals.batches_finalized += 1
             reconciled = batch.reconciled
             reason = batch.error
         assert reconciled is not None
@@ -287,7 +287,7 @@ class SyncBatches:
         if batch.reconciled is None:
             # Never finalized: what it collected was never reported. Drain and count it.
             leftovers = sum(1 for r in batch.rollouts if r.result is not None)
-            state.totals.leftovers += leftovers
+            state.totals.leftovers_drained += leftovers
             state.window.merge(batch.counters)
         abandoned: list[str] = []
         for group in batch.groups:

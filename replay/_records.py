@@ -72,26 +72,41 @@ MISSING = RolloutState.MISSING
 
 
 class Counters:
-    """Per-report counters: what happened to results while a batch (or window) was open."""
+    """What happened to results while one report was open (a batch's, or the window's
+    until the next report).
 
-    __slots__ = ("dropped", "duplicates", "grace_polls", "leftovers", "retry_overwrites", "wait_s")
+    Every result offered is counted once, by its verdict; duplicates, retry overwrites and
+    drops are read off those counts, not counted a second time.
+    """
+
+    __slots__ = ("grace_polls", "leftovers_drained", "verdicts", "wait_s")
 
     def __init__(self) -> None:
-        self.dropped: dict[Admission, int] = {}
-        self.duplicates = 0
-        self.retry_overwrites = 0
+        self.verdicts: dict[Admission, int] = {}
         self.grace_polls = 0
-        self.leftovers = 0
+        self.leftovers_drained = 0
         self.wait_s = 0.0
+
+    @property
+    def duplicates(self) -> int:
+        """No-op repeats."""
+        return self.verdicts.get(Admission.DUPLICATE, 0)
+
+    @property
+    def retry_overwrites(self) -> int:
+        """Failed placeholders replaced by a successful retry (the upgrades)."""
+        return self.verdicts.get(Admission.UPGRADED, 0)
+
+    def drops(self) -> dict[str, int]:
+        """Results dropped, by reason (as reports and statistics show them)."""
+        return {verdict.value: n for verdict, n in self.verdicts.items() if verdict.dropped}
 
     def merge(self, other: Counters) -> None:
         """Add ``other``'s counts to these."""
-        for reason, n in other.dropped.items():
-            self.dropped[reason] = self.dropped.get(reason, 0) + n
-        self.duplicates += other.duplicates
-        self.retry_overwrites += other.retry_overwrites
+        for verdict, n in other.verdicts.items():
+            self.verdicts[verdict] = self.verdicts.get(verdict, 0) + n
         self.grace_polls += other.grace_polls
-        self.leftovers += other.leftovers
+        self.leftovers_drained += other.leftovers_drained
         self.wait_s += other.wait_s
 
 

@@ -54,30 +54,15 @@ __all__ = ["Totals", "TrackerState"]
 T = TypeVar("T")
 
 
-class Totals:
-    """Counters since the tracker was created (what ``statistics()`` reports)."""
+class Totals(Counters):
+    """A report's counts over the tracker's whole life, and what only the tracker counts
+    (what ``statistics()`` reports)."""
 
-    __slots__ = (
-        "finalized",
-        "grace_polls",
-        "invalid_logged",
-        "leftovers",
-        "max_attempt",
-        "received",
-        "reissued",
-        "retry_overwrites",
-        "verdicts",
-        "wait_s",
-    )
+    __slots__ = ("batches_finalized", "invalid_logged", "max_attempt", "reissued")
 
     def __init__(self) -> None:
-        self.received = 0
-        self.verdicts: dict[Admission, int] = {}
-        self.retry_overwrites = 0
-        self.grace_polls = 0
-        self.wait_s = 0.0
-        self.finalized = 0
-        self.leftovers = 0
+        super().__init__()
+        self.batches_finalized = 0
         self.reissued = 0
         self.max_attempt = 0
         self.invalid_logged = 0

@@ -399,15 +399,15 @@ class RolloutTracker:
             totals = state.totals
             verdicts = totals.verdicts
             return TrackerStatistics(
-                received=totals.received,
+                received=sum(verdicts.values()),  # each result offered has one verdict
                 admitted=verdicts.get(Admission.ADMITTED, 0) + verdicts.get(Admission.UPGRADED, 0),
                 retry_overwrites=totals.retry_overwrites,
-                duplicates=verdicts.get(Admission.DUPLICATE, 0),
-                dropped={v.value: n for v, n in verdicts.items() if v.dropped},
+                duplicates=totals.duplicates,
+                dropped=totals.drops(),
                 grace_polls=totals.grace_polls,
                 wait_s=totals.wait_s,
-                batches_finalized=totals.finalized,
-                leftovers_drained=totals.leftovers,
+                batches_finalized=totals.batches_finalized,
+                leftovers_drained=totals.leftovers_drained,
                 reissued=totals.reissued,
                 max_attempt=totals.max_attempt,
                 cancelled=state.cancels.cancelled,

@@ -162,25 +162,17 @@ class AsyncReplayBuffer(BufferBase):
         registry = self._tracker.registry
 
         def check() -> Poll[int | list[Group]]:
-            found = registry.sweep(
+            poll, evicted = registry.sweep(
                 part,
                 policy_version=current,
                 max_off_policy=self.max_off_policy,
                 hold=self.strategy is StalenessStrategy.WAIT,
-                take=target if take else 0,
+                target=target,
+                take=take,
             )
-            if found.evicted:
-                self._handle_evictions(found.evicted)
-            value: int | list[Group] | None = found.taken
-            if not take and not found.blocked and found.available >= target:
-                value = found.available
-            return Poll(
-                value,
-                available=found.available,
-                pending=found.pending,
-                running=found.running,
-                wake_at=found.wake_at,
-            )
+            if evicted:
+                self._handle_evictions(evicted)
+            return poll
 
         first = check()
         if first.value is not None:

@@ -34,46 +34,9 @@ from ._validate import check_groups
 from ._waiting import Poll
 from ._waiting import PollTimeout
 
-__all__ = ["AsyncRegistry", "Sweep"]
+__all__ = ["AsyncRegistry"]
 
 T = TypeVar("T")
-
-
-class Sweep:
-    """What one sweep of a partition found (see :meth:`AsyncRegistry.sweep`).
-
-    Attributes:
-        available: Finished groups within the staleness bound.
-        taken: The oldest ``take`` of them, retired as handed out, when the sweep took
-            them; else None.
-        evicted: Groups evicted by this sweep, with the reason.
-        pending: Groups not yet started.
-        running: Groups with rollouts in flight or awaiting a retry.
-        blocked: An in-flight group has reached the staleness limit and ``hold`` was set.
-        wake_at: When the next grace poll or grace window end of the partition is due.
-        settled: A grace window expired and settled a group.
-    """
-
-    __slots__ = (
-        "available",
-        "blocked",
-        "evicted",
-        "pending",
-        "running",
-        "settled",
-        "taken",
-        "wake_at",
-    )
-
-    def __init__(self) -> None:
-        self.available = 0
-        self.taken: list[Group] | None = None
-        self.evicted: list[tuple[PromptGroup, EvictionReason]] = []
-        self.pending = 0
-        self.running = 0
-        self.blocked = False
-        self.wake_at = math.inf
-        self.settled = False
 
 
 class AsyncRegistry:
@@ -118,17 +81,27 @@ class AsyncRegistry:
         policy_version: int,
         max_off_policy: int,
         hold: bool,
-        take: int,
-    ) -> Sweep:
+        target: int,
+        take: bool,
+    ) -> tuple[Poll[int | list[Group]], list[tuple[PromptGroup, EvictionReason]]]:
         """Look at the open async groups of ``partition`` at ``policy_version``.
 
         Advances the grace windows of its groups, evicts failed groups and finished
-        groups more than ``max_off_policy`` versions behind, and counts the rest. With
-        ``take`` > 0, when at least that many groups are sampleable and nothing blocks, it
-        retires the oldest ``take`` as handed out.
+        groups more than ``max_off_policy`` versions behind, and counts the rest: the
+        finished ones within the bound are available. The wait is over once ``target``
+        are available and nothing blocks (with ``hold``: no group in flight has reached
+        the staleness limit); the poll's value is then their number, or with ``take`` the
+        oldest ``target`` of them, retired as handed out.
+
+        Returns:
+            The poll, and the groups this sweep evicted, with the reason.
         """
         state = self._state
-        found = Sweep()
+        evicted: list[tuple[PromptGroup, EvictionReason]] = []
+        pending = running = 0
+        blocked = settled = False
+        wake_at = math.inf
+        value: int | list[Group] | None = None
         with state.lock:
             now = state.clock()
             grace, window = state.grace, state.window
@@ -143,34 +116,40 @@ class AsyncRegistry:
                 behind = policy_version - spec.policy_version
                 tally = group.tally
                 if tally.placeholders:
-                    found.settled = state.check_grace(tally, now, window) or found.settled
-                    found.wake_at = min(found.wake_at, grace.wake_at(tally, now))
+                    settled = state.check_grace(tally, now, window) or settled
+                    wake_at = min(wake_at, grace.wake_at(tally, now))
                 if group.unsettled:
                     if group.started:
-                        found.running += 1
+                        running += 1
                     else:
-                        found.pending += 1
+                        pending += 1
                     if hold and behind >= max_off_policy:
-                        found.blocked = True
+                        blocked = True
                 elif group.failed:
-                    found.evicted.append((spec, EvictionReason.FAILED))
+                    evicted.append((spec, EvictionReason.FAILED))
                     given_up.extend(state.retire_group(group, Admission.EVICTED))
                 elif behind > max_off_policy:
-                    found.evicted.append((spec, EvictionReason.STALE))
+                    evicted.append((spec, EvictionReason.STALE))
                     given_up.extend(state.retire_group(group, Admission.STALE_POLICY))
                 else:
                     sampleable.append(group)
             state.cancels.add(given_up, "evicted")
-            found.available = len(sampleable)
-            if take and not found.blocked and found.available >= take:
-                found.taken = sampleable[:take]
-                for group in found.taken:
-                    state.retire_group(group, Admission.FINALIZED)
-        if found.settled:
+            if not blocked and len(sampleable) >= target:
+                if take:
+                    taken = sampleable[:target]
+                    for group in taken:
+                        state.retire_group(group, Admission.FINALIZED)
+                    value = taken
+                else:
+                    value = len(sampleable)
+        if settled:
             state.signal.notify()
-        if found.evicted:
+        if evicted:
             state.cancels.flush()
-        return found
+        poll: Poll[int | list[Group]] = Poll(
+            value, available=len(sampleable), pending=pending, running=running, wake_at=wake_at
+        )
+        return poll, evicted
 
     async def wait(
         self,

@@ -47,6 +47,7 @@ from ._signal import ChangeSignal
 from ._signal import Sleep
 from ._waiting import Poll
 from ._waiting import PollTimeout
+from ._waiting import poll_until
 
 __all__ = ["Totals", "TrackerState"]
 
@@ -216,40 +217,22 @@ class TrackerState:
         on_poll: Callable[[Poll[T], int, float], Awaitable[None]] | None,
         counters: Counters | None,
     ) -> T | PollTimeout[T]:
-        """Call ``check`` until it returns a value, waking on every change notification and
-        at least every ``poll_interval_s``; book the time waited into ``counters`` and the
-        totals.
-
-        Args:
-            check: Called now, then after every wake-up.
-            deadline_at: Clock time at which the wait gives up.
-            on_poll: Awaited with (poll, poll count from 1, seconds waited) after each
-                wake-up whose check still found no value. It may raise to end the wait.
-            counters: A batch's counters; None: the window's, as it is when the wait ends.
-
-        Returns:
-            The value, or a :class:`~replay._waiting.PollTimeout` once ``deadline_at``
-            passed.
-        """
-        signal, clock = self.signal, self.clock
-        started = clock()
-        polls = 0
+        """Run one wait (:func:`~replay._waiting.poll_until` on this tracker's signal,
+        clock and sleep) and book its time, into ``counters`` (a batch's; None: the window
+        as it is when the wait ends) and into the totals."""
+        started = self.clock()
         try:
-            while True:
-                version = signal.version
-                poll = check()
-                if poll.value is not None:
-                    return poll.value
-                if polls and on_poll is not None:
-                    await on_poll(poll, polls, clock() - started)
-                now = clock()
-                if now >= deadline_at:
-                    return PollTimeout(poll, polls, now - started)
-                wake_at = min(deadline_at, poll.wake_at, now + self.poll_interval_s)
-                await signal.wait(version, wake_at - now, self.sleep)
-                polls += 1
+            return await poll_until(
+                check,
+                signal=self.signal,
+                clock=self.clock,
+                sleep=self.sleep,
+                poll_interval=self.poll_interval_s,
+                deadline_at=deadline_at,
+                on_unsuccessful_poll=on_poll,
+            )
         finally:
-            waited = clock() - started
+            waited = self.clock() - started
             with self.lock:
                 (self.window if counters is None else counters).wait_s += waited
                 self.totals.wait_s += waited

@@ -1,10 +1,10 @@
-"""What a wait found, and SampleWait reporting.
+"""The one wait loop every blocking call of the package uses, and SampleWait reporting.
 
-:class:`Poll` is what one check of a wait's condition found, :class:`PollTimeout` what a
-wait that reached its deadline leaves (the loop is :meth:`replay._state.TrackerState.wait`,
-the one every blocking call of the package goes through). :class:`WaitReporter` turns
-each unsuccessful poll into a ``SampleWait`` event and a ``SAMPLE_WAIT`` safe point, but
-only when somebody listens: with no observer it builds nothing.
+:func:`poll_until` checks a condition now and after every wake-up (a change notification
+or the end of a sleep of at most one poll interval), and stops at a deadline, so no wait
+can last forever and none sleeps blindly. :class:`WaitReporter` turns each unsuccessful
+poll into a ``SampleWait`` event and a ``SAMPLE_WAIT`` safe point, but only when somebody
+listens: with no observer it builds nothing.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from eventbus import SampleWait
 from eventbus import SampleWaitState
 
 from ._errors import SampleWaitInterrupted
+from ._signal import ChangeSignal
+from ._signal import Sleep
 
-__all__ = ["WaitInterrupts", "Poll", "PollTimeout", "WaitReporter"]
+__all__ = ["WaitInterrupts", "Poll", "PollTimeout", "WaitReporter", "poll_until"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -63,6 +65,50 @@ class PollTimeout(Generic[T_co]):
         self.last = last
         self.polls = polls
         self.elapsed_s = elapsed_s
+
+
+async def poll_until(
+    check: Callable[[], Poll[T]],
+    *,
+    signal: ChangeSignal,
+    clock: Callable[[], float],
+    sleep: Sleep,
+    poll_interval: float,
+    deadline_at: float,
+    on_unsuccessful_poll: Callable[[Poll[T], int, float], Awaitable[None]] | None = None,
+) -> T | PollTimeout[T]:
+    """Call ``check`` until it returns a value, waking on changes and at least every
+    ``poll_interval`` seconds.
+
+    Args:
+        check: Called now, then after every wake-up.
+        signal: Notified whenever the condition may have changed.
+        clock: Monotonic seconds.
+        sleep: Sleeps (cancellable); a wake-up cancels it.
+        poll_interval: The longest sleep between two checks.
+        deadline_at: Clock time at which the loop gives up.
+        on_unsuccessful_poll: Awaited with (poll, poll_count from 1, elapsed seconds)
+            after each wake-up whose check still found no value. It may raise to end the
+            wait.
+
+    Returns:
+        The value, or a :class:`PollTimeout` once ``deadline_at`` passed.
+    """
+    started = clock()
+    polls = 0
+    while True:
+        version = signal.version
+        poll = check()
+        if poll.value is not None:
+            return poll.value
+        if polls and on_unsuccessful_poll is not None:
+            await on_unsuccessful_poll(poll, polls, clock() - started)
+        now = clock()
+        if now >= deadline_at:
+            return PollTimeout(poll, polls, now - started)
+        wake_at = min(deadline_at, poll.wake_at, now + poll_interval)
+        await signal.wait(version, wake_at - now, sleep)
+        polls += 1
 
 
 WaitInterrupts = Callable[[Decision], bool]

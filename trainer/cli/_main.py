@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import NoReturn
+from typing import get_args
 
 from ..rollout._faults import FAULT_HELP
 from ..rollout._faults import FAULTS
@@ -46,6 +47,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    # A flag's values are the schema's: a value added there is accepted here.
+    from ..config._schema import BackendName
+    from ..config._schema import Device
+    from ..config._schema import RunMode
+
     parser = _Parser(prog="trainbus", description="RL trainer runtime with a typed event bus.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -54,10 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", dest="run.steps", type=int, metavar="N", help="training steps")
     train.add_argument("--seed", dest="run.seed", type=int, metavar="S", help="random seed")
     train.add_argument(
-        "--mode", dest="run.mode", choices=("sync", "async"), help="on-policy or off-policy"
+        "--mode", dest="run.mode", choices=get_args(RunMode), help="on-policy or off-policy"
     )
     train.add_argument(
-        "--backend", dest="rollout.backend", choices=("local", "ray"), help="rollout workers"
+        "--backend", dest="rollout.backend", choices=get_args(BackendName), help="rollout workers"
     )
     train.add_argument(
         "--workers", dest="rollout.workers", type=int, metavar="N", help="rollout workers"
@@ -146,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--device",
         dest="run.device",
-        choices=("auto", "cpu", "cuda"),
+        choices=get_args(Device),
         help="where the learner runs",
     )
     train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")

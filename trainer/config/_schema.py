@@ -46,6 +46,12 @@ NonNegativeInt = Annotated[int, Meta(ge=0)]
 Seconds = Annotated[float, Meta(gt=0)]
 NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 Fraction = Annotated[float, Meta(ge=0, le=1)]
+RunMode = Literal["sync", "async"]
+"""``run.mode``, ``--mode``."""
+BackendName = Literal["local", "ray"]
+"""``rollout.backend``, ``--backend``."""
+Device = Literal["auto", "cpu", "cuda"]
+"""``run.device`` (``--device``) and ``rollout.device``."""
 
 
 class ConfigError(ValueError):
@@ -73,9 +79,9 @@ class RunConfig(_Section, frozen=True, kw_only=True):
 
     steps: PositiveInt = 60
     seed: int = 0
-    mode: Literal["sync", "async"] = "sync"
+    mode: RunMode = "sync"
     out: str | None = None
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Device = "auto"
 
 
 class TaskConfig(_Section, frozen=True, kw_only=True):
@@ -176,7 +182,7 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         top_p: Nucleus sampling for a Hugging Face model (1 samples from every token).
     """
 
-    backend: Literal["local", "ray"] = "local"
+    backend: BackendName = "local"
     workers: Annotated[int, Meta(ge=1, le=64)] = 2
     prompts_per_step: PositiveInt = 32
     group_size: Annotated[int, Meta(ge=2)] = 8
@@ -193,7 +199,7 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     ray_address: str | None = None
     ray_actor_cpus: Annotated[float, Meta(ge=0)] = 0.0
     standby: Annotated[int, Meta(ge=0, le=64)] = 0
-    device: Literal["auto", "cpu", "cuda"] | None = None
+    device: Device | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
 
 

@@ -1,0 +1,39 @@
+"""The command line's flags take their values and defaults from the one place that decides
+them: the config schema for ``trainbus train``, :func:`init_model` for ``trainbus model
+init``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+from typing import Literal
+from typing import get_args
+from typing import get_origin
+from typing import get_type_hints
+
+from trainer.cli._main import _parser
+from trainer.config._schema import TrainerConfig
+
+
+def command(*names: str) -> argparse.ArgumentParser:
+    """The parser of ``trainbus NAME...``."""
+    parser = _parser()
+    for name in names:
+        (subcommands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = subcommands.choices[name]
+    return parser
+
+
+def schema_type(dotted: str) -> Any:
+    """The schema's type at a config key (``run.mode``), Optional stripped."""
+    section, key = dotted.split(".")
+    kind = get_type_hints(get_type_hints(TrainerConfig)[section])[key]
+    return next((t for t in get_args(kind) if get_origin(t) is Literal), kind)
+
+
+def test_every_flag_of_a_literal_key_takes_the_schemas_values() -> None:
+    flags = {a.dest: a for a in command("train")._actions if "." in a.dest}
+    literal = {k: get_args(schema_type(k)) for k in flags if get_origin(schema_type(k)) is Literal}
+    assert {"run.mode", "rollout.backend", "run.device"} <= literal.keys()
+    for key, values in literal.items():
+        assert tuple(flags[key].choices or ()) == values, key

@@ -9,9 +9,11 @@ train a real Hugging Face model here without downloading anything.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from pathlib import Path
 from typing import Any
+from typing import get_args
 
 from ._errors import UsageError
 
@@ -20,20 +22,48 @@ __all__ = ["add_workload_commands", "run_workload_command"]
 
 def add_workload_commands(commands: Any) -> None:
     """Add the ``model`` and ``dataset`` subcommands to the ``trainbus`` parser."""
+    from ..rl._hf_init import Architecture
+    from ..rl._hf_init import init_model
+
+    # The flags' defaults are init_model's own (its signature decides them, here and in
+    # Python); the help shows them with %(default)s.
+    default = {n: p.default for n, p in inspect.signature(init_model).parameters.items()}
     model = commands.add_parser("model", help="make a Hugging Face model to train")
     model_commands = model.add_subparsers(dest="model_command", required=True)
     init = model_commands.add_parser("init", help="write a small random-init causal LM")
     init.add_argument("dir", metavar="DIR", help="the model folder to write")
     init.add_argument("--dataset", metavar="FILE", help="cover the characters of this dataset")
     init.add_argument("--prompt-column", default="prompt", help="its prompt column")
-    init.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2", help="architecture")
-    init.add_argument("--layers", type=int, default=1, help="transformer blocks (1)")
-    init.add_argument("--width", type=int, default=64, help="hidden size (64)")
-    init.add_argument("--heads", type=int, default=4, help="attention heads (4)")
-    init.add_argument("--context", type=int, default=128, help="longest sequence, tokens (128)")
-    init.add_argument("--seed", type=int, default=0, help="initialisation seed (0)")
     init.add_argument(
-        "--init-std", type=float, default=0.05, help="std of the initial weights (0.05)"
+        "--arch",
+        dest="architecture",
+        choices=get_args(Architecture),
+        default=default["architecture"],
+        help="architecture (%(default)s)",
+    )
+    init.add_argument(
+        "--layers", type=int, default=default["layers"], help="transformer blocks (%(default)s)"
+    )
+    init.add_argument(
+        "--width", type=int, default=default["width"], help="hidden size (%(default)s)"
+    )
+    init.add_argument(
+        "--heads", type=int, default=default["heads"], help="attention heads (%(default)s)"
+    )
+    init.add_argument(
+        "--context",
+        type=int,
+        default=default["context"],
+        help="longest sequence, tokens (%(default)s)",
+    )
+    init.add_argument(
+        "--seed", type=int, default=default["seed"], help="initialisation seed (%(default)s)"
+    )
+    init.add_argument(
+        "--init-std",
+        type=float,
+        default=default["init_std"],
+        help="std of the initial weights (%(default)s)",
     )
 
     dataset = commands.add_parser("dataset", help="prompt datasets")
@@ -73,7 +103,7 @@ def _model_init(args: argparse.Namespace) -> int:
     folder = init_model(
         args.dir,
         texts=texts,
-        architecture=args.arch,
+        architecture=args.architecture,
         layers=args.layers,
         width=args.width,
         heads=args.heads,
@@ -81,7 +111,7 @@ def _model_init(args: argparse.Namespace) -> int:
         seed=args.seed,
         init_std=args.init_std,
     )
-    print(f"wrote a random-init {args.arch} model to {folder}")
+    print(f"wrote a random-init {args.architecture} model to {folder}")
     return 0
 
 

@@ -11,8 +11,11 @@ from typing import get_args
 from typing import get_origin
 from typing import get_type_hints
 
+import pytest
+
 from trainer.cli._main import _parser
 from trainer.config._schema import TrainerConfig
+from trainer.rl._hf_init import init_model
 
 
 def command(*names: str) -> argparse.ArgumentParser:
@@ -37,3 +40,22 @@ def test_every_flag_of_a_literal_key_takes_the_schemas_values() -> None:
     assert {"run.mode", "rollout.backend", "run.device"} <= literal.keys()
     for key, values in literal.items():
         assert tuple(flags[key].choices or ()) == values, key
+
+
+def test_model_init_flags_default_to_init_models_defaults() -> None:
+    args = vars(command("model", "init").parse_args(["DIR"]))
+    defaults = init_model.__kwdefaults__ or {}
+    assert {name: args[name] for name in defaults if name != "texts"} == {
+        name: value for name, value in defaults.items() if name != "texts"
+    }
+
+
+def test_a_changed_init_model_default_is_the_flags_default_and_its_help(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(init_model.__kwdefaults__, "layers", 3)
+    monkeypatch.setitem(init_model.__kwdefaults__, "architecture", "llama")
+    init = command("model", "init")
+    args = init.parse_args(["DIR"])
+    assert (args.layers, args.architecture) == (3, "llama")
+    assert "transformer blocks (3)" in " ".join(init.format_help().split())

@@ -41,30 +41,20 @@ def add_workload_commands(commands: Any) -> None:
         default=default["architecture"],
         help="architecture (%(default)s)",
     )
-    init.add_argument(
-        "--layers", type=int, default=default["layers"], help="transformer blocks (%(default)s)"
-    )
-    init.add_argument(
-        "--width", type=int, default=default["width"], help="hidden size (%(default)s)"
-    )
-    init.add_argument(
-        "--heads", type=int, default=default["heads"], help="attention heads (%(default)s)"
-    )
-    init.add_argument(
-        "--context",
-        type=int,
-        default=default["context"],
-        help="longest sequence, tokens (%(default)s)",
-    )
-    init.add_argument(
-        "--seed", type=int, default=default["seed"], help="initialisation seed (%(default)s)"
-    )
-    init.add_argument(
-        "--init-std",
-        type=float,
-        default=default["init_std"],
-        help="std of the initial weights (%(default)s)",
-    )
+    for name, what in {
+        "layers": "transformer blocks",
+        "width": "hidden size",
+        "heads": "attention heads",
+        "context": "longest sequence, tokens",
+        "seed": "initialisation seed",
+        "init_std": "std of the initial weights",
+    }.items():  # one flag per init_model setting, --init-std for init_std
+        init.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=type(default[name]),
+            default=default[name],
+            help=f"{what} (%(default)s)",
+        )
 
     dataset = commands.add_parser("dataset", help="prompt datasets")
     dataset_commands = dataset.add_subparsers(dest="dataset_command", required=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 from typing import Any
 from typing import Literal
+from typing import Self
 
 import msgspec
 import msgspec.inspect
@@ -59,7 +60,26 @@ class ConfigError(ValueError):
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
+    @classmethod
+    def checked(cls, **values: Any) -> Self:
+        """The section of ``values`` (defaults for the rest), checked like the TOML file's.
+
+        A section built by calling the class is not checked against its bounds (msgspec
+        checks them when decoding); settings passed in Python (an extension's arguments)
+        go through here, so they meet the same bounds with the same message.
+
+        Raises:
+            ValueError: One line naming the key and the value, e.g. ``stall_timeout_s:
+                expected `float` > 0.0, got 0``.
+        """
+        try:
+            return msgspec.convert(values, cls, strict=True)
+        except msgspec.ValidationError as exc:
+            message = readable(str(exc), cls)
+            key = message.partition(":")[0]
+            if key in values and ", got " not in message:  # msgspec names no bad number
+                message += f", got {values[key]!r}"
+            raise ValueError(message) from None
 
 
 class RunConfig(_Section, frozen=True, kw_only=True):

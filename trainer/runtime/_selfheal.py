@@ -85,6 +85,9 @@ class WaitProgress:
 class SelfHealingExtension:
     """Detects stalls and lost workers; votes restarts; bounds recoveries.
 
+    The four settings of the ``[self_heal]`` section take its defaults and its bounds; a
+    value out of bounds raises ValueError naming the argument.
+
     Args:
         stall_timeout_s: No progress in available samples for this long, with rollouts
             outstanding, is a stall.
@@ -108,24 +111,32 @@ class SelfHealingExtension:
     def __init__(
         self,
         *,
-        stall_timeout_s: float = 10.0,
-        max_restarts: int = 3,
-        backoff_s: float = 0.5,
-        backoff_max_s: float = 10.0,
+        stall_timeout_s: float = SelfHealConfig().stall_timeout_s,
+        max_restarts: int = SelfHealConfig().max_restarts,
+        backoff_s: float = SelfHealConfig().backoff_s,
+        backoff_max_s: float = SelfHealConfig().backoff_max_s,
         max_stall_restarts_per_step: int = 3,
         name: str = "self-healing",
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
-        if stall_timeout_s <= 0:
-            raise ValueError(f"stall_timeout_s must be > 0, got {stall_timeout_s}")
-        if max_restarts < 0 or max_stall_restarts_per_step < 0:
-            raise ValueError("restart budgets must be >= 0")
+        # The [self_heal] section decides the defaults and the bounds, for the TOML file and
+        # for Python alike.
+        settings = SelfHealConfig.checked(
+            stall_timeout_s=stall_timeout_s,
+            max_restarts=max_restarts,
+            backoff_s=backoff_s,
+            backoff_max_s=backoff_max_s,
+        )
+        if max_stall_restarts_per_step < 0:
+            raise ValueError(
+                f"max_stall_restarts_per_step must be >= 0, got {max_stall_restarts_per_step}"
+            )
         self.name = name
-        self.stall_timeout_s = stall_timeout_s
-        self.max_restarts = max_restarts
+        self.stall_timeout_s = settings.stall_timeout_s
+        self.max_restarts = settings.max_restarts
         self.max_stall_restarts_per_step = max_stall_restarts_per_step
-        self.backoff_s = backoff_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff_s = settings.backoff_s
+        self.backoff_max_s = settings.backoff_max_s
         self._sleep = sleep
         self.restarts_used = 0
         self.stall_restarts = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from eventbus import Decision
@@ -12,7 +14,10 @@ from eventbus import SafePointReached
 from eventbus import SampleWait
 from eventbus import WorkerLost
 from tests._events import sample_wait
+from trainer import ConfigError
 from trainer import SelfHealingExtension
+from trainer import load_config
+from trainer.config._schema import SelfHealConfig
 from trainer.runtime._selfheal import recovery_backoff_s
 
 
@@ -136,6 +141,26 @@ async def test_the_budget_survives_a_checkpoint(healer: SelfHealingExtension) ->
     assert restored.history == healer.history
 
 
-def test_bad_settings_are_named() -> None:
-    with pytest.raises(ValueError, match="stall_timeout_s"):
-        SelfHealingExtension(stall_timeout_s=0)
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("stall_timeout_s", 0, "stall_timeout_s: expected `float` > 0.0, got 0"),
+        ("max_restarts", -1, "max_restarts: expected `int` >= 0, got -1"),
+        ("backoff_s", -0.5, "backoff_s: expected `float` >= 0.0, got -0.5"),  # the file's bound
+        ("backoff_max_s", -1.0, "backoff_max_s: expected `float` >= 0.0, got -1.0"),
+        ("max_stall_restarts_per_step", -1, "max_stall_restarts_per_step must be >= 0, got -1"),
+    ],
+)
+def test_bad_settings_are_named(setting: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        SelfHealingExtension(**{setting: value})  # type: ignore[arg-type]
+
+
+def test_the_defaults_and_bounds_are_the_self_heal_sections() -> None:
+    healer, section = SelfHealingExtension(), SelfHealConfig()
+    for key in ("stall_timeout_s", "max_restarts", "backoff_s", "backoff_max_s"):
+        assert getattr(healer, key) == getattr(section, key), key
+    with pytest.raises(
+        ConfigError, match=re.escape("self_heal.backoff_s: expected `float` >= 0.0")
+    ):
+        load_config(overrides={"self_heal.backoff_s": -0.5})

@@ -40,6 +40,7 @@ __all__ = [
     "TaskConfig",
     "TrainerConfig",
     "load_config",
+    "within",
 ]
 
 PositiveInt = Annotated[int, Meta(ge=1)]
@@ -53,6 +54,10 @@ BackendName = Literal["local", "ray"]
 """``rollout.backend``, ``--backend``."""
 Device = Literal["auto", "cpu", "cuda"]
 """``run.device`` (``--device``) and ``rollout.device``."""
+ActorCpus = Annotated[float, Meta(ge=0)]
+"""CPUs a Ray rollout actor reserves: ``rollout.ray_actor_cpus``, ``RayBackend(actor_cpus=)``."""
+StandbyActors = Annotated[int, Meta(ge=0, le=64)]
+"""Warm Ray actors kept besides the workers: ``rollout.standby``, ``RayBackend(standby=)``."""
 
 
 class ConfigError(ValueError):
@@ -217,8 +222,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     failure_policy: Literal["fill", "drop_rollout", "drop_group", "raise"] = "drop_group"
     max_failed_fraction: Fraction = 0.5
     ray_address: str | None = None
-    ray_actor_cpus: Annotated[float, Meta(ge=0)] = 0.0
-    standby: Annotated[int, Meta(ge=0, le=64)] = 0
+    ray_actor_cpus: ActorCpus = 0.0
+    standby: StandbyActors = 0
     device: Device | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
 
@@ -429,6 +434,20 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     def replace(self, **sections: Any) -> TrainerConfig:
         """A copy with whole sections replaced (validated again)."""
         return convert(msgspec.structs.replace(self, **sections).to_dict())
+
+
+def within(name: str, value: Any, bounds: Any) -> Any:
+    """``value``, checked against ``bounds`` (one of this module's ``Annotated`` types) as
+    decoding the file checks it: for a setting passed in Python under the name ``name``.
+
+    Raises:
+        ValueError: One line naming it, e.g. ``actor_cpus: expected `float` >= 0.0, got -1``.
+    """
+    try:
+        return msgspec.convert(value, bounds, strict=True)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        raise ValueError(f"{name}: {text[0].lower()}{text[1:]}, got {value!r}") from None
 
 
 def convert(data: dict[str, Any]) -> TrainerConfig:

@@ -60,6 +60,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from eventbus import ThreadStack
 
+from ..config._schema import ActorCpus
+from ..config._schema import StandbyActors
+from ..config._schema import within
 from ._backend import Leave
 from ._backend import ResultSink
 from ._faults import FaultInjector
@@ -94,10 +97,11 @@ class RayBackend(ServingActors):
             the running Ray instance or starts a local one. Joining a cluster needs trainbus
             installed on its nodes.
         faults: Fault injection (tests and ``--inject``); None for none.
-        actor_cpus: CPUs each actor reserves. 0 (the default) lets any number of actors
-            share a node; actors are spread over the nodes either way.
+        actor_cpus: CPUs each actor reserves (>= 0, as ``[rollout] ray_actor_cpus``). 0 (the
+            default) lets any number of actors share a node; actors are spread over the
+            nodes either way.
         standby: Warm actors kept besides the serving ones, to replace a lost or hung one
-            at once.
+            at once (0 to 64, as ``[rollout] standby``).
         hung_after_s: The shortest grace a busy actor gets at a restart before it is killed
             as hung (the grace is three times the longest call so far, if longer).
         start_timeout_s: How long starting the actors may take before it counts as failed
@@ -123,16 +127,15 @@ class RayBackend(ServingActors):
         start_timeout_s: float = 120.0,
         kill_timeout_s: float = 10.0,
     ) -> None:
-        if actor_cpus < 0:
-            raise ValueError(f"actor_cpus must be >= 0, got {actor_cpus}")
         # Actor names are unique per Ray namespace; the prefix keeps two backends (or two
         # runs on one cluster) apart and lets an operator find this run's actors.
         self.actor_prefix = f"trainbus-{uuid.uuid4().hex[:8]}"
         pool = ActorPool(
             spec,
             prefix=self.actor_prefix,
-            actor_cpus=actor_cpus,
-            standby=standby,
+            # The [rollout] section's bounds, for the file and for Python alike.
+            actor_cpus=within("actor_cpus", actor_cpus, ActorCpus),
+            standby=within("standby", standby, StandbyActors),
             start_timeout_s=start_timeout_s,
             kill_timeout_s=kill_timeout_s,
         )

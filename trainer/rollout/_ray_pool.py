@@ -69,8 +69,6 @@ class ActorPool:
         start_timeout_s: float,
         kill_timeout_s: float,
     ) -> None:
-        if standby < 0:
-            raise ValueError(f"standby must be >= 0, got {standby}")
         self.spec = spec
         self.prefix = prefix
         self.actor_cpus = actor_cpus

@@ -12,6 +12,9 @@ import pytest
 from trainer import ConfigError
 from trainer import TrainerConfig
 from trainer import load_config
+from trainer.config._schema import SelfHealConfig
+from trainer.config._schema import StandbyActors
+from trainer.config._schema import within
 from trainer.config._toml import example_toml
 from trainer.config._toml import to_toml
 
@@ -122,3 +125,14 @@ def test_config_commands_print_toml(tmp_path: Path) -> None:
     bad = run("show", "--config", str(tmp_path / "nope.toml"))
     assert bad.returncode == 2
     assert bad.stderr.strip().endswith("does not exist")
+
+
+def test_settings_passed_in_python_meet_the_files_bounds() -> None:
+    # A section's settings given as arguments (an extension's, a backend's) are checked
+    # where the section decides them, with a line naming the argument and the value.
+    assert SelfHealConfig.checked(stall_timeout_s=2).stall_timeout_s == 2.0
+    with pytest.raises(ValueError, match=r"^max_restarts: expected `int` >= 0, got -1$"):
+        SelfHealConfig.checked(max_restarts=-1)
+    assert within("standby", 2, StandbyActors) == 2
+    with pytest.raises(ValueError, match=r"^standby: expected `int` <= 64, got 65$"):
+        within("standby", 65, StandbyActors)

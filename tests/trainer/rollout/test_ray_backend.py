@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import pytest
 
 from replay import PromptGroup
 from replay import RolloutResult
+from trainer import ConfigError
 from trainer import Fault
 from trainer import FaultInjector
 from trainer import PolicyConfig
@@ -341,6 +343,24 @@ def test_submit_needs_a_started_backend() -> None:
         RayBackend(SPEC, 1).submit(make_work("early"))
     with pytest.raises(ValueError, match="workers"):
         RayBackend(SPEC, 0)
+
+
+@pytest.mark.parametrize(
+    ("argument", "key", "value", "bound"),
+    [
+        ("actor_cpus", "ray_actor_cpus", -1.0, "expected `float` >= 0.0"),
+        ("standby", "standby", -1, "expected `int` >= 0"),
+        ("standby", "standby", 65, "expected `int` <= 64"),
+    ],
+)
+def test_actor_cpus_and_standby_have_the_rollout_sections_bounds(
+    argument: str, key: str, value: float, bound: str
+) -> None:
+    # One check each, for RayBackend built in Python and for [rollout] in the file.
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{argument}: {bound}, got {value}')}$"):
+        RayBackend(SPEC, 1, **{argument: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'rollout.{key}: {bound}')}"):
+        load_config(overrides={"rollout.backend": "ray", f"rollout.{key}": value})
 
 
 async def test_a_short_training_run_on_ray_completes() -> None:

@@ -16,6 +16,13 @@ dropped event (answering it could only be a late vote). So a participant that vo
 reads holds a bounded queue however many safe points pass. With ``overflow="error"`` nothing is
 dropped: expired requests count against the bound, and going past it closes the subscription.
 
+The consumer side is one async generator per subscription (``_events``), which ``async for``,
+``aiter()`` and ``anext()`` all step: an ``async for`` step resumes a frame that is already
+there, where an ``async def __anext__`` would build and tear down a coroutine per event. The
+stream's state (the queues, the counters) lives on the subscription, not in the generator's
+frame, so leaving a loop half-way and iterating again, or a generator ended by a cancelled
+wait and a new one made, goes on where the stream stopped.
+
 The subscription talks to its bus only through the :class:`~eventbus._state.BusState` it was
 given: it votes, checks whether a request is still open and leaves through it.
 """
@@ -23,11 +30,15 @@ given: it votes, checks whether a request is still open and leaves through it.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections import deque
+from collections.abc import AsyncGenerator
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import AsyncGeneratorType
 from typing import Literal
+from typing import cast
 
 from ._decisions import SafePoint
 from ._errors import SubscriberOverflowError
@@ -48,6 +59,7 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_oldest", "drop_newest", "error"
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
 _Future = asyncio.Future
+_Events = AsyncGeneratorType[Event, None]
 
 
 class _Gap:
@@ -85,6 +97,23 @@ class SubscriptionStatistics:
     maxsize: int
     overflow: Overflow
     closed: bool
+
+
+def _unhooked(iterator: AsyncGenerator[Event, None]) -> _Events:
+    """``iterator``, made to close like a plain generator when it is dropped.
+
+    A running event loop registers every async generator at its first step, so that it can
+    later ``await aclose()``: dropped half-way, the generator schedules a task on the loop.
+    A subscription's never awaits while it closes, so it is started (its first ``asend``
+    created, not run) with no hooks installed: dropped, it closes at once, wherever.
+    """
+    hooks = sys.get_asyncgen_hooks()
+    sys.set_asyncgen_hooks(None, None)
+    try:
+        _ = iterator.__anext__()  # fixes the generator's hooks; the step is never taken
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    return cast(_Events, iterator)  # what an async generator function returns
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -137,6 +166,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         # order (a handful at most): the bound leaves open ones out, and expired ones go first.
         self._requests: deque[SafePointReached] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._iterator: _Events | None = None
         self._waiter_thread = 0
         self._consumer_loop = RunningLoop()
         # accepting: new events are queued. end_when_empty: iteration ends once the queue is
@@ -195,11 +225,23 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                 closed=self.closed,
             )
 
-    def __aiter__(self) -> Subscription:
-        return self
+    def __aiter__(self) -> _Events:
+        # One generator while it lasts; after it ended (its wait was cancelled, it raised, or
+        # the stream ended), a new one that starts from the subscription's state.
+        iterator = self._iterator
+        if iterator is None or iterator.ag_frame is None:  # not yet made, or finished
+            iterator = self._iterator = _unhooked(self._events())
+        return iterator
+
+    async def __anext__(self) -> Event:
+        # A coroutine, as before the generator (``create_task(sub.__anext__())`` works).
+        return await self.__aiter__().__anext__()
 
     @lock_free
-    async def __anext__(self) -> Event:
+    async def _events(self) -> AsyncGenerator[Event, None]:
+        """The stream: pop the taken batch; when it is empty, take the queue or wait."""
+        lock = self._lock
+        remembered = self._consumer_loop
         while True:
             ready = self._ready
             if ready:
@@ -209,10 +251,11 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     continue
                 if type(item) is _Gap:
                     self._lagged_notices += 1
-                    return Lagged(missed=item.n, time=self._clock())
-                self._delivered += 1
-                return item  # type: ignore[return-value]  # not a _Gap, so an Event
-            lock = self._lock
+                    yield Lagged(missed=item.n, time=self._clock())
+                else:
+                    self._delivered += 1
+                    yield item  # type: ignore[misc]  # not a _Gap, so an Event
+                continue
             thread = _get_ident()
             solo = lock.solo_thread == thread  # see _order: no lock while one thread runs
             if not solo:  # (acquire() ends single-thread mode first)
@@ -225,22 +268,12 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     self._queue, self._ready = ready, queue
                     if self._requests:
                         self._requests.clear()  # taken: the consumer holds them now
-                    item = queue.popleft()
-                    if type(item) is _Gap:
-                        self._lagged_notices += 1
-                        return Lagged(missed=item.n, time=self._clock())
-                    self._delivered += 1
-                    return item  # type: ignore[return-value]  # not a _Gap, so an Event
+                    continue
                 if self._end_when_empty or not self._accepting:
                     error, self._error = self._error, None
                     if error is not None:
                         raise error
-                    raise StopAsyncIteration
-                # The loop is remembered, and RunningLoop.get's check inlined: asking asyncio
-                # costs a system call (see _loops). asyncio.Future itself, not
-                # loop.create_future(): on asyncio's own loop that is a Python method around
-                # the same constructor. Both are paid at every wait.
-                remembered = self._consumer_loop
+                    return
                 loop = remembered.loop
                 if loop is None or remembered.thread != thread or not loop.is_running():
                     loop = remembered.ask(thread)
@@ -253,14 +286,12 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             try:
                 await waiter
             except RuntimeError:
-                # The task refused a future of another loop: the remembered loop went on
-                # running elsewhere (the case _loops cannot see). Ask asyncio, and wait again.
                 if waiter.get_loop() is _get_running_loop():
                     raise
-                self._consumer_loop.forget()
+                remembered.forget()
             finally:
                 if self._waiter is waiter:  # cancelled while waiting: forget the future
-                    with self._lock:
+                    with lock:
                         if self._waiter is waiter:
                             self._waiter = None
 

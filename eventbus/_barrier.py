@@ -71,8 +71,10 @@ class Barrier:
     __slots__ = (
         "future",
         "loop_thread",
+        "names",
         "opened",
         "point",
+        "positions",
         "remaining",
         "roster",
         "step",
@@ -91,6 +93,9 @@ class Barrier:
         self.point = point
         self.step = step
         self.roster = roster
+        # The roster's, at hand: a vote reads them once per participant.
+        self.names = roster.names
+        self.positions = roster.positions
         self.votes: list[Vote | None] = [None] * len(roster.participants)
         self.remaining = len(roster.participants)
         self.worst = _CONTINUE

@@ -52,6 +52,7 @@ Push = Callable[[Event], None]
 
 _perf_counter = time.perf_counter
 _get_ident = threading.get_ident
+_CONTINUE = Decision.CONTINUE  # (see _barrier: reading an Enum member off its class is slow)
 
 
 def _not_owned(event: Event) -> None:
@@ -358,7 +359,8 @@ class Voting:
             SafePointError: This subscription already answered, or does not take part in
                 this safe point.
         """
-        if type(decision) is not Decision and not isinstance(decision, Decision):
+        # Decision cannot be subclassed (an Enum with members), so its type says it all.
+        if type(decision) is not Decision:
             raise TypeError(f"decision must be an eventbus.Decision, got {decision!r}")
         if type(event) is not SafePointReached:
             raise SafePointError(
@@ -370,37 +372,38 @@ class Voting:
         if not solo:  # (acquire() ends single-thread mode first)
             lock.raw_acquire() if lock.shared else lock.acquire()
         try:
-            state = self._state
-            barrier = state.barriers.get(event.seq)
+            barrier = self._state.barriers.get(event.seq)
             if barrier is not None:
-                index = barrier.roster.positions.get(self)
-                if index is not None:
-                    votes = barrier.votes
-                    if votes[index] is not None:
-                        raise SafePointError(
-                            f"{self.name!r} already answered safe point "
-                            f"{event.point.value} (seq {event.seq})"
-                        )
+                index = barrier.positions.get(self)
+                if index is not None and barrier.votes[index] is None:
                     # Barrier.record's work, inline: this runs once per participant.
-                    votes[index] = Vote(
-                        participant=barrier.roster.names[index],
+                    barrier.votes[index] = Vote(
+                        participant=barrier.names[index],
                         decision=decision,
                         reason=reason,
                         latency_s=_perf_counter() - barrier.opened,
                     )
-                    if decision.severity > barrier.worst.severity:
+                    if decision is not _CONTINUE and decision.severity > barrier.worst.severity:
                         barrier.worst = decision
                     barrier.remaining -= 1
                     if not barrier.remaining:
                         barrier.complete()
                     return True
-            if self.name in event.participants and event.seq <= state.seq:
-                state.late_votes += 1
-                return False
-            raise SafePointError(
-                f"{self.name!r} does not take part in safe point "
-                f"{event.point.value} (seq {event.seq})"
-            )
+            return self._late_vote(event, barrier)
         finally:
             if not solo:
                 lock.release()
+
+    def _late_vote(self, event: SafePointReached, barrier: Barrier | None) -> bool:
+        """:meth:`decide` for a vote that does not count: late (False) or wrong (raises)."""
+        if barrier is not None and self in barrier.positions:  # it took part: it voted
+            raise SafePointError(
+                f"{self.name!r} already answered safe point {event.point.value} (seq {event.seq})"
+            )
+        state = self._state
+        if self.name in event.participants and event.seq <= state.seq:
+            state.late_votes += 1
+            return False
+        raise SafePointError(
+            f"{self.name!r} does not take part in safe point {event.point.value} (seq {event.seq})"
+        )

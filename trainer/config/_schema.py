@@ -58,6 +58,9 @@ ActorCpus = Annotated[float, Meta(ge=0)]
 """CPUs a Ray rollout actor reserves: ``rollout.ray_actor_cpus``, ``RayBackend(actor_cpus=)``."""
 StandbyActors = Annotated[int, Meta(ge=0, le=64)]
 """Warm Ray actors kept besides the workers: ``rollout.standby``, ``RayBackend(standby=)``."""
+RolloutWorkers = Annotated[int, Meta(ge=1, le=64)]
+"""How many rollout workers: ``rollout.workers``, ``autoscale.min_workers`` and ``max_workers``,
+the backends' ``workers`` (constructed and resized)."""
 
 
 class ConfigError(ValueError):
@@ -208,7 +211,7 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     """
 
     backend: BackendName = "local"
-    workers: Annotated[int, Meta(ge=1, le=64)] = 2
+    workers: RolloutWorkers = 2
     prompts_per_step: PositiveInt = 32
     group_size: Annotated[int, Meta(ge=2)] = 8
     max_off_policy: NonNegativeInt = 2
@@ -304,24 +307,22 @@ class AutoscaleConfig(_Section, frozen=True, kw_only=True):
     """
 
     enabled: bool = False
-    min_workers: Annotated[int, Meta(ge=1, le=64)] = 1
-    max_workers: Annotated[int, Meta(ge=1, le=64)] = 8
+    min_workers: RolloutWorkers = 1
+    max_workers: RolloutWorkers = 8
     scale_up_wait_share: Fraction = 0.5
     scale_down_utilization: Fraction = 0.25
     patience_steps: PositiveInt = 2
     cooldown_steps: NonNegativeInt = 2
 
     def __post_init__(self) -> None:
+        # Decoding the file checks each field's bounds; a policy built in Python (the
+        # extension's ScalingPolicy) is not decoded, so it meets the same declared bounds here.
+        for field in msgspec.structs.fields(self):
+            within(field.name, getattr(self, field.name), field.type)
         if self.min_workers > self.max_workers:
             raise ValueError(
                 f"autoscale.min_workers ({self.min_workers}) is above autoscale.max_workers "
                 f"({self.max_workers})"
-            )
-        # Decoding checks each bound on its own; a section built in Python (the extension's
-        # ScalingPolicy) is checked here.
-        if self.min_workers < 1 or self.patience_steps < 1 or self.cooldown_steps < 0:
-            raise ValueError(
-                "autoscale: min_workers and patience_steps must be >= 1, cooldown_steps >= 0"
             )
 
 

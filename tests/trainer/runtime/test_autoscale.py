@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from eventbus import WorkerJoined
 from eventbus import WorkerLeft
 from trainer import AutoscalingExtension
+from trainer import ConfigError
 from trainer import ScalingPolicy
 from trainer import load_config
 
@@ -73,8 +76,28 @@ def test_state_survives_a_checkpoint() -> None:
 def test_policy_rejects_impossible_bounds() -> None:
     with pytest.raises(ValueError, match=r"min_workers \(5\) is above autoscale.max_workers"):
         ScalingPolicy(min_workers=5, max_workers=2)
-    with pytest.raises(ValueError, match="min_workers and patience_steps must be >= 1"):
-        ScalingPolicy(min_workers=0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "bound"),
+    [
+        ("min_workers", 0, "expected `int` >= 1"),
+        ("max_workers", 65, "expected `int` <= 64"),
+        ("scale_up_wait_share", 1.5, "expected `float` <= 1.0"),
+        ("scale_down_utilization", -0.1, "expected `float` >= 0.0"),
+        ("patience_steps", 0, "expected `int` >= 1"),
+        ("cooldown_steps", -1, "expected `int` >= 0"),
+    ],
+)
+def test_a_policy_built_in_python_has_the_autoscale_sections_bounds(
+    key: str, value: float, bound: str
+) -> None:
+    # The bounds are declared once, on the [autoscale] fields: the file is checked by
+    # decoding, ScalingPolicy(...) by the same declarations, each naming the argument.
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{key}: {bound}, got {value}')}$"):
+        ScalingPolicy(**{key: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'autoscale.{key}: {bound}')}"):
+        load_config(overrides={f"autoscale.{key}": value})
 
 
 async def test_a_run_scales_up_to_its_bound_and_records_why() -> None:

@@ -25,6 +25,9 @@ from eventbus import Event
 from eventbus import ThreadStack
 from replay import RolloutResult
 
+from ..config._schema import RolloutWorkers
+from ..config._schema import within
+
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
     from ._faults import FaultInjector
     from ._stacks import StackReader
@@ -218,15 +221,13 @@ class BackendBase:
 
     Args:
         spec: What each worker builds (task, policy, temperature).
-        workers: How many workers (at least 1).
+        workers: How many workers (1 to 64, as ``[rollout] workers``).
         faults: Fault injection (tests and ``--inject``); None for none.
     """
 
     name: str  # set by each backend class
 
     def __init__(self, spec: WorkerSpec, workers: int, faults: FaultInjector | None) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
         self.spec = spec
         self.workers = workers
         self._faults = faults
@@ -235,6 +236,17 @@ class BackendBase:
         self._counts = BackendCounters()
         self._holdings = HoldingLedger()
         self._closed = False
+
+    @property
+    def workers(self) -> int:
+        """How many workers the backend runs (set at construction and by ``resize``)."""
+        return self._workers
+
+    @workers.setter
+    def workers(self, workers: int) -> None:
+        # Every way of setting it meets the bound of rollout.workers: ValueError naming
+        # ``workers`` (e.g. ``workers: expected `int` >= 1, got 0``), nothing changed.
+        self._workers: int = within("workers", workers, RolloutWorkers)
 
     def statistics(self) -> BackendStatistics:
         """A snapshot of the counters (``workers``: those not known to be dead)."""

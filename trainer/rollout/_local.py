@@ -65,7 +65,7 @@ class LocalBackend(BackendBase):
 
     Args:
         spec: What each worker builds (task, policy shape, temperature).
-        workers: Worker threads.
+        workers: Worker threads (1 to 64, as ``[rollout] workers``; also for :meth:`resize`).
         faults: Fault injection (tests and ``--inject``); None for none.
         worker_factory: Builds a worker (tests substitute fakes).
         close_timeout_s: How long :meth:`close` waits for the threads to stop.
@@ -142,8 +142,6 @@ class LocalBackend(BackendBase):
     async def resize(self, workers: int, reason: str) -> None:
         """Run ``workers`` threads from now on: start the missing ones, or let the surplus
         leave once they have delivered the work they hold (idle ones leave at once)."""
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
         generation = self._generation
         if generation is None or self._closed:
             raise RuntimeError("the local backend is not running")

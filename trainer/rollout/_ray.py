@@ -92,7 +92,7 @@ class RayBackend(ServingActors):
 
     Args:
         spec: What each worker builds (task, policy shape, temperature).
-        workers: Actors.
+        workers: Actors (1 to 64, as ``[rollout] workers``; also for :meth:`resize`).
         address: A Ray cluster to join (``"auto"``, ``"10.0.0.5:6379"``, ...); None uses
             the running Ray instance or starts a local one. Joining a cluster needs trainbus
             installed on its nodes.
@@ -252,8 +252,6 @@ class RayBackend(ServingActors):
         """Run ``workers`` actors from now on: standby first, then new actors (waited for);
         or let the surplus leave once they have delivered what they hold (idle ones at
         once)."""
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
         queue = self._queue
         if queue is None or self._closed:
             raise RuntimeError("the ray backend is not running")

@@ -341,7 +341,7 @@ async def test_a_hung_actor_blocks_neither_restart_nor_close() -> None:
 def test_submit_needs_a_started_backend() -> None:
     with pytest.raises(RuntimeError, match="not running"):
         RayBackend(SPEC, 1).submit(make_work("early"))
-    with pytest.raises(ValueError, match="workers"):
+    with pytest.raises(ValueError, match=r"^workers: expected `int` >= 1, got 0$"):
         RayBackend(SPEC, 0)
 
 
@@ -390,6 +390,9 @@ async def test_resize_adds_actors_spread_over_the_nodes_and_removes_them_after_t
     sink = FakeSink()
     await backend.start(sink, weights(0), 0)
     try:
+        with pytest.raises(ValueError, match=r"^workers: expected `int` <= 64, got 65$"):
+            await backend.resize(65, "too many")  # refused before any actor is started
+        assert backend.workers == 1
         await backend.resize(3, "more")
         assert [w for w, _ in sink.joined] == ["ray-0.1", "ray-0.2"]
         nodes = backend.actor_nodes()

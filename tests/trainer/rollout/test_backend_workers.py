@@ -1,0 +1,60 @@
+"""How many workers a backend runs meets the bound of ``rollout.workers``, however it is set."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from eventbus import Event
+from replay import RolloutResult
+from trainer import ConfigError
+from trainer import LocalBackend
+from trainer import PolicyConfig
+from trainer import WorkerSpec
+from trainer import load_config
+from trainer.rl._policy import build_policy
+from trainer.rl._policy import weights_to_bytes
+
+torch.set_num_threads(1)
+
+SPEC = WorkerSpec(task_name="reverse", task_params={"length": 4}, policy=PolicyConfig())
+
+
+class Sink:
+    """Takes what the backend reports and keeps none of it (nothing is submitted here)."""
+
+    def deliver(self, result: RolloutResult) -> None: ...
+    def started(self, group_ids: tuple[str, ...]) -> None: ...
+    def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None: ...
+    def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None: ...
+    def worker_event(self, event: Event) -> None: ...
+    def worker_joined(self, worker_id: str, node: str, reason: str) -> None: ...
+    def worker_left(self, worker_id: str, node: str, reason: str) -> None: ...
+
+
+BAD = [(0, "expected `int` >= 1"), (65, "expected `int` <= 64")]
+
+
+@pytest.mark.parametrize(("workers", "bound"), BAD)
+def test_a_backend_built_in_python_has_the_rollout_sections_bound(workers: int, bound: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(f'workers: {bound}, got {workers}')}$"):
+        LocalBackend(SPEC, workers)
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'rollout.workers: {bound}')}"):
+        load_config(overrides={"rollout.workers": workers})
+
+
+@pytest.mark.parametrize(("workers", "bound"), BAD)
+async def test_resizing_out_of_the_bound_is_refused_and_changes_nothing(
+    workers: int, bound: str
+) -> None:
+    backend = LocalBackend(SPEC, 1)
+    await backend.start(Sink(), weights_to_bytes(build_policy(SPEC.policy, seed=0)), 0)
+    try:
+        with pytest.raises(ValueError, match=f"^{re.escape(f'workers: {bound}, got {workers}')}$"):
+            await backend.resize(workers, "out of bounds")
+        assert backend.workers == 1
+        assert backend.statistics().workers == 1
+    finally:
+        await backend.close()

@@ -32,6 +32,7 @@ import anyio
 
 from eventbus import ThreadStack
 
+from ..config._schema import RolloutConfig
 from ._backend import BackendBase
 from ._backend import Leave
 from ._backend import ResultSink
@@ -69,6 +70,8 @@ class LocalBackend(BackendBase):
         faults: Fault injection (tests and ``--inject``); None for none.
         worker_factory: Builds a worker (tests substitute fakes).
         close_timeout_s: How long :meth:`close` waits for the threads to stop.
+
+    The defaults of ``workers`` and ``close_timeout_s`` are the ``[rollout]`` section's.
     """
 
     name = "local"
@@ -76,11 +79,11 @@ class LocalBackend(BackendBase):
     def __init__(
         self,
         spec: WorkerSpec,
-        workers: int = 2,
+        workers: int = RolloutConfig().workers,
         *,
         faults: FaultInjector | None = None,
         worker_factory: Callable[[WorkerSpec, str], RolloutWorker] = RolloutWorker,
-        close_timeout_s: float = 30.0,
+        close_timeout_s: float = RolloutConfig().close_timeout_s,
     ) -> None:
         super().__init__(spec, workers, faults)
         self._factory = worker_factory

@@ -61,6 +61,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from eventbus import ThreadStack
 
 from ..config._schema import ActorCpus
+from ..config._schema import RolloutConfig
 from ..config._schema import StandbyActors
 from ..config._schema import within
 from ._backend import Leave
@@ -106,7 +107,11 @@ class RayBackend(ServingActors):
             as hung (the grace is three times the longest call so far, if longer).
         start_timeout_s: How long starting the actors may take before it counts as failed
             (an actor that cannot be placed would otherwise wait forever).
-        kill_timeout_s: How long :meth:`close` waits for Ray to confirm the actors died.
+        kill_timeout_s: How long :meth:`close` waits for Ray to confirm the actors died
+            (a run from a configuration passes ``rollout.close_timeout_s``).
+
+    The defaults of ``workers``, ``actor_cpus``, ``standby`` and ``start_timeout_s`` are the
+    ``[rollout]`` section's.
 
     Attributes:
         actor_prefix: Prefix of this backend's actor names (unique per backend).
@@ -117,14 +122,14 @@ class RayBackend(ServingActors):
     def __init__(
         self,
         spec: WorkerSpec,
-        workers: int = 2,
+        workers: int = RolloutConfig().workers,
         *,
         address: str | None = None,
         faults: FaultInjector | None = None,
-        actor_cpus: float = 0.0,
-        standby: int = 0,
+        actor_cpus: float = RolloutConfig().ray_actor_cpus,
+        standby: int = RolloutConfig().standby,
         hung_after_s: float = 2.0,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = RolloutConfig().start_timeout_s,
         kill_timeout_s: float = 10.0,
     ) -> None:
         # Actor names are unique per Ray namespace; the prefix keeps two backends (or two

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import threading
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from trainer import RolloutWorker
 from trainer import WorkerSpec
 from trainer import load_config
 from trainer import make_task
+from trainer.config._schema import RolloutConfig
 from trainer.rl._policy import build_policy
 from trainer.rl._policy import weights_to_bytes
 from trainer.rl._tasks import PromptStream
@@ -343,6 +345,18 @@ def test_submit_needs_a_started_backend() -> None:
         RayBackend(SPEC, 1).submit(make_work("early"))
     with pytest.raises(ValueError, match=r"^workers: expected `int` >= 1, got 0$"):
         RayBackend(SPEC, 0)
+
+
+def test_the_ray_backends_defaults_are_the_rollout_sections() -> None:
+    defaults = inspect.signature(RayBackend).parameters
+    section = RolloutConfig()
+    for argument, key in [
+        ("workers", "workers"),
+        ("actor_cpus", "ray_actor_cpus"),
+        ("standby", "standby"),
+        ("start_timeout_s", "start_timeout_s"),
+    ]:
+        assert defaults[argument].default == getattr(section, key), argument
 
 
 @pytest.mark.parametrize(

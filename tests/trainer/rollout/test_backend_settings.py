@@ -1,7 +1,9 @@
-"""How many workers a backend runs meets the bound of ``rollout.workers``, however it is set."""
+"""A backend built in Python takes the ``[rollout]`` section's defaults and bounds: how many
+workers it runs meets the bound of ``rollout.workers``, however it is set."""
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -14,6 +16,7 @@ from trainer import LocalBackend
 from trainer import PolicyConfig
 from trainer import WorkerSpec
 from trainer import load_config
+from trainer.config._schema import RolloutConfig
 from trainer.rl._policy import build_policy
 from trainer.rl._policy import weights_to_bytes
 
@@ -32,6 +35,13 @@ class Sink:
     def worker_event(self, event: Event) -> None: ...
     def worker_joined(self, worker_id: str, node: str, reason: str) -> None: ...
     def worker_left(self, worker_id: str, node: str, reason: str) -> None: ...
+
+
+def test_the_local_backends_defaults_are_the_rollout_sections() -> None:
+    defaults = inspect.signature(LocalBackend).parameters
+    section = RolloutConfig()
+    assert defaults["workers"].default == section.workers
+    assert defaults["close_timeout_s"].default == section.close_timeout_s
 
 
 BAD = [(0, "expected `int` >= 1"), (65, "expected `int` <= 64")]

@@ -22,18 +22,24 @@ __all__ = ["add_workload_commands", "run_workload_command"]
 
 def add_workload_commands(commands: Any) -> None:
     """Add the ``model`` and ``dataset`` subcommands to the ``trainbus`` parser."""
+    from ..config._schema import TaskConfig
     from ..rl._hf_init import Architecture
     from ..rl._hf_init import init_model
 
     # The flags' defaults are init_model's own (its signature decides them, here and in
-    # Python); the help shows them with %(default)s.
+    # Python), --prompt-column's is [task] prompt_column's; the help shows them with
+    # %(default)s.
     default = {n: p.default for n, p in inspect.signature(init_model).parameters.items()}
     model = commands.add_parser("model", help="make a Hugging Face model to train")
     model_commands = model.add_subparsers(dest="model_command", required=True)
     init = model_commands.add_parser("init", help="write a small random-init causal LM")
     init.add_argument("dir", metavar="DIR", help="the model folder to write")
     init.add_argument("--dataset", metavar="FILE", help="cover the characters of this dataset")
-    init.add_argument("--prompt-column", default="prompt", help="its prompt column")
+    init.add_argument(
+        "--prompt-column",
+        default=TaskConfig().prompt_column,
+        help="its prompt column (%(default)s)",
+    )
     init.add_argument(
         "--arch",
         dest="architecture",

@@ -1,6 +1,6 @@
 """The command line's flags take their values and defaults from the one place that decides
-them: the config schema for ``trainbus train``, :func:`init_model` for ``trainbus model
-init``."""
+them: the config schema for ``trainbus train``, :func:`init_model` (and ``[task]
+prompt_column``) for ``trainbus model init``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import get_type_hints
 
 import pytest
 
+import trainer.config._schema as schema
 from trainer.cli._main import _parser
 from trainer.config._schema import TrainerConfig
 from trainer.rl._hf_init import init_model
@@ -59,3 +60,19 @@ def test_a_changed_init_model_default_is_the_flags_default_and_its_help(
     args = init.parse_args(["DIR"])
     assert (args.layers, args.architecture) == (3, "llama")
     assert "transformer blocks (3)" in " ".join(init.format_help().split())
+
+
+def test_model_init_prompt_column_defaults_to_task_prompt_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The dataset model init covers is the one a run trains on: the same column, decided
+    # once, by [task] prompt_column's default.
+    assert command("model", "init").parse_args(["DIR"]).prompt_column == "prompt"
+
+    class Renamed(schema.TaskConfig, frozen=True, kw_only=True):
+        prompt_column: str = "question"
+
+    monkeypatch.setattr(schema, "TaskConfig", Renamed)
+    init = command("model", "init")
+    assert init.parse_args(["DIR"]).prompt_column == "question"
+    assert "its prompt column (question)" in " ".join(init.format_help().split())

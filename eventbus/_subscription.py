@@ -59,6 +59,7 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_oldest", "drop_newest", "error"
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
 _Future = asyncio.Future
+_InvalidStateError = asyncio.InvalidStateError
 _Events = AsyncGeneratorType[Event, None]
 
 
@@ -117,8 +118,10 @@ def _unhooked(iterator: AsyncGenerator[Event, None]) -> _Events:
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
+    try:  # noqa: SIM105  (see Subscription._push)
         waiter.set_result(None)
+    except _InvalidStateError:  # cancelled: the consumer is leaving anyway
+        pass
 
 
 class Subscription(Voting, metaclass=NoPublicConstructor):
@@ -243,19 +246,20 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         lock = self._lock
         remembered = self._consumer_loop
         while True:
+            # Only this generator swaps the queues (see __aiter__), so ``ready`` stays the
+            # taken batch until the next swap; close() may empty it from another thread.
             ready = self._ready
-            if ready:
+            while ready:
                 try:
                     item = ready.popleft()
                 except IndexError:  # close() discarded it from another thread
-                    continue
+                    break
                 if type(item) is _Gap:
                     self._lagged_notices += 1
                     yield Lagged(missed=item.n, time=self._clock())
                 else:
                     self._delivered += 1
                     yield item  # type: ignore[misc]  # not a _Gap, so an Event
-                continue
             thread = _get_ident()
             solo = lock.solo_thread == thread  # see _order: no lock while one thread runs
             if not solo:  # (acquire() ends single-thread mode first)
@@ -263,8 +267,9 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             try:
                 queue = self._queue
                 if queue:
-                    if len(queue) > self._peak:
-                        self._peak = len(queue)
+                    taken = len(queue)
+                    if taken > self._peak:
+                        self._peak = taken
                     self._queue, self._ready = ready, queue
                     if self._requests:
                         self._requests.clear()  # taken: the consumer holds them now
@@ -319,8 +324,12 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             if waiter is not None:
                 self._waiter = None
                 if self._lock.solo_thread or _get_ident() == self._waiter_thread:
-                    if not waiter.done():
+                    # Cheaper than asking done() first (and than contextlib.suppress): it is
+                    # not done unless the consumer was cancelled and has not run since.
+                    try:  # noqa: SIM105
                         waiter.set_result(None)
+                    except _InvalidStateError:  # cancelled: the consumer is leaving anyway
+                        pass
                 else:
                     waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 

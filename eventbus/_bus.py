@@ -185,21 +185,17 @@ class EventBus:
         if not solo:  # (acquire() ends single-thread mode first)
             lock.raw_acquire() if lock.shared else lock.acquire()
         try:
-            pushes = state.routes.get(type(event))
-            if pushes is None:
-                pushes = state.route_locked(type(event))
-            if pushes:
+            queues = state.routes.get(type(event))
+            if queues is None:
+                queues = state.route_locked(type(event))
+            if queues:
                 if event.seq:
                     # Published before: subscribers hold that object, so stamp a copy.
                     event = _replace(event)
                 state.seq = seq = state.seq + 1
                 _force_setattr(event, "seq", seq)
                 _force_setattr(event, "time", state.clock())
-                for push in pushes:
-                    try:
-                        push(event)
-                    except Exception:  # noqa: BLE001  (logged and counted)
-                        state.delivery_failed(event, push)
+                state.deliver_locked(event, queues)
         finally:
             if not solo:
                 lock.release()

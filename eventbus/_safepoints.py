@@ -75,7 +75,9 @@ async def reach(
             future: asyncio.Future[None] = _Future(loop=loop)
             barrier = Barrier(point, step, roster, future, opened)
             state.barriers[seq] = barrier
-        state.deliver_locked(request, route.requests)
+        state.deliver_locked(request, route.requests, True)
+        if route.observers:
+            state.deliver_locked(request, route.observers)
         state.safe_points += 1
     finally:
         if not solo:

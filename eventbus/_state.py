@@ -4,7 +4,8 @@ Trio's memory channels share one state object between their ends instead of call
 other. Here the bus creates one :class:`BusState` and hands it to its subscriptions, extension
 registrations, dispatchers and safe points; they publish, vote and leave through it and never
 reach into the bus. This module knows subscriptions only as :class:`Inbox` (what routing needs
-of a queue), so it imports no module above it.
+of a queue) and their publisher side, a :class:`~eventbus._queue.Queue`, which it appends to
+itself (``deliver_locked``), so it imports no module above it.
 
 Invariants:
 
@@ -21,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -41,17 +43,17 @@ from ._events import SafePointResolved
 from ._events import Vote
 from ._order import OrderLock
 from ._order import lock_free
+from ._queue import Queue
+from ._queue import wake_future
 from ._util import describe_error
 
-__all__ = ["BusState", "Inbox", "PointRoute", "Push", "Voting"]
+__all__ = ["BusState", "Inbox", "PointRoute", "Voting"]
 
 logger = logging.getLogger("eventbus")
 
-Push = Callable[[Event], None]
-"""Appends one event to one queue (a bound method of the queue, cached in routes)."""
-
 _perf_counter = time.perf_counter
 _get_ident = threading.get_ident
+_InvalidStateError = asyncio.InvalidStateError
 _CONTINUE = Decision.CONTINUE  # (see _barrier: reading an Enum member off its class is slow)
 
 
@@ -69,9 +71,8 @@ class Inbox(Voter, Protocol):
 
     def _observes_point(self, point: SafePoint, /) -> bool: ...
 
-    def _push(self, event: Event, /) -> None: ...
-
-    def _push_request(self, event: Event, /) -> None: ...
+    @property
+    def _queue(self) -> Queue: ...
 
     def _stop(self, *, discard: bool) -> None: ...
 
@@ -81,20 +82,27 @@ class PointRoute:
 
     Attributes:
         roster: The participants (voters), in the order they joined.
-        requests: Where ``SafePointReached`` goes: each voter's request path and each
-            observer's ordinary path, in subscription order.
+        requests: The voters' queues, where ``SafePointReached`` goes as a request.
+        observers: The queues where it goes as an ordinary event (observers).
         resolved: Where ``SafePointResolved`` goes (observers).
         listened: Someone takes part or watches.
         stale: Subscriptions changed since the route was computed.
     """
 
-    __slots__ = ("listened", "requests", "resolved", "roster", "stale")
+    __slots__ = ("listened", "observers", "requests", "resolved", "roster", "stale")
 
-    def __init__(self, roster: Roster, requests: tuple[Push, ...], resolved: tuple[Push, ...]):
+    def __init__(
+        self,
+        roster: Roster,
+        requests: tuple[Queue, ...],
+        observers: tuple[Queue, ...],
+        resolved: tuple[Queue, ...],
+    ):
         self.roster = roster
         self.requests = requests
+        self.observers = observers
         self.resolved = resolved
-        self.listened = bool(requests or resolved)
+        self.listened = bool(requests or observers or resolved)
         # Set when subscriptions change: whoever holds this route must look it up again.
         self.stale = False
 
@@ -141,7 +149,7 @@ class BusState:
         self.seq = 0
         self.closed = False
         self.subscribers: list[Inbox] = []
-        self.routes: dict[type[Event], tuple[Push, ...]] = {}
+        self.routes: dict[type[Event], tuple[Queue, ...]] = {}
         # Keyed by the point's value: an Enum member hashes in Python, a str in C.
         self.point_routes: dict[str, PointRoute] = {}
         self.barriers: dict[int, Barrier] = {}
@@ -156,28 +164,51 @@ class BusState:
 
     # --- publishing ---------------------------------------------------------------------
 
-    def deliver_locked(self, event: Event, pushes: tuple[Push, ...]) -> None:
-        """Append an already stamped ``event`` to each of ``pushes``."""
-        for push in pushes:
-            try:
-                push(event)
-            except Exception:  # noqa: BLE001  (logged and counted)
-                self.delivery_failed(event, push)
+    def deliver_locked(
+        self, event: Event, queues: tuple[Queue, ...], request: bool = False
+    ) -> None:
+        """Append an already stamped ``event`` to each of ``queues``.
 
-    def delivery_failed(self, event: Event, push: Push) -> None:
+        With ``request``, ``event`` is a safe-point request addressed to each of them: it is
+        never dropped, and each queue lists it among its requests. Every publish and safe
+        point delivers here, one loop for all the queues of a route (see ``_queue``).
+        """
+        for queue in queues:
+            try:
+                items = queue.items
+                if len(items) >= queue.maxsize and not queue.make_room(request):
+                    continue
+                if queue.accepting:
+                    items.append(event)
+                    if request:
+                        queue.requests.append(event)  # type: ignore[arg-type]  # a request
+                    # queue.wake(), inlined: this runs for every event a subscriber receives.
+                    waiter = queue.waiter
+                    if waiter is not None:
+                        queue.waiter = None
+                        if queue.lock.solo_thread or _get_ident() == queue.waiter_thread:
+                            try:  # noqa: SIM105  (see wake_future)
+                                waiter.set_result(None)
+                            except _InvalidStateError:  # cancelled: its consumer is leaving
+                                pass
+                        else:
+                            waiter.get_loop().call_soon_threadsafe(wake_future, waiter)
+            except Exception:  # noqa: BLE001  (logged and counted)
+                self.delivery_failed(event, queue)
+
+    def delivery_failed(self, event: Event, queue: Queue) -> None:
         """Log and count a failed append (never the publisher's problem)."""
         # e.g. the subscriber's loop is already closed.
         self.delivery_errors += 1
-        target = getattr(push, "__self__", push)
-        logger.exception("delivery of %s to %r failed", type(event).__name__, target)
+        logger.exception("delivery of %s to %r failed", type(event).__name__, queue.owner)
 
-    def route_locked(self, event_type: type[Event]) -> tuple[Push, ...]:
+    def route_locked(self, event_type: type[Event]) -> tuple[Queue, ...]:
         """The queues ``event_type`` goes to, computed once and cached."""
         if not (isinstance(event_type, type) and issubclass(event_type, Event)):
             raise TypeError(f"expected an eventbus.Event subclass, got {event_type!r}")
-        pushes = tuple(s._push for s in self.subscribers if s._accepts(event_type))
-        self.routes[event_type] = pushes
-        return pushes
+        queues = tuple(s._queue for s in self.subscribers if s._accepts(event_type))
+        self.routes[event_type] = queues
+        return queues
 
     def wants(self, event_type: type[Event]) -> bool:
         """True when an ``event_type`` published now would reach a queue."""
@@ -198,17 +229,17 @@ class BusState:
     def point_route_locked(self, point: SafePoint) -> PointRoute:
         """:meth:`point_route`, with the lock held (computed afresh and cached)."""
         voters: list[Inbox] = []
-        requests: list[Push] = []
-        resolved: list[Push] = []
+        observers: list[Queue] = []
+        resolved: list[Queue] = []
         for s in self.subscribers:
             if point in s._vote_points:
                 voters.append(s)
-                requests.append(s._push_request)
             elif s._accepts(SafePointReached) and s._observes_point(point):
-                requests.append(s._push)
+                observers.append(s._queue)
             if s._accepts(SafePointResolved) and s._observes_point(point):
-                resolved.append(s._push)
-        route = PointRoute(Roster(tuple(voters)), tuple(requests), tuple(resolved))
+                resolved.append(s._queue)
+        requests = tuple(s._queue for s in voters)
+        route = PointRoute(Roster(tuple(voters)), requests, tuple(observers), tuple(resolved))
         self.point_routes[point._value_] = route
         return route
 

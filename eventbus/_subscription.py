@@ -1,11 +1,13 @@
 """One subscriber's ordered queue, with its overflow policy.
 
-A subscription is a bounded deque plus at most one waiting future. The bus appends to it
-under the bus lock (so one global order holds across publishing threads); the consumer takes
-a whole batch from it under the same lock. (In single-thread mode, see ``_order``, neither
-side takes it: the owner thread is the only one there is.) A publisher never waits: when the
-queue is full the overflow policy decides what to drop, and the dropped stretch becomes one
-:class:`Lagged` notice at the place in the stream where events went missing.
+A subscription is a bounded deque plus at most one waiting future, kept in a
+:class:`~eventbus._queue.Queue` (its publisher side). The bus appends to it under the bus lock
+(so one global order holds across publishing threads), in ``BusState.deliver_locked``; the
+consumer takes a whole batch from it under the same lock. (In single-thread mode, see
+``_order``, neither side takes it: the owner thread is the only one there is.) A publisher
+never waits: when the queue is full the overflow policy (``_make_room``, here) decides what to
+drop, and the dropped stretch becomes one :class:`Lagged` notice at the place in the stream
+where events went missing.
 
 Invariant (the bound): the queue holds at most ``maxsize`` entries (events and gap markers)
 besides the safe-point requests that are still open, plus one gap marker. An open request
@@ -47,6 +49,8 @@ from ._events import Lagged
 from ._events import SafePointReached
 from ._loops import RunningLoop
 from ._order import lock_free
+from ._queue import Gap as _Gap
+from ._queue import Queue
 from ._state import BusState
 from ._state import Voting
 from ._util import NoPublicConstructor
@@ -59,17 +63,7 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_oldest", "drop_newest", "error"
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
 _Future = asyncio.Future
-_InvalidStateError = asyncio.InvalidStateError
 _Events = AsyncGeneratorType[Event, None]
-
-
-class _Gap:
-    """Marks where ``n`` events were dropped; delivered as one ``Lagged(missed=n)``."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int = 1) -> None:
-        self.n = n
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +111,6 @@ def _unhooked(iterator: AsyncGenerator[Event, None]) -> _Events:
     return cast(_Events, iterator)  # what an async generator function returns
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    try:  # noqa: SIM105  (see Subscription._push)
-        waiter.set_result(None)
-    except _InvalidStateError:  # cancelled: the consumer is leaving anyway
-        pass
-
-
 class Subscription(Voting, metaclass=NoPublicConstructor):
     """An ordered stream of the events one subscriber asked for.
 
@@ -155,26 +142,21 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         self._accepts = accepts
         self._observes_point = observes_point
         self._vote_points = vote_points
-        self._maxsize = maxsize
         self._overflow: Overflow = overflow
         self._lock = state.lock
         self._clock = state.clock
-        # Publishers append to _queue under the bus lock. The consumer swaps the whole queue
-        # into _ready under the lock, once per batch, and then pops _ready without locking:
-        # one lock round trip per batch instead of per event. Events already in _ready are
-        # taken and no longer dropped, so a subscriber holds at most about 2 * maxsize.
-        self._queue: deque[Event | _Gap] = deque()
+        # Publishers append to _queue.items under the bus lock. The consumer swaps the whole
+        # deque for _ready under the lock, once per batch, and then pops _ready without
+        # locking: one lock round trip per batch instead of per event. Events already in
+        # _ready are taken and no longer dropped, so a subscriber holds at most about
+        # 2 * maxsize. _queue.requests: the requests addressed to this subscription among
+        # _queue.items; the bound leaves open ones out, and expired ones go first.
+        self._queue = Queue(self, state.lock, maxsize, self._make_room)
         self._ready: deque[Event | _Gap] = deque()
-        # The safe-point requests addressed to this subscription that sit in _queue, in queue
-        # order (a handful at most): the bound leaves open ones out, and expired ones go first.
-        self._requests: deque[SafePointReached] = deque()
-        self._waiter: asyncio.Future[None] | None = None
         self._iterator: _Events | None = None
-        self._waiter_thread = 0
         self._consumer_loop = RunningLoop()
-        # accepting: new events are queued. end_when_empty: iteration ends once the queue is
-        # drained instead of waiting (the bus closed, or stopped running extensions).
-        self._accepting = True
+        # end_when_empty: iteration ends once the queue is drained instead of waiting (the
+        # bus closed, or stopped running extensions). _queue.accepting: new events are queued.
         self._end_when_empty = False
         self._error: BaseException | None = None
         self._delivered = 0
@@ -194,7 +176,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
     @property
     def closed(self) -> bool:
         """True once the subscription no longer receives events."""
-        return not self._accepting
+        return not self._queue.accepting
 
     @property
     def safe_points(self) -> frozenset[SafePoint]:
@@ -218,12 +200,12 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             self._note_peak()
             return SubscriptionStatistics(
                 name=self._name,
-                queued=len(self._queue) + len(self._ready),
+                queued=len(self._queue.items) + len(self._ready),
                 delivered=self._delivered,
                 dropped=self._dropped,
                 lagged_notices=self._lagged_notices,
                 peak=self._peak,
-                maxsize=self._maxsize,
+                maxsize=self._queue.maxsize,
                 overflow=self._overflow,
                 closed=self.closed,
             )
@@ -245,6 +227,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         """The stream: pop the taken batch; when it is empty, take the queue or wait."""
         lock = self._lock
         remembered = self._consumer_loop
+        shared = self._queue
         while True:
             # Only this generator swaps the queues (see __aiter__), so ``ready`` stays the
             # taken batch until the next swap; close() may empty it from another thread.
@@ -265,16 +248,16 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             if not solo:  # (acquire() ends single-thread mode first)
                 lock.raw_acquire() if lock.shared else lock.acquire()
             try:
-                queue = self._queue
+                queue = shared.items
                 if queue:
                     taken = len(queue)
                     if taken > self._peak:
                         self._peak = taken
-                    self._queue, self._ready = ready, queue
-                    if self._requests:
-                        self._requests.clear()  # taken: the consumer holds them now
+                    shared.items, self._ready = ready, queue
+                    if shared.requests:
+                        shared.requests.clear()  # taken: the consumer holds them now
                     continue
-                if self._end_when_empty or not self._accepting:
+                if self._end_when_empty or not shared.accepting:
                     error, self._error = self._error, None
                     if error is not None:
                         raise error
@@ -283,8 +266,8 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                 if loop is None or remembered.thread != thread or not loop.is_running():
                     loop = remembered.ask(thread)
                 waiter: asyncio.Future[None] = _Future(loop=loop)
-                self._waiter = waiter
-                self._waiter_thread = thread
+                shared.waiter = waiter
+                shared.waiter_thread = thread
             finally:
                 if not solo:
                     lock.release()
@@ -295,10 +278,10 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     raise
                 remembered.forget()
             finally:
-                if self._waiter is waiter:  # cancelled while waiting: forget the future
+                if shared.waiter is waiter:  # cancelled while waiting: forget the future
                     with lock:
-                        if self._waiter is waiter:
-                            self._waiter = None
+                        if shared.waiter is waiter:
+                            shared.waiter = None
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -307,66 +290,36 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         self.close()
 
     def __repr__(self) -> str:
-        state = "open" if self._accepting else "closed"
+        state = "open" if self._queue.accepting else "closed"
         return f"<Subscription {self._name!r} {state}>"
 
     # --- called by the bus, with the bus lock held -----------------------------------------
 
-    def _push(self, event: Event) -> None:
-        """Append an ordinary event (anything but a request addressed to this queue)."""
-        queue = self._queue
-        if len(queue) >= self._maxsize and not self._make_room(request=False):
-            return
-        if self._accepting:
-            queue.append(event)
-            # self._wake(), inlined (see there): this runs for every event a subscriber receives.
-            waiter = self._waiter
-            if waiter is not None:
-                self._waiter = None
-                if self._lock.solo_thread or _get_ident() == self._waiter_thread:
-                    # Cheaper than asking done() first (and than contextlib.suppress): it is
-                    # not done unless the consumer was cancelled and has not run since.
-                    try:  # noqa: SIM105
-                        waiter.set_result(None)
-                    except _InvalidStateError:  # cancelled: the consumer is leaving anyway
-                        pass
-                else:
-                    waiter.get_loop().call_soon_threadsafe(_wake, waiter)
-
-    def _push_request(self, event: Event) -> None:
-        """Append a safe-point request this subscription votes on (never dropped)."""
-        queue = self._queue
-        if len(queue) >= self._maxsize and not self._make_room(request=True):
-            return
-        if self._accepting:
-            queue.append(event)
-            self._requests.append(event)  # type: ignore[arg-type]  # always a SafePointReached
-            if self._waiter is not None:  # (a call saved per participant when it is None)
-                self._wake()
-
-    def _make_room(self, *, request: bool) -> bool:
+    def _make_room(self, request: bool) -> bool:
         """The queue is at its bound: apply the policy. True when the new entry may go in."""
-        if not self._accepting:
+        if not self._queue.accepting:
             return False
         self._note_peak()
-        queue = self._queue
+        queue = self._queue.items
+        requests = self._queue.requests
+        maxsize = self._queue.maxsize
         open_requests = 0
-        if self._requests:
+        if requests:
             if self._overflow != "error":
                 self._drop_expired_requests()
             request_open = self._state.request_open
-            open_requests = sum(1 for r in self._requests if request_open(r.seq))
+            open_requests = sum(1 for r in requests if request_open(r.seq))
         # Open requests are outside the bound; everything else counts against it.
         counted = len(queue) - open_requests
         if request:
             # An open request never needs room. Only expired requests can have pushed the
             # count past the bound, and with overflow="error" that means the subscriber fell
             # behind.
-            if counted <= self._maxsize or self._overflow != "error":
+            if counted <= maxsize or self._overflow != "error":
                 return True
             self._overflowed()
             return False
-        if counted < self._maxsize:
+        if counted < maxsize:
             return True
         if self._overflow == "drop_oldest":
             if self._drop_oldest():
@@ -386,26 +339,27 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         self._dropped += 1
         self._fail(
             SubscriberOverflowError(
-                f"subscription {self._name!r} fell {self._maxsize} events behind "
+                f"subscription {self._name!r} fell {self._queue.maxsize} events behind "
                 f"(overflow='error'); it was closed at seq {self._state.seq}"
             )
         )
 
     def _note_peak(self) -> None:
-        if len(self._queue) > self._peak:
-            self._peak = len(self._queue)
+        if len(self._queue.items) > self._peak:
+            self._peak = len(self._queue.items)
 
     def _is_open_request(self, item: Event | _Gap) -> bool:
-        return type(item) is SafePointReached and any(item is r for r in self._requests)
+        return type(item) is SafePointReached and any(item is r for r in self._queue.requests)
 
     def _drop_expired_requests(self) -> None:
         """Drop the queued requests whose safe point has resolved (their vote is recorded)."""
         request_open = self._state.request_open
-        for request in tuple(self._requests):
+        requests = self._queue.requests
+        for request in tuple(requests):
             if request_open(request.seq):
                 continue
-            self._requests.remove(request)
-            for index, item in enumerate(self._queue):
+            requests.remove(request)
+            for index, item in enumerate(self._queue.items):
                 if item is request:
                     self._drop_at(index)
                     self._dropped += 1
@@ -413,7 +367,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
 
     def _drop_oldest(self) -> bool:
         """Drop the oldest entry that is neither a gap nor an open request."""
-        for index, item in enumerate(self._queue):
+        for index, item in enumerate(self._queue.items):
             if type(item) is _Gap or self._is_open_request(item):
                 continue
             self._drop_at(index)
@@ -423,7 +377,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
 
     def _drop_at(self, index: int) -> None:
         """Replace the entry at ``index`` by a gap, merged with the gaps next to it."""
-        queue = self._queue
+        queue = self._queue.items
         del queue[index]
         before = queue[index - 1] if index > 0 else None
         after = queue[index] if index < len(queue) else None
@@ -438,48 +392,35 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             queue.insert(index, _Gap())
 
     def _mark_gap_at_end(self) -> None:
-        queue = self._queue
+        queue = self._queue.items
         last = queue[-1] if queue else None
         if isinstance(last, _Gap):
             last.n += 1
         else:
             queue.append(_Gap())
 
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is None:
-            return
-        self._waiter = None
-        # In single-thread mode the waker and the waiter both are the owner thread: any other
-        # thread ends the mode before it touches a queue (see _order). Saves asking which
-        # thread this is, at every wake.
-        if self._lock.solo_thread or _get_ident() == self._waiter_thread:
-            _wake(waiter)
-        else:
-            waiter.get_loop().call_soon_threadsafe(_wake, waiter)
-
     def _fail(self, error: BaseException) -> None:
         self._error = error
-        self._accepting = False
+        self._queue.accepting = False
         self._state.remove_locked(self)
-        self._wake()
+        self._queue.wake()
 
     def _stop(self, *, discard: bool) -> None:
         """No more events; iteration ends after the queue drains (or at once if discard)."""
-        self._accepting = False
+        self._queue.accepting = False
         self._note_peak()
         if discard:
-            self._queue.clear()
+            self._queue.items.clear()
             self._ready.clear()
-            self._requests.clear()
-        self._wake()
+            self._queue.requests.clear()
+        self._queue.wake()
 
     # --- called by the bus without the lock ------------------------------------------------
 
     def _holds_through(self, seq: int) -> bool:
         """True when the queue still holds an event numbered ``seq`` or lower (or a gap)."""
         with self._lock:
-            for queue in (self._ready, self._queue):
+            for queue in (self._ready, self._queue.items):
                 try:
                     head = queue[0]
                 except IndexError:  # empty (or emptied by the consumer meanwhile)
@@ -492,4 +433,4 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         with self._lock:
             self._end_when_empty = end
             if end:
-                self._wake()
+                self._queue.wake()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import tracemalloc
 from pathlib import Path
@@ -243,3 +244,24 @@ async def test_async_with_closes_the_subscription(bus: EventBus) -> None:
         assert bus.wants(StepStarted)
     assert sub.closed
     assert not bus.wants(StepStarted)
+
+
+async def test_a_failed_delivery_is_logged_and_counted_and_the_others_still_receive(
+    bus: EventBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = bus.subscribe(StepStarted, maxsize=1, name="first")
+    second = bus.subscribe(StepStarted, name="second")
+    bus.publish(StepStarted(step=1))  # first is now at its bound
+
+    def broken(request: bool) -> bool:
+        raise RuntimeError("the subscriber's loop is gone")
+
+    first._queue.make_room = broken  # what the bus calls on a full queue
+    with caplog.at_level(logging.ERROR, logger="eventbus"):
+        bus.publish(StepStarted(step=2))
+        bus.publish(StepStarted(step=3))
+    bus.close()
+    assert [e.step for e in await drain(second)] == [1, 2, 3]  # type: ignore[attr-defined]
+    assert [e.step for e in await drain(first)] == [1]  # type: ignore[attr-defined]
+    assert bus.statistics().delivery_errors == 2
+    assert "delivery of StepStarted to <Subscription 'first' open> failed" in caplog.text

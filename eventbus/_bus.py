@@ -194,8 +194,9 @@ class EventBus:
                     event = _replace(event)
                 state.seq = seq = state.seq + 1
                 _force_setattr(event, "seq", seq)
-                _force_setattr(event, "time", state.clock())
-                state.deliver_locked(event, queues)
+                clock = state.clock  # (state.clock() would look the slot up as a method)
+                _force_setattr(event, "time", clock())
+                state.deliver_locked(event, queues, False)
         finally:
             if not solo:
                 lock.release()

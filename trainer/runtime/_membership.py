@@ -17,15 +17,15 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..config._schema import RolloutWorkers
+from ..config._schema import within
+
 if TYPE_CHECKING:
     from ..rollout._driver import RolloutDriver
 
-__all__ = ["MAX_WORKERS", "MembershipRequests", "WorkerRequest"]
+__all__ = ["MembershipRequests", "WorkerRequest"]
 
 logger = logging.getLogger("trainbus.membership")
-
-MAX_WORKERS = 64
-"""The most rollout workers a run may ask for (``rollout.workers`` has the same bound)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +60,10 @@ class MembershipRequests:
         """Ask for ``workers`` rollout workers from the next step boundary on.
 
         Raises:
-            ValueError: ``workers`` is not an integer from 1 to :data:`MAX_WORKERS`.
+            ValueError: ``workers`` is not an int within ``rollout.workers``' bounds (1 to
+                64), in one line naming ``request_workers``.
         """
-        if isinstance(workers, bool) or not isinstance(workers, int):
-            raise ValueError(f"request_workers needs an int, got {workers!r}")
-        if not 1 <= workers <= MAX_WORKERS:
-            raise ValueError(f"request_workers: {workers} workers is outside 1..{MAX_WORKERS}")
+        within("request_workers", workers, RolloutWorkers)  # the bound the file has
         request = WorkerRequest(workers, requester, reason)
         with self._lock:
             replaced, self._pending = self._pending, request

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
@@ -22,6 +23,9 @@ from eventbus import SafePointReached
 from eventbus import SampleWait
 from eventbus import WorkerJoined
 from eventbus import WorkerLeft
+from trainer import ConfigError
+from trainer import load_config
+from trainer.runtime._membership import MembershipRequests
 
 from .test_selfheal import Run
 
@@ -149,5 +153,29 @@ async def test_request_workers_needs_the_membership_capability_and_a_sane_number
     assert failures["no-grant"].error_type == "ExtensionError"
     assert "without Capability.MEMBERSHIP" in failures["no-grant"].message
     assert failures["zero"].error_type == "ValueError"
-    assert "outside 1..64" in failures["zero"].message
+    assert failures["zero"].message == "request_workers: expected `int` >= 1, got 0"
     assert run.events(WorkerJoined) == [] and run.events(WorkerLeft) == []
+
+
+@pytest.mark.parametrize(
+    ("workers", "problem"),
+    [
+        (65, "expected `int` <= 64, got 65"),
+        (True, "expected `int`, got `bool`, got True"),
+        ("3", "expected `int`, got `str`, got '3'"),
+    ],
+)
+def test_a_request_meets_the_bound_rollout_workers_has_in_the_file(
+    workers: object, problem: str
+) -> None:
+    requests = MembershipRequests()
+    with pytest.raises(ValueError, match=r"^request_workers: ") as raised:
+        requests.request(workers)  # type: ignore[arg-type]
+    assert str(raised.value) == f"request_workers: {problem}"
+    assert requests.take() is None
+    if isinstance(workers, int) and not isinstance(workers, bool):
+        with pytest.raises(ConfigError):
+            load_config(overrides={"rollout": {"workers": workers}})
+    requests.request(64, reason="the most the file allows")
+    request = requests.take()
+    assert request is not None and request.workers == 64

@@ -80,14 +80,8 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             ValueError: One line naming the key and the value, e.g. ``stall_timeout_s:
                 expected `float` > 0.0, got 0``.
         """
-        try:
-            return msgspec.convert(values, cls, strict=True)
-        except msgspec.ValidationError as exc:
-            message = readable(str(exc), cls)
-            key = message.partition(":")[0]
-            if key in values and ", got " not in message:  # msgspec names no bad number
-                message += f", got {values[key]!r}"
-            raise ValueError(message) from None
+        bounds = {field.name: field.type for field in msgspec.structs.fields(cls)}
+        return cls(**{key: within(key, value, bounds[key]) for key, value in values.items()})
 
 
 class RunConfig(_Section, frozen=True, kw_only=True):

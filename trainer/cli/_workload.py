@@ -19,6 +19,17 @@ from ._errors import UsageError
 
 __all__ = ["add_workload_commands", "run_workload_command"]
 
+# init_model's numeric settings: one flag each (--init-std for init_std), passed back to it
+# by name, so a setting added here reaches the flag, its help and the call at once.
+_SETTINGS = {
+    "layers": "transformer blocks",
+    "width": "hidden size",
+    "heads": "attention heads",
+    "context": "longest sequence, tokens",
+    "seed": "initialisation seed",
+    "init_std": "std of the initial weights",
+}
+
 
 def add_workload_commands(commands: Any) -> None:
     """Add the ``model`` and ``dataset`` subcommands to the ``trainbus`` parser."""
@@ -47,14 +58,7 @@ def add_workload_commands(commands: Any) -> None:
         default=default["architecture"],
         help="architecture (%(default)s)",
     )
-    for name, what in {
-        "layers": "transformer blocks",
-        "width": "hidden size",
-        "heads": "attention heads",
-        "context": "longest sequence, tokens",
-        "seed": "initialisation seed",
-        "init_std": "std of the initial weights",
-    }.items():  # one flag per init_model setting, --init-std for init_std
+    for name, what in _SETTINGS.items():
         init.add_argument(
             f"--{name.replace('_', '-')}",
             type=type(default[name]),
@@ -100,12 +104,7 @@ def _model_init(args: argparse.Namespace) -> int:
         args.dir,
         texts=texts,
         architecture=args.architecture,
-        layers=args.layers,
-        width=args.width,
-        heads=args.heads,
-        context=args.context,
-        seed=args.seed,
-        init_std=args.init_std,
+        **{name: getattr(args, name) for name in _SETTINGS},
     )
     print(f"wrote a random-init {args.architecture} model to {folder}")
     return 0

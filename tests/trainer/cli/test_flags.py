@@ -76,3 +76,35 @@ def test_model_init_prompt_column_defaults_to_task_prompt_column(
     init = command("model", "init")
     assert init.parse_args(["DIR"]).prompt_column == "question"
     assert "its prompt column (question)" in " ".join(init.format_help().split())
+
+
+def test_every_model_init_flag_reaches_init_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import trainer.rl._hf_init as hf_init
+    from trainer.cli._workload import run_workload_command
+
+    received: dict[str, Any] = {}
+    argv = ["DIR", "--arch", "llama", "--layers", "2", "--width", "48", "--heads", "3"]
+    argv += ["--context", "40", "--seed", "7", "--init-std", "0.01"]
+    args = command("model", "init").parse_args(argv)  # the flags read the real signature
+    args.command = "model"
+
+    def fake_init_model(folder: str, **settings: Any) -> str:
+        received.update(settings, folder=folder)
+        return folder
+
+    monkeypatch.setattr(hf_init, "init_model", fake_init_model)
+    assert run_workload_command(args) == 0
+    assert received == {
+        "folder": "DIR",
+        "texts": [],
+        "architecture": "llama",
+        "layers": 2,
+        "width": 48,
+        "heads": 3,
+        "context": 40,
+        "seed": 7,
+        "init_std": 0.01,
+    }
+    assert "random-init llama model to DIR" in capsys.readouterr().out

@@ -17,7 +17,6 @@ trade-offs):
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import AsyncIterator
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from ._extensions import host_for
 from ._extensions import validate_extension
 from ._host import ExtensionHost
 from ._order import lock_free
+from ._order import solo_here as _solo_here
 from ._registration import Registration
 from ._registration import Registry
 from ._safepoints import reach
@@ -50,7 +50,6 @@ from ._subscription import Subscription
 from ._util import check_timeout
 
 _force_setattr = msgspec.structs.force_setattr
-_get_ident = threading.get_ident
 _replace = msgspec.structs.replace
 
 __all__ = ["BusStatistics", "EventBus", "ExtensionContext"]
@@ -181,7 +180,7 @@ class EventBus:
         # to every matching queue happen in one critical section.
         state = self._state
         lock = self._lock
-        solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
+        solo = _solo_here(lock.solo_mark)  # see _order: no lock while one thread runs
         if not solo:  # (acquire() ends single-thread mode first)
             lock.raw_acquire() if lock.shared else lock.acquire()
         try:

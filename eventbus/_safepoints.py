@@ -10,7 +10,6 @@ no future, task or timer.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any
 
@@ -22,13 +21,13 @@ from ._events import SafePointOutcome
 from ._events import SafePointReached
 from ._events import SafePointResolved
 from ._order import lock_free
+from ._order import solo_here as _solo_here
 from ._state import BusState
 from ._state import PointRoute
 
 __all__ = ["reach"]
 
 _perf_counter = time.perf_counter
-_get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
 _Future = asyncio.Future
 
@@ -55,7 +54,7 @@ async def reach(
     roster = route.roster
     barrier: Barrier | None = None
     lock = state.lock
-    solo = lock.solo_thread == _get_ident()
+    solo = _solo_here(lock.solo_mark)
     if not solo:  # (acquire() ends single-thread mode first)
         lock.raw_acquire() if lock.shared else lock.acquire()
     try:
@@ -113,7 +112,7 @@ async def reach(
                 timer.cancel()
 
     # One critical section closes the barrier and tells the observers.
-    solo = lock.solo_thread == _get_ident()
+    solo = _solo_here(lock.solo_mark)
     if not solo:
         lock.raw_acquire() if lock.shared else lock.acquire()
     try:

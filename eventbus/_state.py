@@ -43,6 +43,7 @@ from ._events import SafePointResolved
 from ._events import Vote
 from ._order import OrderLock
 from ._order import lock_free
+from ._order import solo_here as _solo_here
 from ._queue import Queue
 from ._queue import wake_future
 from ._util import describe_error
@@ -399,7 +400,7 @@ class Voting:
                 f"not {type(event).__name__}"
             )
         lock = self._lock
-        solo = lock.solo_thread == _get_ident()  # see _order: no lock while one thread runs
+        solo = _solo_here(lock.solo_mark)  # see _order: no lock while one thread runs
         if not solo:  # (acquire() ends single-thread mode first)
             lock.raw_acquire() if lock.shared else lock.acquire()
         try:

@@ -49,6 +49,7 @@ from ._events import Lagged
 from ._events import SafePointReached
 from ._loops import RunningLoop
 from ._order import lock_free
+from ._order import solo_here as _solo_here
 from ._queue import Gap as _Gap
 from ._queue import Queue
 from ._state import BusState
@@ -243,8 +244,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                 else:
                     self._delivered += 1
                     yield item  # type: ignore[misc]  # not a _Gap, so an Event
-            thread = _get_ident()
-            solo = lock.solo_thread == thread  # see _order: no lock while one thread runs
+            solo = _solo_here(lock.solo_mark)  # see _order: no lock while one thread runs
             if not solo:  # (acquire() ends single-thread mode first)
                 lock.raw_acquire() if lock.shared else lock.acquire()
             try:
@@ -262,6 +262,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     if error is not None:
                         raise error
                     return
+                thread = lock.owner if solo else _get_ident()  # (solo: we are the owner)
                 loop = remembered.loop
                 if loop is None or remembered.thread != thread or not loop.is_running():
                     loop = remembered.ask(thread)

@@ -25,6 +25,8 @@ from eventbus import SafePointReached
 from eventbus import StepStarted
 from eventbus import Subscription
 from eventbus._loops import RunningLoop
+from eventbus._order import OrderLock
+from eventbus._order import solo_here
 
 WAIT_S = 10.0  # bound of every wait below; never reached when the bus behaves
 GRACE_S = 0.3  # how long a held thread lets the other one (wrongly) get through
@@ -282,3 +284,17 @@ def test_a_forked_child_forgets_the_remembered_loops() -> None:
     _, status = os.waitpid(asyncio.run(fork_while_running()), 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert remembered.loop is not None  # the parent keeps its own
+
+
+def test_only_the_owner_skips_the_lock_and_only_until_another_thread_shares_it() -> None:
+    lock = OrderLock()
+    seen: list[bool] = []
+    thread, _ = in_thread(lambda: seen.append(solo_here(lock.solo_mark)))
+    thread.join(WAIT_S)
+    assert solo_here(lock.solo_mark)  # the owner, in single-thread mode
+    assert seen == [False]  # any other thread takes the lock
+
+    thread, _ = in_thread(lock.share)
+    thread.join(WAIT_S)
+    assert lock.shared
+    assert not solo_here(lock.solo_mark)  # the owner too, once the mode has ended

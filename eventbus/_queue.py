@@ -29,6 +29,7 @@ __all__ = ["Queue", "wake_future"]
 
 _get_ident = threading.get_ident
 _InvalidStateError = asyncio.InvalidStateError
+_set_result = asyncio.Future.set_result  # (see _state: a specialized call)
 
 
 class Gap:
@@ -45,7 +46,7 @@ def wake_future(waiter: asyncio.Future[None]) -> None:
     # Cheaper than asking done() first (and than contextlib.suppress): it is not done
     # unless the consumer was cancelled and has not run since.
     try:  # noqa: SIM105
-        waiter.set_result(None)
+        _set_result(waiter, None)
     except _InvalidStateError:  # cancelled: the consumer is leaving anyway
         pass
 

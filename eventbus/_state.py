@@ -55,6 +55,9 @@ logger = logging.getLogger("eventbus")
 _perf_counter = time.perf_counter
 _get_ident = threading.get_ident
 _InvalidStateError = asyncio.InvalidStateError
+# Called as a function: the interpreter specializes a call to a method descriptor, not a
+# method looked up on a Future (a waker runs it for every event a parked subscriber gets).
+_set_result = asyncio.Future.set_result
 _CONTINUE = Decision.CONTINUE  # (see _barrier: reading an Enum member off its class is slow)
 
 
@@ -189,7 +192,7 @@ class BusState:
                         queue.waiter = None
                         if queue.lock.solo_thread or _get_ident() == queue.waiter_thread:
                             try:  # noqa: SIM105  (see wake_future)
-                                waiter.set_result(None)
+                                _set_result(waiter, None)
                             except _InvalidStateError:  # cancelled: its consumer is leaving
                                 pass
                         else:

@@ -160,7 +160,11 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         # bus closed, or stopped running extensions). _queue.accepting: new events are queued.
         self._end_when_empty = False
         self._error: BaseException | None = None
-        self._delivered = 0
+        # Entries (events and gap markers) moved to _ready, counted once per batch rather
+        # than once per event: the events delivered are those taken that are neither still
+        # in _ready, nor discarded by close(), nor a gap handed over as Lagged.
+        self._taken = 0
+        self._discarded = 0
         self._dropped = 0
         self._lagged_notices = 0
         # Updated whenever the queue may shrink or is taken, not on every append (the queue
@@ -202,7 +206,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             return SubscriptionStatistics(
                 name=self._name,
                 queued=len(self._queue.items) + len(self._ready),
-                delivered=self._delivered,
+                delivered=self._taken - self._discarded - len(self._ready) - self._lagged_notices,
                 dropped=self._dropped,
                 lagged_notices=self._lagged_notices,
                 peak=self._peak,
@@ -242,7 +246,6 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     self._lagged_notices += 1
                     yield Lagged(missed=item.n, time=self._clock())
                 else:
-                    self._delivered += 1
                     yield item  # type: ignore[misc]  # not a _Gap, so an Event
             solo = _solo_here(lock.solo_mark)  # see _order: no lock while one thread runs
             if not solo:  # (acquire() ends single-thread mode first)
@@ -251,6 +254,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                 queue = shared.items
                 if queue:
                     taken = len(queue)
+                    self._taken += taken
                     if taken > self._peak:
                         self._peak = taken
                     shared.items, self._ready = ready, queue
@@ -412,7 +416,15 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         self._note_peak()
         if discard:
             self._queue.items.clear()
-            self._ready.clear()
+            # One pop at a time, counted: the consumer may be popping the other end of
+            # _ready in another thread (see _events), and what it pops it delivers.
+            ready = self._ready
+            while ready:
+                try:
+                    ready.pop()
+                except IndexError:
+                    break
+                self._discarded += 1
             self._queue.requests.clear()
         self._queue.wake()
 

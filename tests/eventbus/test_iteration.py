@@ -62,6 +62,17 @@ async def test_closing_after_leaving_a_loop_discards_the_batch_already_taken(
     assert (statistics.delivered, statistics.queued) == (1, 0)
 
 
+async def test_statistics_count_as_delivered_only_what_the_consumer_was_handed(
+    bus: EventBus,
+) -> None:
+    sub = bus.subscribe(StepStarted)
+    for step in range(5):
+        bus.publish(StepStarted(step=step))
+    assert steps(await take(sub, 2)) == [0, 1]  # the whole batch is taken, two handed over
+    statistics = sub.statistics()
+    assert (statistics.delivered, statistics.queued) == (2, 3)
+
+
 async def test_a_cancelled_wait_loses_nothing_and_iteration_goes_on(bus: EventBus) -> None:
     sub = bus.subscribe(StepStarted)
     waiting = asyncio.ensure_future(anext(sub))

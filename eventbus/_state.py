@@ -407,24 +407,27 @@ class Voting:
         if not solo:  # (acquire() ends single-thread mode first)
             lock.raw_acquire() if lock.shared else lock.acquire()
         try:
-            barrier = self._state.barriers.get(event.seq)
-            if barrier is not None:
-                index = barrier.positions.get(self)
-                if index is not None and barrier.votes[index] is None:
-                    # Barrier.record's work, inline: this runs once per participant.
-                    barrier.votes[index] = Vote(
-                        participant=barrier.names[index],
-                        decision=decision,
-                        reason=reason,
-                        latency_s=_perf_counter() - barrier.opened,
-                    )
-                    if decision is not _CONTINUE and decision.severity > barrier.worst.severity:
-                        barrier.worst = decision
-                    barrier.remaining -= 1
-                    if not barrier.remaining:
-                        barrier.complete()
-                    return True
-            return self._late_vote(event, barrier)
+            # Subscripts, not .get(): no method call on the path of a vote that counts.
+            try:
+                barrier = self._state.barriers[event.seq]
+                index = barrier.positions[self]
+            except KeyError:  # resolved already, or not a participant
+                return self._late_vote(event, self._state.barriers.get(event.seq))
+            if barrier.votes[index] is not None:
+                return self._late_vote(event, barrier)
+            # Barrier.record's work, inline: this runs once per participant.
+            barrier.votes[index] = Vote(
+                participant=barrier.names[index],
+                decision=decision,
+                reason=reason,
+                latency_s=_perf_counter() - barrier.opened,
+            )
+            if decision is not _CONTINUE and decision.severity > barrier.worst.severity:
+                barrier.worst = decision
+            barrier.remaining -= 1
+            if not barrier.remaining:
+                barrier.complete()
+            return True
         finally:
             if not solo:
                 lock.release()

@@ -164,6 +164,10 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         # than once per event: the events delivered are those taken that are neither still
         # in _ready, nor discarded by close(), nor a gap handed over as Lagged.
         self._taken = 0
+        # _gaps_queued: the queue may hold a gap marker (set where one is made, under the
+        # lock); _gapped: the taken batch may, so the consumer tests each entry for one.
+        self._gaps_queued = False
+        self._gapped = False
         self._discarded = 0
         self._dropped = 0
         self._lagged_notices = 0
@@ -237,16 +241,24 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             # Only this generator swaps the queues (see __aiter__), so ``ready`` stays the
             # taken batch until the next swap; close() may empty it from another thread.
             ready = self._ready
-            while ready:
+            if self._gapped:  # (rare) the batch may hold gap markers: each becomes Lagged
+                while ready:
+                    try:
+                        item = ready.popleft()
+                    except IndexError:  # close() discarded it from another thread
+                        break
+                    if type(item) is _Gap:
+                        self._lagged_notices += 1
+                        yield Lagged(missed=item.n, time=self._clock())
+                    else:
+                        yield item  # type: ignore[misc]  # not a _Gap, so an Event
+                self._gapped = False
+            while ready:  # a batch of events only: no test per event
                 try:
                     item = ready.popleft()
                 except IndexError:  # close() discarded it from another thread
                     break
-                if type(item) is _Gap:
-                    self._lagged_notices += 1
-                    yield Lagged(missed=item.n, time=self._clock())
-                else:
-                    yield item  # type: ignore[misc]  # not a _Gap, so an Event
+                yield item  # type: ignore[misc]  # no gap marker here (see _gapped)
             solo = _solo_here(lock.solo_mark)  # see _order: no lock while one thread runs
             if not solo:  # (acquire() ends single-thread mode first)
                 lock.raw_acquire() if lock.shared else lock.acquire()
@@ -258,6 +270,9 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     if taken > self._peak:
                         self._peak = taken
                     shared.items, self._ready = ready, queue
+                    if self._gaps_queued:
+                        self._gaps_queued = False
+                        self._gapped = True
                     if shared.requests:
                         shared.requests.clear()  # taken: the consumer holds them now
                     continue
@@ -383,6 +398,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
     def _drop_at(self, index: int) -> None:
         """Replace the entry at ``index`` by a gap, merged with the gaps next to it."""
         queue = self._queue.items
+        self._gaps_queued = True
         del queue[index]
         before = queue[index - 1] if index > 0 else None
         after = queue[index] if index < len(queue) else None
@@ -398,6 +414,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
 
     def _mark_gap_at_end(self) -> None:
         queue = self._queue.items
+        self._gaps_queued = True
         last = queue[-1] if queue else None
         if isinstance(last, _Gap):
             last.n += 1

@@ -89,6 +89,7 @@ class Barrier:
         roster: Roster,
         future: asyncio.Future[None],
         opened: float,
+        loop_thread: int,
     ) -> None:
         self.point = point
         self.step = step
@@ -100,7 +101,7 @@ class Barrier:
         self.remaining = len(roster.participants)
         self.worst = _CONTINUE
         self.future = future
-        self.loop_thread = _get_ident()
+        self.loop_thread = loop_thread  # the thread running the loop of `future`
         self.opened = opened
 
     def owes(self, voter: Voter) -> bool:
@@ -108,9 +109,14 @@ class Barrier:
         index = self.roster.positions.get(voter)
         return index is not None and self.votes[index] is None
 
-    def complete(self) -> None:
-        """The last vote is in: complete the future, on its own loop."""
-        if _get_ident() == self.loop_thread:
+    def complete(self, here: bool = False) -> None:
+        """The last vote is in: complete the future, on its own loop.
+
+        Args:
+            here: The caller knows it runs on ``loop_thread`` (a vote in single-thread mode:
+                the owner thread, which opened the barrier).
+        """
+        if here or _get_ident() == self.loop_thread:
             _complete(self.future)
         else:
             self.future.get_loop().call_soon_threadsafe(_complete, self.future)

@@ -10,6 +10,7 @@ no future, task or timer.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = ["reach"]
 
 _perf_counter = time.perf_counter
 _get_running_loop = asyncio.get_running_loop
+_get_ident = threading.get_ident
 _Future = asyncio.Future
 
 
@@ -72,7 +74,8 @@ async def reach(
             loop = _get_running_loop()
             # Not loop.create_future(): on asyncio's loop, a Python method around this.
             future: asyncio.Future[None] = _Future(loop=loop)
-            barrier = Barrier(point, step, roster, future, opened)
+            thread = lock.owner if solo else _get_ident()  # (solo: we are the owner)
+            barrier = Barrier(point, step, roster, future, opened, thread)
             state.barriers[seq] = barrier
         state.deliver_locked(request, route.requests, True)
         if route.observers:

@@ -177,6 +177,9 @@ class BusState:
         never dropped, and each queue lists it among its requests. Every publish and safe
         point delivers here, one loop for all the queues of a route (see ``_queue``).
         """
+        # Read once: a section that began in single-thread mode runs on the owner thread, and
+        # so does every waiter parked before it (another thread shares the lock first).
+        solo = self.lock.solo_thread
         for queue in queues:
             try:
                 items = queue.items
@@ -190,7 +193,7 @@ class BusState:
                     waiter = queue.waiter
                     if waiter is not None:
                         queue.waiter = None
-                        if queue.lock.solo_thread or _get_ident() == queue.waiter_thread:
+                        if solo or _get_ident() == queue.waiter_thread:
                             try:  # noqa: SIM105  (see wake_future)
                                 _set_result(waiter, None)
                             except _InvalidStateError:  # cancelled: its consumer is leaving
@@ -426,7 +429,7 @@ class Voting:
                 barrier.worst = decision
             barrier.remaining -= 1
             if not barrier.remaining:
-                barrier.complete()
+                barrier.complete(solo)
             return True
         finally:
             if not solo:

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -298,3 +299,40 @@ def test_only_the_owner_skips_the_lock_and_only_until_another_thread_shares_it()
     thread.join(WAIT_S)
     assert lock.shared
     assert not solo_here(lock.solo_mark)  # the owner too, once the mode has ended
+
+
+def test_the_last_vote_from_another_thread_completes_the_safe_point_on_its_loop() -> None:
+    results: list[tuple[Decision, bool]] = []
+    errors: list[BaseException] = []
+
+    def own_a_bus() -> None:  # in a thread of its own, so that a lost wake-up cannot hang pytest
+        bus = EventBus()  # owned by this thread: single-thread mode until the vote
+        sub = bus.subscribe(safe_points=True, name="remote")
+
+        def vote(event: SafePointReached) -> None:
+            try:
+                sub.decide(event, Decision.CHECKPOINT)
+            except BaseException as error:  # noqa: BLE001  (reported by the assertion below)
+                errors.append(error)
+
+        async def use() -> None:
+            async def participate() -> None:
+                async for event in sub:
+                    if isinstance(event, SafePointReached):
+                        thread, _ = in_thread(partial(vote, event))
+                        thread.join(WAIT_S)
+                        return
+
+            task = asyncio.create_task(participate())
+            outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, step=1, timeout=WAIT_S)
+            await task
+            results.append((outcome.decision, outcome.votes[0].timed_out))
+
+        # In debug mode a loop refuses a future completed from another thread.
+        asyncio.run(use(), debug=True)
+
+    owner = threading.Thread(target=own_a_bus, daemon=True)
+    owner.start()
+    owner.join(2 * WAIT_S)
+    assert errors == []
+    assert results == [(Decision.CHECKPOINT, False)]

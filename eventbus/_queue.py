@@ -1,8 +1,8 @@
 """One subscriber's queue as publishers see it: what :meth:`BusState.deliver_locked` appends to.
 
 A :class:`Queue` is the publisher side of a :class:`~eventbus.Subscription`: the deque that
-publishers append to, the safe-point requests among its entries, the bound, and the future
-of a consumer waiting for more. It is a private object with plain attributes so that one
+publishers append to, the expired safe-point requests among its entries, the bound, and the
+future of a consumer waiting for more. It is a private object with plain attributes so that one
 loop can append an event to every queue of a route without a call per queue: a safe point
 delivers to each participant twice, so a call per queue was a tenth of its cost. The
 subscription owns everything else, the overflow policy included: a queue at its bound asks
@@ -57,8 +57,9 @@ class Queue:
     Attributes:
         owner: The subscription (named in delivery errors).
         items: Events and gap markers, oldest first, not yet taken by the consumer.
-        requests: The safe-point requests addressed to this queue that sit in ``items``, in
-            queue order (a handful at most).
+        expired: Safe-point requests addressed to this queue whose safe point resolved
+            without its answer while they sat in ``items``, oldest first; some may have been
+            taken since (the subscription tells, see ``Subscription._request_expired``).
         maxsize: The bound (``make_room`` decides what happens at it).
         make_room: Called when ``items`` is at its bound, with whether the new entry is a
             request; True when it may go in.
@@ -69,12 +70,12 @@ class Queue:
 
     __slots__ = (
         "accepting",
+        "expired",
         "items",
         "lock",
         "make_room",
         "maxsize",
         "owner",
-        "requests",
         "waiter",
         "waiter_thread",
     )
@@ -87,7 +88,7 @@ class Queue:
         self.maxsize = maxsize
         self.make_room = make_room
         self.items: deque[Event | Gap] = deque()
-        self.requests: deque[SafePointReached] = deque()
+        self.expired: deque[SafePointReached] = deque()
         self.accepting = True
         self.waiter: asyncio.Future[None] | None = None
         self.waiter_thread = 0

@@ -106,7 +106,7 @@ async def reach(
         except BaseException:
             # Cancelled: the barrier still closes with every vote recorded; nobody is told.
             with lock:
-                _close(state, barrier, seq, timeout)
+                state.close_barrier_locked(barrier, request, timeout)
             raise
         finally:
             if deadlines is not None:
@@ -120,7 +120,7 @@ async def reach(
         lock.raw_acquire() if lock.shared else lock.acquire()
     try:
         if barrier is not None:
-            outcome = _close(state, barrier, seq, timeout)
+            outcome = state.close_barrier_locked(barrier, request, timeout)
         else:
             outcome = SafePointOutcome(
                 point=point,
@@ -138,12 +138,3 @@ async def reach(
         if not solo:
             lock.release()
     return outcome
-
-
-def _close(state: BusState, barrier: Barrier, seq: int, timeout: float) -> SafePointOutcome:
-    """Take ``barrier`` out of the open set, recording a timeout for whoever has not voted."""
-    del state.barriers[seq]
-    now = _perf_counter()
-    if barrier.remaining:
-        barrier.expire(state.timeout_decision, timeout, now)
-    return barrier.outcome(now)

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+from typing import cast
 
 from ._barrier import Barrier
 from ._barrier import Deadlines
@@ -38,6 +39,7 @@ from ._decisions import SafePoint
 from ._errors import SafePointError
 from ._events import Event
 from ._events import ExtensionFailed
+from ._events import SafePointOutcome
 from ._events import SafePointReached
 from ._events import SafePointResolved
 from ._events import Vote
@@ -79,6 +81,8 @@ class Inbox(Voter, Protocol):
     def _queue(self) -> Queue: ...
 
     def _stop(self, *, discard: bool) -> None: ...
+
+    def _request_expired(self, request: SafePointReached, /) -> None: ...
 
 
 class PointRoute:
@@ -174,8 +178,8 @@ class BusState:
         """Append an already stamped ``event`` to each of ``queues``.
 
         With ``request``, ``event`` is a safe-point request addressed to each of them: it is
-        never dropped, and each queue lists it among its requests. Every publish and safe
-        point delivers here, one loop for all the queues of a route (see ``_queue``).
+        never dropped (its queue's ``make_room`` is told). Every publish and safe point
+        delivers here, one loop for all the queues of a route (see ``_queue``).
         """
         # Read once: a section that began in single-thread mode runs on the owner thread, and
         # so does every waiter parked before it (another thread shares the lock first).
@@ -187,8 +191,6 @@ class BusState:
                     continue
                 if queue.accepting:
                     items.append(event)
-                    if request:
-                        queue.requests.append(event)  # type: ignore[arg-type]  # a request
                     # queue.wake(), inlined: this runs for every event a subscriber receives.
                     waiter = queue.waiter
                     if waiter is not None:
@@ -305,9 +307,20 @@ class BusState:
 
     # --- votes --------------------------------------------------------------------------
 
-    def request_open(self, seq: int) -> bool:
-        """True while the safe point whose request has this ``seq`` is unresolved."""
-        return seq in self.barriers
+    def close_barrier_locked(
+        self, barrier: Barrier, request: SafePointReached, timeout: float
+    ) -> SafePointOutcome:
+        """Take ``barrier`` out of the open set, recording a timeout for whoever has not
+        voted (whose unread ``request`` then goes first when its queue needs room)."""
+        del self.barriers[request.seq]
+        now = _perf_counter()
+        if barrier.remaining:
+            votes = zip(barrier.roster.participants, barrier.votes, strict=True)
+            late = [participant for participant, vote in votes if vote is None]
+            barrier.expire(self.timeout_decision, timeout, now)
+            for inbox in late:
+                cast(Inbox, inbox)._request_expired(request)
+        return barrier.outcome(now)
 
     def record_vote(
         self,

@@ -150,8 +150,8 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         # deque for _ready under the lock, once per batch, and then pops _ready without
         # locking: one lock round trip per batch instead of per event. Events already in
         # _ready are taken and no longer dropped, so a subscriber holds at most about
-        # 2 * maxsize. _queue.requests: the requests addressed to this subscription among
-        # _queue.items; the bound leaves open ones out, and expired ones go first.
+        # 2 * maxsize. The bound leaves queued requests of open safe points out (see
+        # _open_requests_queued); _queue.expired lists the expired ones, which go first.
         self._queue = Queue(self, state.lock, maxsize, self._make_room)
         self._ready: deque[Event | _Gap] = deque()
         self._iterator: _Events | None = None
@@ -273,8 +273,6 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     if self._gaps_queued:
                         self._gaps_queued = False
                         self._gapped = True
-                    if shared.requests:
-                        shared.requests.clear()  # taken: the consumer holds them now
                     continue
                 if self._end_when_empty or not shared.accepting:
                     error, self._error = self._error, None
@@ -321,16 +319,11 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
             return False
         self._note_peak()
         queue = self._queue.items
-        requests = self._queue.requests
         maxsize = self._queue.maxsize
-        open_requests = 0
-        if requests:
-            if self._overflow != "error":
-                self._drop_expired_requests()
-            request_open = self._state.request_open
-            open_requests = sum(1 for r in requests if request_open(r.seq))
+        if self._queue.expired and self._overflow != "error":
+            self._drop_expired_requests()
         # Open requests are outside the bound; everything else counts against it.
-        counted = len(queue) - open_requests
+        counted = len(queue) - self._open_requests_queued()
         if request:
             # An open request never needs room. Only expired requests can have pushed the
             # count past the bound, and with overflow="error" that means the subscriber fell
@@ -368,17 +361,58 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         if len(self._queue.items) > self._peak:
             self._peak = len(self._queue.items)
 
+    # Which queued entries are requests is derived, not listed as they are delivered (that
+    # was two calls per participant at every safe point): the queue holds entries in seq
+    # order, and only the consumer's taking a batch removes an open request, so the request
+    # of an open safe point this subscription takes part in is queued exactly when the oldest
+    # queued event is not newer than it.
+
+    def _oldest_queued_seq(self) -> int | None:
+        """The ``seq`` of the oldest event in the queue (gap markers have none), or None."""
+        for item in self._queue.items:
+            if type(item) is not _Gap:
+                return item.seq  # type: ignore[union-attr]  # not a _Gap, so an Event
+        return None
+
+    def _open_requests_queued(self) -> int:
+        """How many requests of open safe points addressed to this subscription are queued."""
+        barriers = self._state.barriers
+        if not barriers:
+            return 0
+        oldest = self._oldest_queued_seq()
+        if oldest is None:
+            return 0
+        # A request stamped just now (state.seq) is being delivered: it is not queued yet.
+        newest = self._state.seq
+        return sum(1 for s, b in barriers.items() if oldest <= s < newest and self in b.positions)
+
     def _is_open_request(self, item: Event | _Gap) -> bool:
-        return type(item) is SafePointReached and any(item is r for r in self._queue.requests)
+        if type(item) is not SafePointReached:
+            return False
+        barrier = self._state.barriers.get(item.seq)
+        return barrier is not None and self in barrier.positions
+
+    def _request_expired(self, request: SafePointReached) -> None:
+        """``request``'s safe point resolved without this subscription's answer: if it is
+        still queued, it is the first entry to go when room is needed."""
+        if not self._queue.accepting:
+            return
+        oldest = self._oldest_queued_seq()
+        expired = self._queue.expired
+        while expired and (oldest is None or expired[0].seq < oldest):
+            expired.popleft()  # taken by the consumer since
+        if oldest is not None and oldest <= request.seq:
+            expired.append(request)
 
     def _drop_expired_requests(self) -> None:
-        """Drop the queued requests whose safe point has resolved (their vote is recorded)."""
-        request_open = self._state.request_open
-        requests = self._queue.requests
-        for request in tuple(requests):
-            if request_open(request.seq):
-                continue
-            requests.remove(request)
+        """Drop the queued requests whose safe point resolved without this subscription's
+        answer (see _request_expired)."""
+        expired = self._queue.expired
+        oldest = self._oldest_queued_seq()
+        while expired:
+            request = expired.popleft()
+            if oldest is None or request.seq < oldest:
+                continue  # taken by the consumer since
             for index, item in enumerate(self._queue.items):
                 if item is request:
                     self._drop_at(index)
@@ -442,7 +476,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                 except IndexError:
                     break
                 self._discarded += 1
-            self._queue.requests.clear()
+            self._queue.expired.clear()
         self._queue.wake()
 
     # --- called by the bus without the lock ------------------------------------------------

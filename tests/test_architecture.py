@@ -107,6 +107,7 @@ EVENTBUS_INTERNAL = {
     "_vote_points",
     "_queue",
     "_stop",
+    "_request_expired",
     "_holds_through",
     "_end_iteration_when_empty",
     "_create",

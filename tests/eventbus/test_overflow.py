@@ -207,6 +207,47 @@ async def test_an_open_request_still_outlives_any_overflow() -> None:
     bus.close()
 
 
+async def test_an_unread_open_request_takes_no_place_in_the_bound() -> None:
+    bus = EventBus(safe_point_timeout=5.0)
+    sub = bus.subscribe(maxsize=2, safe_points=True, name="busy")
+    received: list[Event] = []
+
+    async def publish_then_answer() -> None:
+        bus.publish(StepStarted(step=1))  # the request and these two fill no more than 2
+        bus.publish(StepStarted(step=2))
+        async for event in sub:
+            received.append(event)
+            if isinstance(event, SafePointReached):
+                sub.decide(event, Decision.CONTINUE)
+            if len(received) == 3:
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(publish_then_answer)
+        await bus.safe_point(SafePoint.STEP_BOUNDARY)
+    assert [type(e).__name__ for e in received] == [
+        "SafePointReached",
+        "StepStarted",
+        "StepStarted",
+    ]
+    assert sub.statistics().dropped == 0
+    bus.close()
+
+
+async def test_a_late_voter_that_reads_keeps_no_record_of_requests_it_took() -> None:
+    """An expired request is remembered (to go first) only while it is queued: a voter that
+    keeps reading but always answers too late must not grow that record."""
+    bus = EventBus()
+    sub = bus.subscribe(maxsize=16, safe_points=True, name="late-reader")
+    for step in range(50):
+        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=step, timeout=1e-6)
+        with anyio.fail_after(5.0):
+            while sub.statistics().queued:
+                await anext(sub)  # reads its expired request and the resolution
+    assert len(sub._queue.expired) <= 1
+    bus.close()
+
+
 async def test_with_overflow_error_a_voter_that_never_reads_is_closed_not_grown() -> None:
     bus = EventBus()
     sub = bus.subscribe(SafePointReached, maxsize=4, overflow="error", safe_points=True)

@@ -5,8 +5,8 @@ publishers append to, the expired safe-point requests among its entries, the bou
 future of a consumer waiting for more. It is a private object with plain attributes so that one
 loop can append an event to every queue of a route without a call per queue: a safe point
 delivers to each participant twice, so a call per queue was a tenth of its cost. The
-subscription owns everything else, the overflow policy included: a queue at its bound asks
-``make_room``, the subscription's.
+subscription owns everything else; a queue at its bound asks ``make_room``, its
+:class:`~eventbus._bound.Bound`'s (the overflow policy).
 
 Used under the bus lock, or in single-thread mode (see ``_order``).
 """
@@ -51,6 +51,10 @@ def wake_future(waiter: asyncio.Future[None]) -> None:
         pass
 
 
+def _no_room(request: bool) -> bool:
+    return False
+
+
 class Queue:
     """The publisher side of one subscription (see the module docstring).
 
@@ -59,10 +63,11 @@ class Queue:
         items: Events and gap markers, oldest first, not yet taken by the consumer.
         expired: Safe-point requests addressed to this queue whose safe point resolved
             without its answer while they sat in ``items``, oldest first; some may have been
-            taken since (the subscription tells, see ``Subscription._request_expired``).
+            taken since (see ``Bound.request_expired``).
         maxsize: The bound (``make_room`` decides what happens at it).
         make_room: Called when ``items`` is at its bound, with whether the new entry is a
-            request; True when it may go in.
+            request; True when it may go in. Set by the queue's ``Bound``; until then
+            nothing goes in past the bound.
         accepting: New events are queued.
         waiter: The future a waiting consumer awaits, or None.
         waiter_thread: The thread that waiter's consumer runs in.
@@ -80,13 +85,11 @@ class Queue:
         "waiter_thread",
     )
 
-    def __init__(
-        self, owner: object, lock: OrderLock, maxsize: int, make_room: Callable[[bool], bool]
-    ) -> None:
+    def __init__(self, owner: object, lock: OrderLock, maxsize: int) -> None:
         self.owner = owner
         self.lock = lock
         self.maxsize = maxsize
-        self.make_room = make_room
+        self.make_room: Callable[[bool], bool] = _no_room
         self.items: deque[Event | Gap] = deque()
         self.expired: deque[SafePointReached] = deque()
         self.accepting = True

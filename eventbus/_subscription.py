@@ -1,22 +1,13 @@
-"""One subscriber's ordered queue, with its overflow policy.
+"""One subscriber's ordered stream: its queue, the consumer's batches, its votes.
 
 A subscription is a bounded deque plus at most one waiting future, kept in a
 :class:`~eventbus._queue.Queue` (its publisher side). The bus appends to it under the bus lock
 (so one global order holds across publishing threads), in ``BusState.deliver_locked``; the
 consumer takes a whole batch from it under the same lock. (In single-thread mode, see
 ``_order``, neither side takes it: the owner thread is the only one there is.) A publisher
-never waits: when the queue is full the overflow policy (``_make_room``, here) decides what to
-drop, and the dropped stretch becomes one :class:`Lagged` notice at the place in the stream
-where events went missing.
-
-Invariant (the bound): the queue holds at most ``maxsize`` entries (events and gap markers)
-besides the safe-point requests that are still open, plus one gap marker. An open request
-addressed to this subscription is never dropped. Once its safe point has resolved (the
-subscription's vote was recorded as timed out), an unread request is an ordinary entry: when
-room is needed it is dropped first, whatever the policy, and counted in ``Lagged`` like any
-dropped event (answering it could only be a late vote). So a participant that votes but never
-reads holds a bounded queue however many safe points pass. With ``overflow="error"`` nothing is
-dropped: expired requests count against the bound, and going past it closes the subscription.
+never waits: when the queue is full, its :class:`~eventbus._bound.Bound` applies the overflow
+policy (which states the bound's invariant), and a dropped stretch becomes one
+:class:`Lagged` notice at the place in the stream where events went missing.
 
 The consumer side is one async generator per subscription (``_events``), which ``async for``,
 ``aiter()`` and ``anext()`` all step: an ``async for`` step resumes a frame that is already
@@ -26,7 +17,7 @@ frame, so leaving a loop half-way and iterating again, or a generator ended by a
 wait and a new one made, goes on where the stream stopped.
 
 The subscription talks to its bus only through the :class:`~eventbus._state.BusState` it was
-given: it votes, checks whether a request is still open and leaves through it.
+given: it votes and leaves through it.
 """
 
 from __future__ import annotations
@@ -39,11 +30,12 @@ from collections.abc import AsyncGenerator
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import AsyncGeneratorType
-from typing import Literal
 from typing import cast
 
+from ._bound import OVERFLOW_POLICIES
+from ._bound import Bound
+from ._bound import Overflow
 from ._decisions import SafePoint
-from ._errors import SubscriberOverflowError
 from ._events import Event
 from ._events import Lagged
 from ._events import SafePointReached
@@ -57,9 +49,6 @@ from ._state import Voting
 from ._util import NoPublicConstructor
 
 __all__ = ["OVERFLOW_POLICIES", "Overflow", "Subscription", "SubscriptionStatistics"]
-
-Overflow = Literal["drop_oldest", "drop_newest", "error"]
-OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_oldest", "drop_newest", "error")
 
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
@@ -143,16 +132,16 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         self._accepts = accepts
         self._observes_point = observes_point
         self._vote_points = vote_points
-        self._overflow: Overflow = overflow
         self._lock = state.lock
         self._clock = state.clock
         # Publishers append to _queue.items under the bus lock. The consumer swaps the whole
         # deque for _ready under the lock, once per batch, and then pops _ready without
         # locking: one lock round trip per batch instead of per event. Events already in
         # _ready are taken and no longer dropped, so a subscriber holds at most about
-        # 2 * maxsize. The bound leaves queued requests of open safe points out (see
-        # _open_requests_queued); _queue.expired lists the expired ones, which go first.
-        self._queue = Queue(self, state.lock, maxsize, self._make_room)
+        # 2 * maxsize. The bound leaves queued requests of open safe points out; expired
+        # ones go first (see _bound).
+        self._queue = Queue(self, state.lock, maxsize)
+        self._bound = Bound(self._queue, overflow, state=state, member=self, on_overflow=self._fail)
         self._ready: deque[Event | _Gap] = deque()
         self._iterator: _Events | None = None
         self._consumer_loop = RunningLoop()
@@ -164,16 +153,11 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         # than once per event: the events delivered are those taken that are neither still
         # in _ready, nor discarded by close(), nor a gap handed over as Lagged.
         self._taken = 0
-        # _gaps_queued: the queue may hold a gap marker (set where one is made, under the
-        # lock); _gapped: the taken batch may, so the consumer tests each entry for one.
-        self._gaps_queued = False
+        # The taken batch may hold a gap marker (the queue might, see Bound.gaps_queued, when
+        # it was taken), so the consumer tests each entry for one.
         self._gapped = False
         self._discarded = 0
-        self._dropped = 0
         self._lagged_notices = 0
-        # Updated whenever the queue may shrink or is taken, not on every append (the queue
-        # only grows in between, so the figure is exact and the fast path stays short).
-        self._peak = 0
 
     # --- public ---------------------------------------------------------------------------
 
@@ -206,16 +190,17 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
     def statistics(self) -> SubscriptionStatistics:
         """A snapshot of the queue's counters."""
         with self._lock:
-            self._note_peak()
+            bound = self._bound
+            bound.note_peak()
             return SubscriptionStatistics(
                 name=self._name,
                 queued=len(self._queue.items) + len(self._ready),
                 delivered=self._taken - self._discarded - len(self._ready) - self._lagged_notices,
-                dropped=self._dropped,
+                dropped=bound.dropped,
                 lagged_notices=self._lagged_notices,
-                peak=self._peak,
+                peak=bound.peak,
                 maxsize=self._queue.maxsize,
-                overflow=self._overflow,
+                overflow=bound.policy,
                 closed=self.closed,
             )
 
@@ -237,6 +222,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         lock = self._lock
         remembered = self._consumer_loop
         shared = self._queue
+        bound = self._bound
         while True:
             # Only this generator swaps the queues (see __aiter__), so ``ready`` stays the
             # taken batch until the next swap; close() may empty it from another thread.
@@ -267,11 +253,11 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                 if queue:
                     taken = len(queue)
                     self._taken += taken
-                    if taken > self._peak:
-                        self._peak = taken
+                    if taken > bound.peak:
+                        bound.peak = taken
                     shared.items, self._ready = ready, queue
-                    if self._gaps_queued:
-                        self._gaps_queued = False
+                    if bound.gaps_queued:
+                        bound.gaps_queued = False
                         self._gapped = True
                     continue
                 if self._end_when_empty or not shared.accepting:
@@ -313,147 +299,9 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
 
     # --- called by the bus, with the bus lock held -----------------------------------------
 
-    def _make_room(self, request: bool) -> bool:
-        """The queue is at its bound: apply the policy. True when the new entry may go in."""
-        if not self._queue.accepting:
-            return False
-        self._note_peak()
-        queue = self._queue.items
-        maxsize = self._queue.maxsize
-        if self._queue.expired and self._overflow != "error":
-            self._drop_expired_requests()
-        # Open requests are outside the bound; everything else counts against it.
-        counted = len(queue) - self._open_requests_queued()
-        if request:
-            # An open request never needs room. Only expired requests can have pushed the
-            # count past the bound, and with overflow="error" that means the subscriber fell
-            # behind.
-            if counted <= maxsize or self._overflow != "error":
-                return True
-            self._overflowed()
-            return False
-        if counted < maxsize:
-            return True
-        if self._overflow == "drop_oldest":
-            if self._drop_oldest():
-                return True
-            # Only open requests and gap markers are queued: the new event is the one to go.
-            self._dropped += 1
-            self._mark_gap_at_end()
-            return False
-        if self._overflow == "drop_newest":
-            self._dropped += 1
-            self._mark_gap_at_end()
-            return False
-        self._overflowed()
-        return False
-
-    def _overflowed(self) -> None:
-        self._dropped += 1
-        self._fail(
-            SubscriberOverflowError(
-                f"subscription {self._name!r} fell {self._queue.maxsize} events behind "
-                f"(overflow='error'); it was closed at seq {self._state.seq}"
-            )
-        )
-
-    def _note_peak(self) -> None:
-        if len(self._queue.items) > self._peak:
-            self._peak = len(self._queue.items)
-
-    # Which queued entries are requests is derived, not listed as they are delivered (that
-    # was two calls per participant at every safe point): the queue holds entries in seq
-    # order, and only the consumer's taking a batch removes an open request, so the request
-    # of an open safe point this subscription takes part in is queued exactly when the oldest
-    # queued event is not newer than it.
-
-    def _oldest_queued_seq(self) -> int | None:
-        """The ``seq`` of the oldest event in the queue (gap markers have none), or None."""
-        for item in self._queue.items:
-            if type(item) is not _Gap:
-                return item.seq  # type: ignore[union-attr]  # not a _Gap, so an Event
-        return None
-
-    def _open_requests_queued(self) -> int:
-        """How many requests of open safe points addressed to this subscription are queued."""
-        barriers = self._state.barriers
-        if not barriers:
-            return 0
-        oldest = self._oldest_queued_seq()
-        if oldest is None:
-            return 0
-        # A request stamped just now (state.seq) is being delivered: it is not queued yet.
-        newest = self._state.seq
-        return sum(1 for s, b in barriers.items() if oldest <= s < newest and self in b.positions)
-
-    def _is_open_request(self, item: Event | _Gap) -> bool:
-        if type(item) is not SafePointReached:
-            return False
-        barrier = self._state.barriers.get(item.seq)
-        return barrier is not None and self in barrier.positions
-
     def _request_expired(self, request: SafePointReached) -> None:
-        """``request``'s safe point resolved without this subscription's answer: if it is
-        still queued, it is the first entry to go when room is needed."""
-        if not self._queue.accepting:
-            return
-        oldest = self._oldest_queued_seq()
-        expired = self._queue.expired
-        while expired and (oldest is None or expired[0].seq < oldest):
-            expired.popleft()  # taken by the consumer since
-        if oldest is not None and oldest <= request.seq:
-            expired.append(request)
-
-    def _drop_expired_requests(self) -> None:
-        """Drop the queued requests whose safe point resolved without this subscription's
-        answer (see _request_expired)."""
-        expired = self._queue.expired
-        oldest = self._oldest_queued_seq()
-        while expired:
-            request = expired.popleft()
-            if oldest is None or request.seq < oldest:
-                continue  # taken by the consumer since
-            for index, item in enumerate(self._queue.items):
-                if item is request:
-                    self._drop_at(index)
-                    self._dropped += 1
-                    break
-
-    def _drop_oldest(self) -> bool:
-        """Drop the oldest entry that is neither a gap nor an open request."""
-        for index, item in enumerate(self._queue.items):
-            if type(item) is _Gap or self._is_open_request(item):
-                continue
-            self._drop_at(index)
-            self._dropped += 1
-            return True
-        return False
-
-    def _drop_at(self, index: int) -> None:
-        """Replace the entry at ``index`` by a gap, merged with the gaps next to it."""
-        queue = self._queue.items
-        self._gaps_queued = True
-        del queue[index]
-        before = queue[index - 1] if index > 0 else None
-        after = queue[index] if index < len(queue) else None
-        if isinstance(before, _Gap):
-            before.n += 1
-            if isinstance(after, _Gap):
-                before.n += after.n
-                del queue[index]
-        elif isinstance(after, _Gap):
-            after.n += 1
-        else:
-            queue.insert(index, _Gap())
-
-    def _mark_gap_at_end(self) -> None:
-        queue = self._queue.items
-        self._gaps_queued = True
-        last = queue[-1] if queue else None
-        if isinstance(last, _Gap):
-            last.n += 1
-        else:
-            queue.append(_Gap())
+        """``request``'s safe point resolved without this subscription's answer."""
+        self._bound.request_expired(request)
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
@@ -464,7 +312,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
     def _stop(self, *, discard: bool) -> None:
         """No more events; iteration ends after the queue drains (or at once if discard)."""
         self._queue.accepting = False
-        self._note_peak()
+        self._bound.note_peak()
         if discard:
             self._queue.items.clear()
             # One pop at a time, counted: the consumer may be popping the other end of

@@ -36,10 +36,10 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from datasets import load_dataset
+    from datasets import load_dataset  # type: ignore[import-untyped]
     from transformers import TrainerCallback
-    from trl import GRPOConfig
-    from trl import GRPOTrainer
+    from trl import GRPOConfig  # type: ignore[import-not-found,unused-ignore]  # TRL's venv only
+    from trl import GRPOTrainer  # type: ignore[import-not-found,unused-ignore]
 
     from trainer.rl._text_tasks import task_reward
 
@@ -81,12 +81,14 @@ def main() -> None:
     )
     rewards: list[float] = []
     began = [0.0]
+    target = args.target
 
-    class Record(TrainerCallback):  # type: ignore[misc]
+    class Record(TrainerCallback):
         def on_train_begin(self, *a: Any, **k: Any) -> None:
             began[0] = time.perf_counter()
 
-        def on_log(self, args_: Any, state: Any, control: Any, logs: Any = None, **k: Any) -> None:
+        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            logs = kwargs.get("logs")
             if not logs or "reward" not in logs:
                 return
             batch = (state.global_step + 1) // 2  # two optimiser steps per batch
@@ -95,7 +97,7 @@ def main() -> None:
             rewards.append(float(logs["reward"]))
             t = time.perf_counter() - began[0]
             print(json.dumps({"batch": batch, "reward": rewards[-1], "t": t}), flush=True)
-            if len(rewards) >= 10 and sum(rewards[-10:]) / 10 >= args.target:
+            if len(rewards) >= 10 and sum(rewards[-10:]) / 10 >= target:
                 control.should_training_stop = True
 
     trainer = GRPOTrainer(

@@ -64,7 +64,6 @@ class Bound:
         "dropped",
         "gaps_queued",
         "member",
-        "name",
         "on_overflow",
         "peak",
         "policy",
@@ -85,7 +84,6 @@ class Bound:
         self.policy: Overflow = policy
         self.state = state
         self.member = member
-        self.name = member.name
         self.on_overflow = on_overflow
         self.dropped = 0
         self.peak = 0
@@ -148,7 +146,7 @@ class Bound:
         self.dropped += 1
         self.on_overflow(
             SubscriberOverflowError(
-                f"subscription {self.name!r} fell {self.queue.maxsize} events behind "
+                f"subscription {self.member.name!r} fell {self.queue.maxsize} events behind "
                 f"(overflow='error'); it was closed at seq {self.state.seq}"
             )
         )

@@ -25,11 +25,13 @@ from ._events import SafePointReached
 if TYPE_CHECKING:
     from ._order import OrderLock
 
-__all__ = ["Queue", "wake_future"]
+__all__ = ["Queue", "set_result", "wake_future"]
 
 _get_ident = threading.get_ident
 _InvalidStateError = asyncio.InvalidStateError
-_set_result = asyncio.Future.set_result  # (see _state: a specialized call)
+# Called as a function: the interpreter specializes a call to a method descriptor, not a
+# method looked up on a Future (a waker runs it for every event a parked subscriber gets).
+set_result = asyncio.Future.set_result
 
 
 class Gap:
@@ -46,7 +48,7 @@ def wake_future(waiter: asyncio.Future[None]) -> None:
     # Cheaper than asking done() first (and than contextlib.suppress): it is not done
     # unless the consumer was cancelled and has not run since.
     try:  # noqa: SIM105
-        _set_result(waiter, None)
+        set_result(waiter, None)
     except _InvalidStateError:  # cancelled: the consumer is leaving anyway
         pass
 

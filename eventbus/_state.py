@@ -47,6 +47,7 @@ from ._order import OrderLock
 from ._order import lock_free
 from ._order import solo_here as _solo_here
 from ._queue import Queue
+from ._queue import set_result as _set_result
 from ._queue import wake_future
 from ._util import describe_error
 
@@ -57,9 +58,6 @@ logger = logging.getLogger("eventbus")
 _perf_counter = time.perf_counter
 _get_ident = threading.get_ident
 _InvalidStateError = asyncio.InvalidStateError
-# Called as a function: the interpreter specializes a call to a method descriptor, not a
-# method looked up on a Future (a waker runs it for every event a parked subscriber gets).
-_set_result = asyncio.Future.set_result
 _CONTINUE = Decision.CONTINUE  # (see _barrier: reading an Enum member off its class is slow)
 
 

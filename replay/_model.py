@@ -151,12 +151,18 @@ class PromptGroup(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         kind: str = "error",
         retryable: bool = True,
         attempt: int | None = None,
+        reward: float = 0.0,
     ) -> RolloutResult:
-        """A failed result (an empty placeholder) for rollout ``index`` of this group."""
+        """A failed result (an empty placeholder) for rollout ``index`` of this group.
+
+        ``reward`` stays 0.0 but for a batch whose failure policy fills failed rollouts
+        (``"fill"``): they are scored ``fill_reward``.
+        """
         return self._result(
             index,
             attempt,
             status=RolloutStatus.FAILED,
+            reward=reward,
             error=error,
             error_kind=kind,
             retryable=retryable,

@@ -17,7 +17,6 @@ from ._model import GroupResult
 from ._model import GroupStatus
 from ._model import PromptGroup
 from ._model import RolloutResult
-from ._model import RolloutStatus
 from ._reasons import FailurePolicy
 from ._records import IN_FLIGHT
 from ._records import MISSING
@@ -86,20 +85,13 @@ def build_report(
     )
 
 
-def _fill(rollout: Rollout, spec: PromptGroup, reward: float) -> RolloutResult:
+def _fill(rollout: Rollout, index: int, spec: PromptGroup, reward: float) -> RolloutResult:
+    """The settled failure that stands for rollout ``index`` of a filled group."""
     kind = _failure_kind(rollout)
     result = rollout.result
-    return RolloutResult(
-        rollout_id=rollout.rollout_id,
-        group_id=spec.group_id,
-        step=rollout.step,
-        attempt=rollout.attempt,
-        policy_version=spec.policy_version,
-        status=RolloutStatus.FAILED,
-        reward=reward,
-        error=(result.error if result is not None else None) or kind,
-        error_kind=kind,
-        retryable=False,
+    error = (result.error if result is not None else None) or kind
+    return spec.failure(
+        index, error, kind=kind, retryable=False, attempt=rollout.attempt, reward=reward
     )
 
 
@@ -153,11 +145,11 @@ class FailureRules:
                     )
             else:  # FILL, and RAISE (whose batch is still built for the report)
                 results: list[RolloutResult] = []
-                for r in group.rollouts:
+                for index, r in enumerate(group.rollouts):
                     if r.state is SUCCEEDED and r.result is not None:
                         results.append(r.result)
                     else:
-                        results.append(_fill(r, spec, self.fill_reward))
+                        results.append(_fill(r, index, spec, self.fill_reward))
                         filled += 1
                 kept.append(
                     GroupResult(group=spec, results=tuple(results), status=GroupStatus.FAILED)

@@ -118,6 +118,11 @@ def test_fill_keeps_groups_with_zero_reward_fills(make_tracker: MakeTracker) -> 
         (g2.rollout_ids[0], "context_length", False, None),
         (g2.rollout_ids[1], "missing", False, None),
     ]
+    # A fill is a settled failure of the group's own identity, scored fill_reward.
+    assert [(r.error, r.retryable, r.reward, r.step, r.attempt) for r in filled] == [
+        ("too long", False, -1.0, g2.step, g2.attempt),
+        ("missing", False, -1.0, g2.step, g2.attempt),
+    ]
     report = batch.report
     assert (report.filled, report.removed, report.failure_policy) == (3, (), "fill")
     assert report.failed == {"worker_crash": 1, "context_length": 1}

@@ -65,3 +65,18 @@ def test_a_failing_cancel_hook_is_logged_and_counted(
     assert "cancel hook failed" in caplog.text
     stats = tracker.statistics()
     assert (stats.cancel_hook_errors, stats.cancelled) == (1, 4)
+
+
+def test_a_filled_rollout_carries_the_attempt_it_was_reissued_under(
+    make_tracker: MakeTracker,
+) -> None:
+    tracker = make_tracker(failure_policy="fill", fill_reward=-1.0)
+    (a,) = groups_for(1, count=1, n=2)
+    tracker.begin_batch(1, [a])
+    tracker.record(a.failure(0, "oom", kind="worker_crash", retryable=False))
+    tracker.reissue()  # rollout 1 moves to attempt 2; rollout 0 is settled at attempt 1
+    (group,) = tracker.finalize().groups
+    assert [(r.rollout_id, r.attempt, r.error_kind, r.reward) for r in group.results] == [
+        (a.rollout_ids[0], 1, "worker_crash", -1.0),
+        (a.rollout_ids[1], 2, "missing", -1.0),
+    ]

@@ -108,10 +108,10 @@ class RayBackend(ServingActors):
         start_timeout_s: How long starting the actors may take before it counts as failed
             (an actor that cannot be placed would otherwise wait forever).
         kill_timeout_s: How long :meth:`close` waits for Ray to confirm the actors died
-            (a run from a configuration passes ``rollout.close_timeout_s``).
+            (``[rollout] close_timeout_s``).
 
-    The defaults of ``workers``, ``actor_cpus``, ``standby`` and ``start_timeout_s`` are the
-    ``[rollout]`` section's.
+    The defaults of ``workers``, ``actor_cpus``, ``standby``, ``start_timeout_s`` and
+    ``kill_timeout_s`` are the ``[rollout]`` section's, as for the local backend.
 
     Attributes:
         actor_prefix: Prefix of this backend's actor names (unique per backend).
@@ -130,7 +130,7 @@ class RayBackend(ServingActors):
         standby: int = RolloutConfig().standby,
         hung_after_s: float = 2.0,
         start_timeout_s: float = RolloutConfig().start_timeout_s,
-        kill_timeout_s: float = 10.0,
+        kill_timeout_s: float = RolloutConfig().close_timeout_s,
     ) -> None:
         # Actor names are unique per Ray namespace; the prefix keeps two backends (or two
         # runs on one cluster) apart and lets an operator find this run's actors.

@@ -355,6 +355,7 @@ def test_the_ray_backends_defaults_are_the_rollout_sections() -> None:
         ("actor_cpus", "ray_actor_cpus"),
         ("standby", "standby"),
         ("start_timeout_s", "start_timeout_s"),
+        ("kill_timeout_s", "close_timeout_s"),
     ]:
         assert defaults[argument].default == getattr(section, key), argument
 

@@ -170,7 +170,10 @@ class RayBackend(ServingActors):
         self._sink = sink
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
-        self._owns_ray = init_ray(self.address, self.workers * self._pool.actor_cpus)
+        pool = self._pool
+        self._owns_ray = init_ray(
+            self.address, self.workers * pool.actor_cpus, connect_timeout_s=pool.start_timeout_s
+        )
         try:
             try:
                 with anyio.fail_after(self._pool.start_timeout_s):

@@ -14,7 +14,9 @@ import logging
 import math
 import os
 import signal
+import socket
 import threading
+from urllib.parse import urlsplit
 
 import ray
 
@@ -22,7 +24,7 @@ from ._ray_leftovers import clean_leftovers
 from ._ray_leftovers import forget_local_instance
 from ._ray_leftovers import record_local_instance
 
-__all__ = ["init_ray", "note_local_processes", "shutdown_ray"]
+__all__ = ["check_reachable", "init_ray", "note_local_processes", "shutdown_ray"]
 
 logger = logging.getLogger("trainbus.ray")
 
@@ -31,19 +33,27 @@ logger = logging.getLogger("trainbus.ray")
 # version) are enough; Ray's defaults would size both to the whole machine.
 _LOCAL_MIN_CPUS = 2
 _LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
+# The ports Ray listens on when an address names none: the GCS of a `ray start --head`, and
+# the Ray Client server behind a ray:// address.
+_GCS_PORT = 6379
+_CLIENT_PORT = 10001
 
 
-def init_ray(address: str | None, cpus_needed: float) -> bool:
+def init_ray(address: str | None, cpus_needed: float, connect_timeout_s: float = 10.0) -> bool:
     """Make sure this process is connected to Ray.
 
     Args:
         address: A cluster to join; None: ``RAY_ADDRESS``, else a local instance.
         cpus_needed: Logical CPUs the actors reserve together (a local instance gets at
             least that many, so they can always be placed).
+        connect_timeout_s: How long reaching a cluster's address may take.
 
     Returns:
         Whether this call connected (the caller then owns the connection and shuts it
         down); False when Ray was already initialised.
+
+    Raises:
+        ConnectionError: Nothing answers at the cluster's address.
     """
     if ray.is_initialized():
         return False
@@ -52,20 +62,55 @@ def init_ray(address: str | None, cpus_needed: float) -> bool:
     in_main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
     try:
-        _start(address, cpus_needed)
+        _start(address, cpus_needed, connect_timeout_s)
     finally:
         if sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
     return True
 
 
-def _start(address: str | None, cpus_needed: float) -> None:
+def check_reachable(address: str, timeout_s: float) -> None:
+    """Raise at once when nothing accepts a connection at a cluster ``address``.
+
+    ``ray.init`` retries an address it cannot reach for many minutes (about 20 attempts,
+    each under gRPC's own connect timeout), on the event loop's thread and with nothing on
+    screen: a mistyped address or a cluster that is down would look like a hung trainer.
+    One TCP connection to the host and port tells at once. ``auto`` and ``local`` name no
+    host: they are left to Ray (``auto`` fails fast when no cluster runs on this machine).
+
+    Raises:
+        ConnectionError: The address is refused, unreachable or does not resolve.
+        ValueError: The address has no host or a port that is not a number.
+    """
+    if address in ("auto", "local"):
+        return
+    scheme, _, rest = address.rpartition("://")
+    default_port = _CLIENT_PORT if scheme == "ray" else _GCS_PORT
+    where = urlsplit(f"//{rest}")
+    try:
+        host, port = where.hostname, where.port or default_port
+    except ValueError:
+        host = None
+    if not host:
+        raise ValueError(f"rollout.ray_address {address!r}: expected HOST:PORT, auto or ray://")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} ({why}): check rollout.ray_address "
+            f"(--ray-address, RAY_ADDRESS) and that the cluster is up (`ray status` on its head)"
+        ) from None
+
+
+def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # RAY_ADDRESS is how Ray users point every driver at their cluster.
     address = address or os.environ.get("RAY_ADDRESS") or None
     # On this loop's thread: ray.init is a one-off of a few seconds before any work
     # exists, and Ray only installs its signal handling from the main thread.
     if address is not None:
+        check_reachable(address, connect_timeout_s)
         logger.info("joining the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         return

@@ -1,0 +1,105 @@
+"""A cluster address that nothing answers at fails the start at once, naming the address,
+instead of leaving ``ray.init`` to retry it for many minutes with nothing on screen."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainer.rollout import _ray_session
+from trainer.rollout._ray_session import check_reachable
+
+from ..runfolder import trainbus
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on (bound, never listening, so nobody takes it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+def test_an_address_that_accepts_connections_passes() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=5.0)
+
+
+def test_a_refused_address_raises_naming_it_and_the_setting(closed_port: int) -> None:
+    address = f"127.0.0.1:{closed_port}"
+    with pytest.raises(ConnectionError) as raised:
+        check_reachable(address, timeout_s=5.0)
+    message = str(raised.value)
+    assert message.startswith(f"no Ray cluster answers at {address} (")
+    assert "rollout.ray_address" in message and "--ray-address" in message
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("10.0.0.5:6380", ("10.0.0.5", 6380)),
+        ("10.0.0.5", ("10.0.0.5", 6379)),  # a head node's GCS port
+        ("ray://head.example:10002", ("head.example", 10002)),
+        ("ray://head.example", ("head.example", 10001)),  # the Ray Client server's port
+        ("[::1]:6379", ("::1", 6379)),
+    ],
+)
+def test_the_host_and_port_probed(
+    address: str, expected: tuple[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probed: list[tuple[str, int]] = []
+
+    def connect(where: tuple[str, int], timeout: float) -> socket.socket:
+        probed.append(where)
+        return socket.socket()
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    check_reachable(address, timeout_s=1.0)
+    assert probed == [expected]
+
+
+@pytest.mark.parametrize("address", ["auto", "local"])
+def test_addresses_naming_no_host_are_left_to_ray(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def connect(where: tuple[str, int], timeout: float) -> socket.socket:
+        raise AssertionError(f"probed {where}")
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+    check_reachable(address, timeout_s=1.0)
+
+
+@pytest.mark.parametrize("address", ["head:port", ":6379"])
+def test_a_malformed_address_is_a_value_error(address: str) -> None:
+    with pytest.raises(ValueError, match=r"^rollout\.ray_address .*: expected HOST:PORT"):
+        check_reachable(address, timeout_s=1.0)
+
+
+def test_init_ray_never_calls_ray_init_for_an_unreachable_address(
+    closed_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[object] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    with pytest.raises(ConnectionError):
+        _ray_session.init_ray(f"127.0.0.1:{closed_port}", 1.0, connect_timeout_s=5.0)
+    assert calls == []
+
+
+@pytest.mark.ray
+def test_train_with_an_unreachable_address_fails_at_once_with_one_line(
+    closed_port: int, tmp_path: Path
+) -> None:
+    address = f"127.0.0.1:{closed_port}"
+    out = tmp_path / "run"
+    done = trainbus(
+        "train", "--backend", "ray", "--ray-address", address, "--steps", "2", "--out", str(out)
+    )
+    assert done.returncode == 1
+    assert f"failed: ConnectionError: no Ray cluster answers at {address}" in done.stderr
+    assert "Traceback" not in done.stderr

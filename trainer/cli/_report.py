@@ -60,10 +60,14 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def print_table(console: Console, table: Table) -> None:
-    """Print ``table``; in a pipe or a log without rich's trailing padding."""
+    """Print ``table``; in a pipe or a log whole (at its natural width: a pipe has no width
+    to fit, and ``trainbus runs | grep finished`` must see every cell uncut) and without
+    rich's trailing padding."""
     if console.is_terminal:
         console.print(table)
         return
+    unbounded = console.options.update_width(sys.maxsize)
+    console.width = max(console.width, console.measure(table, options=unbounded).maximum)
     with console.capture() as captured:
         console.print(table)
     sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))

@@ -61,6 +61,22 @@ def test_runs_lists_each_run_folder_once_with_its_facts(
     ]
 
 
+def test_runs_in_a_pipe_prints_every_cell_whole_however_narrow_the_terminal(
+    run_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    copy_run(run_dir, tmp_path).rename(runs / "20261201-100000")
+    monkeypatch.setenv("COLUMNS", "40")  # what rich would fit a pipe's table into
+    assert main(["runs", str(runs)]) == 0
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if "2026" in line]
+    assert row[:3] == ["20261201-100000", "finished", "3/3"]
+    assert not any("…" in cell for cell in row)
+
+
 def test_runs_of_a_missing_folder_is_one_line_and_status_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -43,6 +43,9 @@ class _Parser(argparse.ArgumentParser):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:  # a near miss of a command or a flag's value says which one was meant
             message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
+        for action in self._actions:  # a missing subcommand: name the commands, not the dest
+            if isinstance(action, argparse._SubParsersAction) and message.endswith(action.dest):
+                message = f"expected a command: {', '.join(action.choices)}"
         raise UsageError(f"{self.prog}: {message}")
 
 
@@ -477,9 +480,9 @@ def _train(args: argparse.Namespace) -> int:
     if trainer.already_finished:
         # Not an error (the folder holds what was asked for), and the folder is unchanged.
         print(
-            f"run {trainer.run_id} in {out} is already finished: {summary.steps} of "
-            f"{config.run.steps} steps. Nothing to do, nothing written; to train further, "
-            f"run it again with a larger --steps (e.g. --steps {2 * summary.steps})"
+            f"run {trainer.run_id} in {out} is already finished: it has {summary.steps} "
+            f"steps (asked for: {config.run.steps}). Nothing to do, nothing written; to train "
+            f"further, run it again with a larger --steps (e.g. --steps {2 * summary.steps})"
         )
         return 0
     average = summary.reward_moving_average

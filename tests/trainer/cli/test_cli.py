@@ -14,6 +14,7 @@ import pytest
 from eventbus import FitFinished
 from eventbus import StepFinished
 from eventbus import read_events
+from trainer.cli._main import main
 
 TINY = [
     "--steps",
@@ -151,6 +152,21 @@ def test_bad_input_is_one_line_and_status_2_and_writes_nothing(
     assert len(lines) == 1, done.stderr
     assert message in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "trainbus: expected a command: train, report, events, config, runs, compare,"),
+        (["config"], "trainbus config: expected a command: show, example"),
+        (["model"], "trainbus model: expected a command: init"),
+    ],
+)
+def test_a_missing_command_names_the_commands(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,7 @@ def test_a_finished_run_comes_out_of_a_rerun_unchanged(tmp_path: Path) -> None:
 
     again = trainbus(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "is already finished: 3 of 3 steps" in again.stdout
+    assert "is already finished: it has 3 steps (asked for: 3)" in again.stdout
     assert "--steps 6" in again.stdout  # how to extend it
     assert snapshot(out) == before
 

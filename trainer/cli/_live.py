@@ -43,6 +43,7 @@ from ..rollout._backend import Holding
 from ..rollout._logs import also_an_event
 from ..runtime._describe import Context
 from ..runtime._describe import describe
+from ..runtime._describe import skipped_updates
 from ..runtime._selfheal import WaitProgress
 from ._progress import PlainProgress
 from ._progress import is_notice
@@ -164,6 +165,8 @@ class LiveProgress:
         )
         self._progress.update(self._task, completed=event.step, vitals=vitals)
         self._status = Text("")
+        if skipped_updates(event):  # not a vital to glance at: a line that stays
+            self.console.print(describe(event, self._context), highlight=False, markup=False)
 
     def _render(self) -> Group:
         return Group(self._progress.get_renderable(), self._status)

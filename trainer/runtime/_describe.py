@@ -129,7 +129,17 @@ def _step_finished(e: StepFinished, context: Context) -> str:
     wait = m.get("timing_s/wait", 0.0)
     if wait >= _LONG_WAIT_S:
         shown.append(f"waited {wait:.1f} s for rollouts")
+    if skipped_updates(e):  # the policy did not move (or moved less): say it every time
+        skipped, taken = m["actor/skipped_steps"], m.get("actor/optimizer_steps", 0.0)
+        shown.append(
+            f"{skipped:.0f} of {skipped + taken:.0f} optimiser steps skipped (non-finite gradients)"
+        )
     return f"{step_label(e.step, context)}: {', '.join(shown)}"
+
+
+def skipped_updates(e: StepFinished) -> bool:
+    """Whether the step's update skipped optimiser steps for non-finite gradients."""
+    return bool(named(e.metrics).get("actor/skipped_steps", 0.0))
 
 
 def _sample_wait(e: SampleWait, context: Context) -> str:

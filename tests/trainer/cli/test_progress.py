@@ -74,6 +74,25 @@ def test_the_live_view_shows_the_bar_and_the_current_wait() -> None:
     assert view._live is None  # stopped drawing
 
 
+def test_a_step_whose_optimiser_steps_were_skipped_says_so_in_both_views() -> None:
+    skipped = {**METRICS, "actor/skipped_steps": 2.0, "actor/optimizer_steps": 0.0}
+    out = io.StringIO()
+    PlainProgress(out).on_event(CONTEXT, StepFinished(step=3, metrics=skipped, duration_s=0.1))
+    assert (
+        out.getvalue().rstrip().endswith(", 2 of 2 optimiser steps skipped (non-finite gradients)")
+    )
+    console = Console(file=io.StringIO(), force_terminal=True, width=200, color_system=None)
+    view = LiveProgress(console)
+    view.on_event(CONTEXT, FitStarted(run_id="r1", total_steps=60, mode="sync", backend="local"))
+    view.on_event(CONTEXT, StepFinished(step=2, metrics=METRICS, duration_s=0.1))
+    view.on_event(CONTEXT, StepFinished(step=3, metrics=skipped, duration_s=0.1))
+    frames = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "step 2/60: reward" not in frames  # a normal step is only the bar's vitals
+    assert "step 3/60: reward 0.734" in frames
+    assert "2 of 2 optimiser steps skipped (non-finite gradients)" in frames
+    view.close()
+
+
 def test_not_on_a_terminal_trainbus_prints_plain_step_lines(tmp_path: Path) -> None:
     config = tmp_path / "tiny.toml"
     config.write_text("[rollout]\nprompts_per_step = 8\ngroup_size = 4\n")

@@ -47,6 +47,11 @@ def add_workload_commands(commands: Any) -> None:
     init.add_argument("dir", metavar="DIR", help="the model folder to write")
     init.add_argument("--dataset", metavar="FILE", help="cover the characters of this dataset")
     init.add_argument(
+        "--force",
+        action="store_true",
+        help="write into DIR even if it is not empty (replaces a model there)",
+    )
+    init.add_argument(
         "--prompt-column",
         default=TaskConfig().prompt_column,
         help="its prompt column (%(default)s)",
@@ -104,6 +109,7 @@ def _model_init(args: argparse.Namespace) -> int:
         args.dir,
         texts=texts,
         architecture=args.architecture,
+        force=args.force,
         **{name: getattr(args, name) for name in _SETTINGS},
     )
     print(f"wrote a random-init {args.architecture} model to {folder}")

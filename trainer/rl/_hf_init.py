@@ -104,6 +104,23 @@ def _config(
     raise ValueError(f"unknown architecture {architecture!r}; use 'gpt2' or 'llama'")
 
 
+def _writable_folder(folder: Path, force: bool) -> Path:
+    """``folder`` if a model may be written there: a file, or (without ``force``) a folder
+    with anything in it, is refused before anything is built, so a trained model or a run
+    folder is never overwritten by accident."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"model init: {folder} is a file, not a folder; name a new folder")
+    if folder.is_dir() and not force:
+        names = sorted(child.name for child in folder.iterdir())
+        if names:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            raise ValueError(
+                f"model init: {folder} is not empty (it holds {shown}); name a new folder, "
+                "or pass --force (force=True) to write the model over what is there"
+            )
+    return folder
+
+
 def init_model(
     folder: str | Path,
     *,
@@ -115,11 +132,13 @@ def init_model(
     context: int = 128,
     seed: int = 0,
     init_std: float = 0.05,
+    force: bool = False,
 ) -> Path:
     """Write a random-init causal LM and a character-level tokenizer to ``folder``.
 
     Args:
-        folder: Where to save (created; existing files of the same names are replaced).
+        folder: Where to save: a new or empty folder (created), or with ``force`` any
+            folder (files of the same names are replaced, other files are left).
         texts: Text whose characters the vocabulary must cover (a dataset's strings);
             the digits and the chat template's characters are always in it.
         architecture: ``gpt2`` (learned positions) or ``llama`` (rotary, RMSNorm).
@@ -131,14 +150,18 @@ def init_model(
         init_std: Standard deviation of the initial weights (``initializer_range``). The
             default, 0.05, suits tiny models learned from scratch: on reverse-5 a 54k model
             reached a reward of 0.9 in 32-35 steps, against 54-98 at GPT-2's 0.02.
+        force: Write into a folder that is not empty (a model there is replaced).
 
     Returns:
         The folder.
 
     Raises:
-        ValueError: A shape that cannot be built (naming it).
+        ValueError: A shape that cannot be built, a path that is a file, or a folder that
+            is not empty without ``force`` (naming it).
     """
     import torch
+
+    out = _writable_folder(Path(folder), force)
 
     for name, value in (("layers", layers), ("width", width), ("heads", heads)):
         if value < 1:
@@ -154,8 +177,10 @@ def init_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers().AutoModelForCausalLM.from_config(config)
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"model init: cannot create {out}: {exc.strerror or exc}") from None
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -86,7 +86,7 @@ def test_every_model_init_flag_reaches_init_model(
 
     received: dict[str, Any] = {}
     argv = ["DIR", "--arch", "llama", "--layers", "2", "--width", "48", "--heads", "3"]
-    argv += ["--context", "40", "--seed", "7", "--init-std", "0.01"]
+    argv += ["--context", "40", "--seed", "7", "--init-std", "0.01", "--force"]
     args = command("model", "init").parse_args(argv)  # the flags read the real signature
     args.command = "model"
 
@@ -106,5 +106,6 @@ def test_every_model_init_flag_reaches_init_model(
         "context": 40,
         "seed": 7,
         "init_std": 0.01,
+        "force": True,
     }
     assert "random-init llama model to DIR" in capsys.readouterr().out

@@ -107,3 +107,44 @@ def test_bad_workload_commands_exit_2(tmp_path: Path) -> None:
     heads = trainbus("model", "init", "m", "--width", "30", "--heads", "4", cwd=tmp_path)
     assert heads.returncode == 2 and "heads (4) must divide width (30)" in heads.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_model_init_refuses_a_folder_that_is_not_empty_unless_forced(
+    hf_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from trainer.cli._main import main
+
+    trained = tmp_path / "run" / "model"  # a run's trained model, say
+    shutil.copytree(hf_model, trained)
+    weights = (trained / "model.safetensors").read_bytes()
+    for target in (trained, trained.parent):
+        assert main(["model", "init", str(target)]) == 2
+        stderr = capsys.readouterr().err
+        assert f"{target} is not empty (it holds " in stderr and "--force" in stderr
+        assert len(stderr.strip().splitlines()) == 1
+    assert (trained / "model.safetensors").read_bytes() == weights
+    assert main(["model", "init", str(trained), "--force", "--seed", "1"]) == 0
+    assert (trained / "model.safetensors").read_bytes() != weights
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["model", "init", str(empty), "--context", "16"]) == 0
+    assert (empty / "config.json").is_file()
+
+
+def test_model_init_on_a_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainer.cli._main import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for target, message in (
+        (notes, f"{notes} is a file, not a folder"),
+        (notes / "m", f"cannot create {notes / 'm'}"),
+    ):
+        assert main(["model", "init", str(target)]) == 2
+        stderr = capsys.readouterr().err
+        assert message in stderr and len(stderr.strip().splitlines()) == 1
+    assert notes.read_text() == "mine"

@@ -13,6 +13,7 @@ from typing import Literal
 import msgspec
 from msgspec import Meta
 
+from ..rl._bounds import MAX_SECONDS
 from ..rl._names import did_you_mean
 
 __all__ = [
@@ -103,7 +104,7 @@ class ExportConfig(_Section, frozen=True, kw_only=True):
     """
 
     to: list[str] = msgspec.field(default_factory=list)
-    flush_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
+    flush_timeout_s: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] = 30.0
     tensorboard: TensorBoardExportConfig = msgspec.field(default_factory=TensorBoardExportConfig)
     mlflow: MlflowExportConfig = msgspec.field(default_factory=MlflowExportConfig)
     wandb: WandbExportConfig = msgspec.field(default_factory=WandbExportConfig)

@@ -1,9 +1,10 @@
 """The run configuration: TOML decoded and validated into msgspec Structs.
 
-Every section forbids unknown keys, every number carries its bounds, and cross-field rules
-are checked in :meth:`TrainerConfig.__post_init__`, so a bad file fails at load time with
-one line that names the key (``$.rollout.workers``) and the problem, before anything is
-written.
+Every section forbids unknown keys, every number carries its bounds, every float must be
+finite (one check over the whole configuration, :func:`trainer.rl._bounds.check_finite`, so
+a new setting is covered without declaring it), and cross-field rules are checked in
+:meth:`TrainerConfig.__post_init__`, so a bad file fails at load time with one line that
+names the key (``rollout.workers``) and the problem, before anything is written.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import msgspec
 import msgspec.inspect
 from msgspec import Meta
 
+from ..rl._bounds import MAX_SECONDS
+from ..rl._bounds import check_fields
+from ..rl._bounds import check_finite
+from ..rl._bounds import within
 from ..rl._hf import ModelLoadError
 from ..rl._hf import check_model_folder
 from ..rl._hparams import PolicyConfig
@@ -45,9 +50,12 @@ __all__ = [
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegativeInt = Annotated[int, Meta(ge=0)]
-Seconds = Annotated[float, Meta(gt=0)]
-NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Fraction = Annotated[float, Meta(ge=0, le=1)]
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+"""``run.seed``, ``--seed``: a signed 64-bit int, which ``torch.manual_seed`` and
+``torch.Generator.manual_seed`` take (``random`` takes any int)."""
 RunMode = Literal["sync", "async"]
 """``run.mode``, ``--mode``."""
 BackendName = Literal["local", "ray"]
@@ -100,7 +108,7 @@ class RunConfig(_Section, frozen=True, kw_only=True):
     """
 
     steps: PositiveInt = 60
-    seed: int = 0
+    seed: Seed = 0
     mode: RunMode = "sync"
     out: str | None = None
     device: Device = "auto"
@@ -311,8 +319,7 @@ class AutoscaleConfig(_Section, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         # Decoding the file checks each field's bounds; a policy built in Python (the
         # extension's ScalingPolicy) is not decoded, so it meets the same declared bounds here.
-        for field in msgspec.structs.fields(self):
-            within(field.name, getattr(self, field.name), field.type)
+        check_fields(self)
         if self.min_workers > self.max_workers:
             raise ValueError(
                 f"autoscale.min_workers ({self.min_workers}) is above autoscale.max_workers "
@@ -354,6 +361,9 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     safe_point_timeout_s: Seconds = 30.0
 
     def __post_init__(self) -> None:
+        # msgspec cannot declare "finite": one check over every float of every section,
+        # before any other check does arithmetic with it.
+        check_finite(self)
         self._check_workload()
         rollout = self.rollout
         if rollout.ray_address is not None and rollout.backend != "ray":
@@ -431,26 +441,17 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         return convert(msgspec.structs.replace(self, **sections).to_dict())
 
 
-def within(name: str, value: Any, bounds: Any) -> Any:
-    """``value``, checked against ``bounds`` (one of this module's ``Annotated`` types) as
-    decoding the file checks it: for a setting passed in Python under the name ``name``.
-
-    Raises:
-        ValueError: One line naming it, e.g. ``actor_cpus: expected `float` >= 0.0, got -1``.
-    """
-    try:
-        return msgspec.convert(value, bounds, strict=True)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        raise ValueError(f"{name}: {text[0].lower()}{text[1:]}, got {value!r}") from None
-
-
 def convert(data: dict[str, Any]) -> TrainerConfig:
     """Validate plain data into a :class:`TrainerConfig`.
 
     Raises:
         ConfigError: naming the key and the problem.
     """
+    try:
+        # Before decoding: a bound would reject inf or nan with a misleading message.
+        check_finite(data)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         return msgspec.convert(data, TrainerConfig, strict=True)
     except msgspec.ValidationError as exc:

@@ -6,10 +6,14 @@ the whole ``trainbus`` command line up to the training itself) never pays torch'
 
 from __future__ import annotations
 
+from typing import Annotated
 from typing import Literal
 
 import msgspec
+from msgspec import Meta
 
+from ._bounds import FLOAT32_MAX
+from ._bounds import check_fields
 from ._tasks import VOCAB_SIZE
 
 __all__ = ["Completion", "PPOConfig", "PolicyConfig", "WorkloadError"]
@@ -91,24 +95,20 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         temperature: sampling temperature the behaviour log-probs were recorded at.
     """
 
-    epochs: int = 2
-    minibatch_size: int | None = None
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    dual_clip: float | None = 3.0
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    max_grad_norm: float | None = 1.0
-    temperature: float = 1.0
+    epochs: Annotated[int, Meta(ge=1)] = 2
+    minibatch_size: Annotated[int, Meta(ge=1)] | None = None
+    clip_eps: Annotated[float, Meta(gt=0, lt=1)] = 0.2
+    clip_eps_high: Annotated[float, Meta(gt=0)] | None = None
+    dual_clip: Annotated[float, Meta(gt=1)] | None = 3.0
+    # Loss weights: above float32's range a weight is inf in the loss. A negative KL weight
+    # would silently skip the penalty (it is applied when > 0); a negative entropy weight
+    # minimises entropy (sharpens the policy), which is a choice.
+    kl_coef: Annotated[float, Meta(ge=0, le=FLOAT32_MAX)] = 0.0
+    entropy_coef: Annotated[float, Meta(ge=-FLOAT32_MAX, le=FLOAT32_MAX)] = 0.0
+    max_grad_norm: Annotated[float, Meta(gt=0)] | None = 1.0
+    temperature: Annotated[float, Meta(gt=0)] = 1.0
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if self.minibatch_size is not None and self.minibatch_size < 1:
-            raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size}")
-        if not 0 < self.clip_eps < 1:
-            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        # Decoding the file checks the declared bounds; a PPOConfig built in Python is not
+        # decoded, so it meets the same bounds (and finiteness) here.
+        check_fields(self)

@@ -365,7 +365,7 @@ def test_bad_config_keys_and_values_are_named(tmp_path: Path) -> None:
     cases = {
         "[rollout]\nworkerz = 2\n": "rollout.workerz: unknown key",
         "[rollout]\nworkers = 'two'\n": "rollout.workers: expected `int`, got `str`",
-        "[ppo]\nclip_eps = 3.0\n": "clip_eps must be in (0, 1)",
+        "[ppo]\nclip_eps = 3.0\n": "ppo.clip_eps: expected `float` < 1.0",
         "[task]\nname = 'chess'\n": "unknown task 'chess'",
         "[run\n": "is not valid TOML",
     }

@@ -7,18 +7,26 @@ import sys
 import tomllib
 from pathlib import Path
 
+import msgspec.inspect
 import pytest
 
 from trainer import ConfigError
 from trainer import TrainerConfig
 from trainer import load_config
+from trainer.config._schema import RolloutConfig
 from trainer.config._schema import SelfHealConfig
 from trainer.config._schema import StandbyActors
 from trainer.config._schema import within
 from trainer.config._toml import example_toml
 from trainer.config._toml import to_toml
+from trainer.rl._bounds import MAX_SECONDS
+from trainer.rl._hparams import PPOConfig
+
+from ..runfolder import tiny_toml
+from ..runfolder import trainbus
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+INF, NAN = float("inf"), float("nan")
 
 
 def test_the_shipped_default_example_is_what_config_example_prints() -> None:
@@ -136,3 +144,104 @@ def test_settings_passed_in_python_meet_the_files_bounds() -> None:
     assert within("standby", 2, StandbyActors) == 2
     with pytest.raises(ValueError, match=r"^standby: expected `int` <= 64, got 65$"):
         within("standby", 65, StandbyActors)
+
+
+# Values that passed validation and then crashed the run or trained nothing (QA walk).
+OUT_OF_RANGE = [
+    ("rollout.wait_timeout_s", INF, "rollout.wait_timeout_s: expected a finite `float`, got inf"),
+    ("rollout.poll_interval_s", INF, "rollout.poll_interval_s: expected a finite `float`, got inf"),
+    ("rollout.grace_s", INF, "rollout.grace_s: expected a finite `float`, got inf"),
+    ("rollout.close_timeout_s", INF, "rollout.close_timeout_s: expected a finite `float`, got inf"),
+    (
+        "rollout.close_timeout_s",
+        1e300,
+        f"rollout.close_timeout_s: expected `float` <= {MAX_SECONDS!r}",
+    ),
+    ("run.seed", 99999999999999999999, "run.seed: expected `int` <= 9223372036854775807"),
+    ("run.seed", -(2**63) - 1, "run.seed: expected `int` >= -9223372036854775808"),
+    ("ppo.kl_coef", INF, "ppo.kl_coef: expected a finite `float`, got inf"),
+    ("ppo.kl_coef", 1e300, "ppo.kl_coef: expected `float` <= 3.4028234663852886e+38"),
+    ("ppo.kl_coef", -0.1, "ppo.kl_coef: expected `float` >= 0.0"),
+    ("ppo.entropy_coef", NAN, "ppo.entropy_coef: expected a finite `float`, got nan"),
+    ("ppo.temperature", INF, "ppo.temperature: expected a finite `float`, got inf"),
+    ("ppo.max_grad_norm", 0.0, "ppo.max_grad_norm: expected `float` > 0.0"),
+    ("ppo.clip_eps", 3.0, "ppo.clip_eps: expected `float` < 1.0"),
+    ("safe_point_timeout_s", INF, "safe_point_timeout_s: expected a finite `float`, got inf"),
+    ("diagnose.after_s", NAN, "diagnose.after_s: expected a finite `float`, got nan"),
+    ("rollout.ray_actor_cpus", INF, "rollout.ray_actor_cpus: expected a finite `float`, got inf"),
+    ("task.reward_weights", [INF], "task.reward_weights[0]: expected a finite `float`, got inf"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), OUT_OF_RANGE, ids=lambda v: str(v))
+def test_out_of_range_numbers_are_refused_naming_the_key(
+    key: str, value: object, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides={key: value})
+    assert str(caught.value) == message
+
+
+def _float_keys(node: msgspec.inspect.Type, prefix: str = "") -> list[str]:
+    """The dotted key of every float setting of the schema (optional ones included)."""
+    if isinstance(node, msgspec.inspect.UnionType):
+        return [key for member in node.types for key in _float_keys(member, prefix)]
+    if isinstance(node, msgspec.inspect.FloatType):
+        return [prefix]
+    if isinstance(node, msgspec.inspect.StructType):
+        return [k for f in node.fields for k in _float_keys(f.type, f"{prefix}{f.name}.")]
+    return []
+
+
+FLOAT_KEYS = [key.rstrip(".") for key in _float_keys(msgspec.inspect.type_info(TrainerConfig))]
+
+
+def test_the_schema_has_float_settings_to_check() -> None:
+    assert {"rollout.wait_timeout_s", "ppo.entropy_coef", "safe_point_timeout_s"} <= set(FLOAT_KEYS)
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", [INF, -INF, NAN], ids=str)
+def test_every_float_setting_refuses_what_is_not_a_finite_number(key: str, value: float) -> None:
+    # One rule over every float of the schema, so a new setting is covered by default.
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides={key: value})
+    assert str(caught.value) == f"{key}: expected a finite `float`, got {value!r}"
+
+
+@pytest.mark.parametrize("seed", [-(2**63), -1, 2**63 - 1])
+def test_a_seed_torch_takes_is_accepted(seed: int) -> None:
+    assert load_config(overrides={"run.seed": seed}).run.seed == seed
+
+
+def test_sections_built_in_python_refuse_what_the_file_refuses() -> None:
+    # Where a struct built in Python is checked (PPOConfig, .checked(), the whole config),
+    # it is checked with the file's rule and message.
+    with pytest.raises(ValueError, match=r"^kl_coef: expected a finite `float`, got inf$"):
+        PPOConfig(kl_coef=INF)
+    with pytest.raises(ValueError, match=r"^max_grad_norm: expected `float` > 0.0, got 0.0$"):
+        PPOConfig(max_grad_norm=0.0)
+    with pytest.raises(ValueError, match=r"^grace_s: expected a finite `float`, got inf$"):
+        RolloutConfig.checked(grace_s=INF)
+    with pytest.raises(
+        ValueError, match=r"^rollout.wait_timeout_s: expected a finite `float`, got inf$"
+    ):
+        TrainerConfig(rollout=RolloutConfig(wait_timeout_s=INF))
+
+
+def test_an_infinite_timeout_is_a_usage_error_before_anything_is_written(tmp_path: Path) -> None:
+    config = tiny_toml(tmp_path)
+    done = trainbus("train", "--config", config, "--wait-timeout", "inf", "--out", tmp_path / "run")
+    assert (done.returncode, done.stderr) == (
+        2,
+        "error: rollout.wait_timeout_s: expected a finite `float`, got inf\n",
+    )
+    assert not (tmp_path / "run").exists()
+    config.write_text(
+        config.read_text().replace("[rollout]\n", "[rollout]\nclose_timeout_s = inf\n")
+    )
+    shown = trainbus("config", "show", "--config", config)
+    assert (shown.returncode, shown.stderr) == (
+        2,
+        "error: rollout.close_timeout_s: expected a finite `float`, got inf\n",
+    )

@@ -8,13 +8,23 @@ missing extra is one clear line.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import ModuleType
 
 from ._hparams import WorkloadError
 
-__all__ = ["MissingExtraError", "ModelLoadError", "check_model_folder", "datasets", "transformers"]
+__all__ = [
+    "MissingExtraError",
+    "ModelLoadError",
+    "check_model_folder",
+    "datasets",
+    "load_error",
+    "tokenizer_error",
+    "transformers",
+    "weights_error",
+]
 
 _WEIGHTS = (
     "model.safetensors",
@@ -23,6 +33,10 @@ _WEIGHTS = (
     "pytorch_model.bin.index.json",
 )
 _TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# What a tokenizer is built from (tokenizer_config.json alone only configures one), and the
+# other files a tokenizer folder may hold, for naming what is there.
+_TOKENIZER_SOURCES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+_TOKENIZER_FILES = (*_TOKENIZER, "merges.txt", "vocab.txt", "special_tokens_map.json")
 
 _HINT = "install the Hugging Face extra: pip install 'trainbus[hf]'"
 
@@ -88,3 +102,52 @@ def check_model_folder(path: str | Path) -> Path:
             f"model folder {folder} has no tokenizer (tokenizer.json or tokenizer_config.json)"
         )
     return folder
+
+
+def _one_line(exc: BaseException) -> str:
+    """The whole message of ``exc`` on one line (the libraries' span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def tokenizer_error(folder: Path, exc: BaseException) -> ModelLoadError:
+    """The error for a tokenizer ``transformers`` could not build from ``folder``: a file
+    that is not valid JSON, or the files there when none it is built from is (the library's
+    own reason then lists its internals); else the library's reason, whole."""
+    present = [name for name in _TOKENIZER_FILES if (folder / name).is_file()]
+    for name in present:
+        if name.endswith(".json"):
+            try:
+                json.loads((folder / name).read_text(encoding="utf-8"))
+            except (ValueError, OSError) as bad:
+                return ModelLoadError(
+                    f"cannot build the tokenizer in {folder}: {name} is not valid JSON ({bad})"
+                )
+    if not any(name in present for name in _TOKENIZER_SOURCES):
+        return ModelLoadError(
+            f"cannot build the tokenizer in {folder} from the files there: it has "
+            f"{', '.join(present) or 'no tokenizer files'} but none of "
+            f"{', '.join(_TOKENIZER_SOURCES)}, which a tokenizer is built from (save the "
+            "tokenizer with save_pretrained)"
+        )
+    return ModelLoadError(
+        f"cannot build the tokenizer in {folder} from {', '.join(present)}: {_one_line(exc)}"
+    )
+
+
+def weights_error(folder: Path, exc: BaseException) -> ModelLoadError:
+    """The error for weights that cannot be read: the file (the one ``transformers``
+    prefers), and the reason's first sentence (torch's go on to advice that does not
+    apply to a damaged file)."""
+    name = next((n for n in _WEIGHTS if (folder / n).is_file()), _WEIGHTS[0])
+    which = f"the shards {name} lists" if name.endswith(".index.json") else name
+    reason = _one_line(exc).split(". ")[0].rstrip(".")
+    return ModelLoadError(
+        f"cannot read the weights of {folder}: {which} is damaged, truncated or not a "
+        f"weights file ({reason})"
+    )
+
+
+def load_error(folder: Path, exc: BaseException) -> ModelLoadError:
+    """The error for any other failure to load the model in ``folder`` (a bad config, not a
+    causal LM): the library's whole message, on one line."""
+    return ModelLoadError(f"cannot load the model in {folder}: {_one_line(exc)}")

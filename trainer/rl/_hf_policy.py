@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import pickle
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,10 @@ from torch import nn
 
 from ._hf import ModelLoadError
 from ._hf import check_model_folder
+from ._hf import load_error
+from ._hf import tokenizer_error
 from ._hf import transformers
+from ._hf import weights_error
 from ._hparams import Completion
 from ._hparams import WorkloadError
 from ._policy import Scores
@@ -51,6 +55,14 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but torch sees no CUDA device")
     return torch.device(device)
+
+
+def _weight_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged weights file raises: safetensors' header errors, torch.load's
+    unpickling and zip-archive errors (RuntimeError), a file that ends early."""
+    from safetensors import SafetensorError
+
+    return (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError)
 
 
 class HFPolicy(nn.Module):
@@ -85,20 +97,32 @@ class HFPolicy(nn.Module):
         """Load a model folder written by ``save_pretrained`` (nothing is downloaded).
 
         Raises:
-            ModelLoadError: The folder lacks a config, weights or tokenizer, or does not
-                hold a causal LM (one line naming it).
+            ModelLoadError: The folder lacks a config, weights or tokenizer, one of them
+                cannot be read (naming the file), or it does not hold a causal LM (one
+                line naming it).
         """
         folder = check_model_folder(path)
         hf = transformers()
         target = resolve_device(device) if isinstance(device, str) else device
-        try:
-            with _LOAD_LOCK:
+        # The config first: the tokenizer reads it too, and would take the blame for it.
+        with _LOAD_LOCK:
+            try:
+                config = hf.AutoConfig.from_pretrained(folder, local_files_only=True)
+            except (OSError, ValueError, KeyError) as exc:
+                raise load_error(folder, exc) from None
+            try:
                 tokenizer = hf.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-                model = hf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
-                model = model.to(target)
-        except (OSError, ValueError, KeyError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelLoadError(f"cannot load the model in {folder}: {first}") from None
+            except (OSError, ValueError, KeyError) as exc:
+                raise tokenizer_error(folder, exc) from None
+            try:
+                model = hf.AutoModelForCausalLM.from_pretrained(
+                    folder, config=config, local_files_only=True
+                )
+            except _weight_errors() as exc:
+                raise weights_error(folder, exc) from None
+            except (OSError, ValueError, KeyError) as exc:
+                raise load_error(folder, exc) from None
+            model = model.to(target)
         notices = []
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token

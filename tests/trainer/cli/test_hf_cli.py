@@ -99,6 +99,30 @@ def test_a_model_folder_without_weights_is_named(hf_model: Path, tmp_path: Path)
     assert not (tmp_path / "run").exists()
 
 
+def test_damaged_weights_are_one_line_and_exit_2_with_nothing_written(
+    hf_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import shutil
+
+    from trainer.cli._main import main
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(hf_model, tmp_path / "model")
+    (tmp_path / "model" / "model.safetensors").write_text("garbage\n")
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "12=", "target": "21"}\n')
+    assert main(["train", "--model", "model", *DATA, *EXACT, "--out", "run"]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.strip().splitlines() == [
+        "error: cannot read the weights of model: model.safetensors is damaged, truncated or "
+        "not a weights file (Error while deserializing header: header too large)"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
 def test_bad_workload_commands_exit_2(tmp_path: Path) -> None:
     unknown = trainbus("dataset", "export", "juggle", "x.jsonl", cwd=tmp_path)
     assert unknown.returncode == 2 and "unknown task 'juggle'" in unknown.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,70 @@ def test_a_folder_missing_a_part_names_it(
         HFPolicy.load(folder)
     with pytest.raises(ModelLoadError, match="does not exist"):
         HFPolicy.load(tmp_path / "nowhere")
+
+
+def _write(name: str, data: bytes) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        (folder / name).write_bytes(data)
+
+    return damage
+
+
+def _as_pytorch_bin(data: bytes) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        (folder / "model.safetensors").unlink()
+        (folder / "pytorch_model.bin").write_bytes(data)
+
+    return damage
+
+
+def _without_tokenizer_json(folder: Path) -> None:
+    (folder / "tokenizer.json").unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            _write("model.safetensors", b"garbage\n"),
+            "cannot read the weights of {folder}: model.safetensors is damaged, truncated or "
+            "not a weights file (Error while deserializing header: header too large)",
+        ),
+        (_write("model.safetensors", b""), "model.safetensors is damaged, truncated"),
+        (_as_pytorch_bin(b"garbage\n"), "pytorch_model.bin is damaged, truncated"),
+        (_as_pytorch_bin(b"PK\x03\x04garbage"), "pytorch_model.bin is damaged, truncated"),
+        (
+            _without_tokenizer_json,
+            "cannot build the tokenizer in {folder} from the files there: it has "
+            "tokenizer_config.json but none of tokenizer.json, tokenizer.model, vocab.json, "
+            "which a tokenizer is built from (save the tokenizer with save_pretrained)",
+        ),
+        (
+            _write("tokenizer.json", b"garbage"),
+            "cannot build the tokenizer in {folder}: tokenizer.json is not valid JSON",
+        ),
+        (_write("config.json", b"garbage"), "cannot load the model in {folder}: It looks like"),
+    ],
+    ids=[
+        "garbage-safetensors",
+        "empty-safetensors",
+        "garbage-bin",
+        "garbage-zip-bin",
+        "no-tokenizer-json",
+        "garbage-tokenizer-json",
+        "garbage-config",
+    ],
+)
+def test_a_damaged_file_is_one_line_naming_it(
+    hf_model: Path, tmp_path: Path, damage: Callable[[Path], None], message: str
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(hf_model, folder)
+    damage(folder)
+    with pytest.raises(ModelLoadError) as caught:
+        HFPolicy.load(folder)
+    assert message.format(folder=folder) in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_a_tokenizer_without_a_pad_token_pads_with_eos_and_says_so(

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -18,15 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import NoReturn
-from typing import get_args
 
 from ..rollout._faults import FAULT_HELP
 from ..rollout._faults import FAULTS
 from ._errors import EXIT_USAGE
 from ._errors import UsageError
-from ._runs import add_run_commands
-from ._workload import add_workload_commands
+from ._parser import build_parser
 from ._workload import run_workload_command
 
 if TYPE_CHECKING:
@@ -36,175 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        from ..rl._names import did_you_mean
-
-        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if choice:  # a near miss of a command or a flag's value says which one was meant
-            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
-        for action in self._actions:  # a missing subcommand: name the commands, not the dest
-            if isinstance(action, argparse._SubParsersAction) and message.endswith(action.dest):
-                message = f"expected a command: {', '.join(action.choices)}"
-        raise UsageError(f"{self.prog}: {message}")
-
-
-def _parser() -> argparse.ArgumentParser:
-    # A flag's values are the schema's: a value added there is accepted here.
-    from ..config._schema import BackendName
-    from ..config._schema import Device
-    from ..config._schema import RunMode
-
-    parser = _Parser(prog="trainbus", description="RL trainer runtime with a typed event bus.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    train = commands.add_parser("train", help="train a policy (the main job)")
-    train.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
-    train.add_argument("--steps", dest="run.steps", type=int, metavar="N", help="training steps")
-    train.add_argument("--seed", dest="run.seed", type=int, metavar="S", help="random seed")
-    train.add_argument(
-        "--mode", dest="run.mode", choices=get_args(RunMode), help="on-policy or off-policy"
-    )
-    train.add_argument(
-        "--backend", dest="rollout.backend", choices=get_args(BackendName), help="rollout workers"
-    )
-    train.add_argument(
-        "--workers", dest="rollout.workers", type=int, metavar="N", help="rollout workers"
-    )
-    train.add_argument(
-        "--ray-address",
-        dest="rollout.ray_address",
-        metavar="ADDR",
-        help="join this Ray cluster (with --backend ray), e.g. auto or HEAD_IP:6379",
-    )
-    train.add_argument(
-        "--out",
-        dest="run.out",
-        metavar="DIR",
-        help="run folder; an unfinished run there is resumed",
-    )
-    train.add_argument(
-        "--extension",
-        action="append",
-        default=[],
-        metavar="MODULE:ATTR",
-        help="register an extension class or factory (repeatable)",
-    )
-    train.add_argument(
-        "--export",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="send the run to tensorboard, mlflow, wandb or prometheus[:PORT] (repeatable)",
-    )
-    train.add_argument("--self-heal", action="store_true", help="register SelfHealingExtension")
-    train.add_argument(
-        "--autoscale",
-        metavar="MIN:MAX",
-        help="register AutoscalingExtension: between MIN and MAX rollout workers",
-    )
-    train.add_argument(
-        "--stall-timeout",
-        dest="self_heal.stall_timeout_s",
-        type=float,
-        metavar="S",
-        help="self-healing stall timeout",
-    )
-    train.add_argument(
-        "--wait-timeout",
-        dest="rollout.wait_timeout_s",
-        type=float,
-        metavar="S",
-        help="deadline of any sample wait",
-    )
-    train.add_argument(
-        "--diagnose-after",
-        dest="diagnose.after_s",
-        type=float,
-        metavar="S",
-        help="diagnose a wait without progress for S seconds (StallDiagnosed; 0: off)",
-    )
-    train.add_argument(
-        "--inject",
-        action="append",
-        default=[],
-        metavar="FAULT@STEP",
-        help=f"inject a fault from step STEP on (repeatable); FAULT is one of {', '.join(FAULTS)}"
-        " (--inject help says what each does)",
-    )
-    train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
-    train.add_argument(
-        "--model", dest="model.path", metavar="DIR", help="a Hugging Face causal LM folder"
-    )
-    train.add_argument(
-        "--dataset",
-        dest="task.dataset",
-        metavar="FILE",
-        help="prompts (JSONL, JSON, Parquet, CSV)",
-    )
-    train.add_argument(
-        "--val-dataset", dest="task.val_dataset", metavar="FILE", help="validation prompts"
-    )
-    train.add_argument(
-        "--reward",
-        dest="task.rewards",
-        action="append",
-        metavar="MODULE:FUNC",
-        help="a reward function with TRL's signature (repeatable)",
-    )
-    train.add_argument(
-        "--device",
-        dest="run.device",
-        choices=get_args(Device),
-        help="where the learner runs",
-    )
-    train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
-    train.add_argument("-v", "--verbose", action="store_true", help="log at INFO, with tracebacks")
-
-    report = commands.add_parser("report", help="summary table and plots of a run")
-    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder")
-    report.add_argument("--no-plots", action="store_true", help="only print the table")
-    report.add_argument(
-        "--json", action="store_true", help="print the summary and the table's facts as JSON"
-    )
-
-    events = commands.add_parser("events", help="print a run's event log, typed and readable")
-    events.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or an events.jsonl)")
-    events.add_argument(
-        "--type",
-        action="append",
-        default=[],
-        metavar="T",
-        help="only events of type T (repeatable)",
-    )
-    events.add_argument("--step", type=int, metavar="N", help="only events of step N")
-    events.add_argument(
-        "--worker", metavar="W", help="only events of rollout worker W (e.g. ray-0.1)"
-    )
-    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    events.add_argument("--json", action="store_true", help="pass the JSON lines through")
-
-    config = commands.add_parser("config", help="show or explain the configuration")
-    config_commands = config.add_subparsers(
-        dest="config_command", required=True, parser_class=_Parser
-    )
-    show = config_commands.add_parser("show", help="print the effective configuration (TOML)")
-    show.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
-    config_commands.add_parser("example", help="print a commented example configuration")
-
-    add_run_commands(commands)
-    add_workload_commands(commands)
-
-    bench = commands.add_parser("bench", help="run the benchmark suite and print its tables")
-    bench.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
-    bench.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trainbus`` console script."""
     try:
-        status = _command(_parser().parse_args(argv))
+        status = _command(build_parser().parse_args(argv))
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

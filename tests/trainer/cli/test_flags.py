@@ -14,7 +14,7 @@ from typing import get_type_hints
 import pytest
 
 import trainer.config._schema as schema
-from trainer.cli._main import _parser
+from trainer.cli._parser import build_parser as _parser
 from trainer.config._schema import TrainerConfig
 from trainer.rl._hf_init import init_model
 

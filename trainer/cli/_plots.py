@@ -4,7 +4,8 @@
 penalty is on), ``waits.png`` (sample-wait time per step), both marked where the rollout
 side restarted, a checkpoint was restored or the run resumed; and for ``compare``, the
 reward curves of several runs overlaid. Drawn with matplotlib's Agg canvas: no display, no
-global pyplot state. Each file is written aside and renamed, so a viewer never reads half.
+global pyplot state. Each file is written aside and renamed, so a viewer never reads half;
+a place that cannot take it is one line naming it (:class:`UsageError`), not a traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from eventbus import StepStarted
 
 from ..runtime._fold import REWARD_METRIC
 from ..runtime._fold import WAIT_METRIC
+from ._errors import UsageError
 from ._rundata import RunData
 
 if TYPE_CHECKING:
@@ -192,10 +194,26 @@ def _decorate(ax: Axes, markers: list[Marker]) -> None:
 
 
 def _save(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` to ``path`` (aside, then renamed): every plot of report and compare.
+
+    Raises:
+        UsageError: The path's folder is missing or cannot be written, or the path is a
+            folder (one line naming it; nothing is left behind).
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    if not path.parent.is_dir():
+        what = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UsageError(f"cannot write the plot {path}: its folder {path.parent} {what}")
+    if path.is_dir():
+        raise UsageError(f"cannot write the plot {path}: it is a folder; name a .png file")
     FigureCanvasAgg(figure)
     temporary = path.with_name(f".{path.name}.tmp")
-    figure.savefig(temporary, format="png", dpi=100)
-    temporary.replace(path)
+    try:
+        figure.savefig(temporary, format="png", dpi=100)
+        temporary.replace(path)
+    except OSError as exc:
+        if temporary.is_file():
+            temporary.unlink()
+        raise UsageError(f"cannot write the plot {path}: {exc.strerror or exc}") from None
     return path

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import eventbus as eb
+from trainer.cli._main import main
 from trainer.cli._plots import Marker
 from trainer.cli._plots import restart_markers
 from trainer.cli._plots import write_plots
@@ -376,3 +377,20 @@ def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:
 def test_no_plots_without_a_finished_step(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_bytes(eb.encode_event(eb.FitStarted(seq=1, time=1.0)) + b"\n")
     assert write_plots(load_run(tmp_path)) == []
+
+
+def test_a_plot_the_run_folder_cannot_take_is_one_line_and_status_2(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = copy_run(run_dir, tmp_path)
+    (folder / "reward.png").mkdir()  # what stands where the plot goes
+    assert main(["report", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot write the plot {folder / 'reward.png'}: it is a folder; name a .png file\n"
+    )
+    (folder / "reward.png").rmdir()
+    (folder / ".reward.png.tmp").mkdir()  # the file written aside cannot be written
+    assert main(["report", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write the plot {folder / 'reward.png'}: ")
+    assert len(err.splitlines()) == 1 and not (folder / "reward.png").exists()

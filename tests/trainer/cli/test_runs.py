@@ -109,3 +109,20 @@ def test_compare_needs_two_run_folders(
     assert capsys.readouterr().err == "error: compare: name two or more run folders\n"
     assert main(["compare", str(run_dir), str(tmp_path)]) == 2
     assert "not a run folder" in capsys.readouterr().err
+
+
+def test_a_plot_that_cannot_be_written_is_one_line_and_status_2(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    finished = copy_run(run_dir, tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "plots.png").mkdir()
+    for plot, problem in (
+        (tmp_path / "nowhere" / "x.png", f"its folder {tmp_path / 'nowhere'} does not exist"),
+        (tmp_path / "notes.txt" / "x.png", f"its folder {tmp_path / 'notes.txt'} is not a folder"),
+        (tmp_path / "plots.png", "it is a folder; name a .png file"),
+    ):
+        assert main(["compare", str(finished), str(finished), "--plot", str(plot)]) == 2
+        assert capsys.readouterr().err == f"error: cannot write the plot {plot}: {problem}\n"
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -94,7 +94,11 @@ def run_workload_command(args: argparse.Namespace) -> int:
             return _model_init(args)
         return _dataset_export(args)
     except (WorkloadError, ValueError) as exc:
-        raise UsageError(f"{args.command}: {exc}") from None
+        # init_model's errors already say "model init: ..."; others get the command's name.
+        message = str(exc)
+        if not message.startswith(f"{args.command} "):
+            message = f"{args.command}: {message}"
+        raise UsageError(message) from None
 
 
 def _model_init(args: argparse.Namespace) -> int:

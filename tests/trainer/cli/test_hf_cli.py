@@ -146,7 +146,8 @@ def test_model_init_refuses_a_folder_that_is_not_empty_unless_forced(
     for target in (trained, trained.parent):
         assert main(["model", "init", str(target)]) == 2
         stderr = capsys.readouterr().err
-        assert f"{target} is not empty (it holds " in stderr and "--force" in stderr
+        assert stderr.startswith(f"error: model init: {target} is not empty (it holds ")
+        assert "--force" in stderr
         assert len(stderr.strip().splitlines()) == 1
     assert (trained / "model.safetensors").read_bytes() == weights
     assert main(["model", "init", str(trained), "--force", "--seed", "1"]) == 0

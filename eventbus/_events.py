@@ -206,7 +206,8 @@ class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class FitStarted(Event, frozen=True):
-    """``fit()`` began. ``start_step`` is > 0 when resuming from a checkpoint.
+    """``fit()`` began training: the run folder was read and the rollout workers started.
+    ``start_step`` is > 0 when resuming from a checkpoint.
 
     Attributes:
         run_id: The run's identity, kept across resumes of the same run folder.
@@ -215,6 +216,8 @@ class FitStarted(Event, frozen=True):
         mode: ``"sync"`` (on-policy) or ``"async"`` (off-policy).
         backend: The rollout backend's name (``"local"`` or ``"ray"``).
         resumed: The run continues from a checkpoint.
+        start_s: Seconds ``fit()`` ran before this event (reading the run folder, starting
+            the workers); ``FitFinished.duration_s`` counts from ``time - start_s``.
     """
 
     run_id: str = ""
@@ -223,6 +226,7 @@ class FitStarted(Event, frozen=True):
     mode: str = ""
     backend: str = ""
     resumed: bool = False
+    start_s: float = 0.0
 
 
 class FitFinished(Event, frozen=True):
@@ -230,10 +234,12 @@ class FitFinished(Event, frozen=True):
 
     Attributes:
         step: The last completed step.
-        duration_s: Seconds ``fit()`` took.
+        duration_s: Seconds ``fit()`` took: from ``FitStarted.start_s`` before that event
+            (the workers' start included) to this one (workers stopped, ``AFTER_FIT``).
         stopped_early: A STOP decision (or a stop request) ended the run before its last
             step.
-        reason: Why it stopped early (the deciding votes), empty otherwise.
+        reason: Why it stopped early (a STOP decision's deciding votes, or the stop
+            request's reason, such as ``SIGTERM received``), empty otherwise.
     """
 
     step: int

@@ -43,10 +43,10 @@ if _typing.TYPE_CHECKING:
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
     from .runtime._decisions import RunAborted as RunAborted
-    from .runtime._fold import AttemptSummary as AttemptSummary
-    from .runtime._fold import FitSummary as FitSummary
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
     from .runtime._stall import WaitDeadlineExceeded as WaitDeadlineExceeded
+    from .runtime._summary import AttemptSummary as AttemptSummary
+    from .runtime._summary import FitSummary as FitSummary
     from .runtime._trainer import PPOTrainer as PPOTrainer
     from .runtime._view import TrainerView as TrainerView
     from .runtime.exporters._base import Exporter as Exporter

@@ -316,11 +316,11 @@ def _train(args: argparse.Namespace) -> int:
             f"further, run it again with a larger --steps (e.g. --steps {2 * summary.steps})"
         )
         return 0
-    average = summary.reward_moving_average
+    average, n = summary.reward_moving_average, len(summary.attempts)  # n: resumes + 1
     print(
         f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "
         f"(10-step average {average:.3f}), {count(len(summary.restarts), 'restart')}, "
-        f"{summary.duration_s:.1f} s; run folder {out}"
+        f"{summary.duration_s:.1f} s{f' in {n} attempts' if n > 1 else ''}; run folder {out}"
         if average is not None and summary.final_reward is not None
         else f"{summary.status}: {summary.steps} steps; run folder {out}"
     )

@@ -136,6 +136,7 @@ def render_table(run: RunData) -> Table:
 def _status(run: RunData) -> str:
     s = run.summary
     text = s.status + (f": {s.error}" if s.error else "")
+    text += f": {s.stop_reason}" if s.stop_reason else ""
     if s.status == "running":
         text += "\nno end in the log yet: still going, or killed"
     return text + (f"\nrun id {s.run_id}" if s.run_id else "")
@@ -208,7 +209,12 @@ def _stalls(run: RunData) -> str:
     stalls = run.summary.stalls
     if not stalls:
         return "none"
-    origin = run.events[0].time if run.events else min(s["began"] for s in stalls)
+    # From the run's beginning (a start stall comes before the first FitStarted).
+    origin = min(
+        [s["began"] for s in stalls]
+        + [a.began for a in run.summary.attempts[:1] if a.began]
+        + [e.time for e in run.events[:1]]
+    )
     return "\n".join([str(len(stalls)), *(stall_line(s, origin) for s in stalls)])
 
 

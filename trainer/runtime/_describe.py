@@ -99,7 +99,7 @@ def _fit_finished(e: FitFinished, context: Context) -> str:
 
 def _fit_failed(e: FitFailed, context: Context) -> str:
     if e.error_type == "CancelledError":
-        return f"interrupted at step {e.step}"
+        return f"interrupted at step {e.step}" + (f": {e.message}" if e.message else "")
     return f"failed at step {e.step}: {e.error_type}: {e.message}"
 
 

@@ -11,13 +11,19 @@ the summary means adding a function and a table entry.
 
 *Stalls*: a first ``StallDiagnosed`` (``repeat == 0``) and the repeats after it for the same
 step and stage are one stall; the next event that acts on the wait ends it (a restart of the
-rollout side, a restored checkpoint, the step finishing, the run ending). Diagnoses are
-published only while someone listens, so the trainer's live fold reads them only when
-someone did when ``fit()`` began (a run folder's log always does).
+rollout side, a restored checkpoint, the step finishing, the run ending). A ``start`` stall
+comes before its attempt's ``FitStarted``, which ends it (the workers are up) when it was
+diagnosed after the attempt began (``FitStarted.start_s`` says when); one from before was
+an attempt killed while starting. Diagnoses are published only while someone listens, so
+the trainer's live fold reads them only when someone did when ``fit()`` began (a run
+folder's log always does).
 
 *Attempts*: every ``fit()`` over a run folder (the first, and each resume) is one attempt,
-opened by its ``FitStarted``. ``status``, ``error``, ``start_step`` and ``after_fit_errors``
-are the last attempt's; ``attempts`` lists each one; every other count is the whole run's.
+opened by its ``FitStarted``. It lasts from the beginning of ``fit()`` (``start_s`` before
+its ``FitStarted``: the workers' start included) to its end, the one duration its
+``FitFinished.duration_s`` also gives. ``status``, ``error``, ``stop_reason``,
+``start_step`` and ``after_fit_errors`` are the last attempt's; ``attempts`` lists each one;
+every other count is the whole run's.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ from eventbus import WorkerLost
 
 from ._decisions import interrupts_sample_wait
 from ._metrics import named
+from ._summary import AttemptSummary
+from ._summary import FitSummary
 
 __all__ = ["FOLDS", "AttemptSummary", "FitSummary", "RunFold", "fold_events", "live_events"]
 
@@ -62,97 +70,6 @@ _NO_REQUESTER = "a membership request"  # WorkerRequest.describe() when nobody i
 
 REWARD_METRIC = "reward/mean"
 WAIT_METRIC = "timing_s/wait"
-
-
-class AttemptSummary(msgspec.Struct, kw_only=True):
-    """One attempt of a run: a ``fit()`` over its folder (the first, or a resume).
-
-    Attributes:
-        start_step: The step it started from (its checkpoint's).
-        end_step: The last step it completed.
-        status: ``finished``, ``stopped``, ``failed``, ``interrupted`` (stopped at once),
-            ``killed`` (it ended without a word: the next attempt started) or ``running``
-            (the last attempt, still going or killed).
-        duration_s: Its wall time (for a killed one: up to its last event).
-        error: ``Type: message`` of the error that failed it.
-    """
-
-    start_step: int = 0
-    end_step: int = 0
-    status: str = "running"
-    duration_s: float = 0.0
-    error: str | None = None
-
-
-class FitSummary(msgspec.Struct, kw_only=True):
-    """What a run did, over all its attempts (also written as ``summary.json``).
-
-    Attributes:
-        run_id: Stable across resumes.
-        status: The last attempt's: ``finished``, ``stopped`` (a STOP decision or a stop
-            request), ``interrupted`` (stopped at once), ``failed``, or ``running`` (no end
-            yet: going on, or killed).
-        error: ``Type: message`` of the error that failed the last attempt.
-        steps: Steps completed.
-        start_step: The step the last attempt started from (> 0 after a resume).
-        total_steps: Steps asked for.
-        duration_s: Wall time of all attempts together.
-        final_reward: Mean reward of the last step.
-        reward_moving_average: Mean reward over the last 10 steps.
-        best_reward_moving_average: Best 10-step moving average.
-        restarts: Every restart: rollout-side restarts and checkpoint recoveries, with why.
-        stalls: Every diagnosed stall: ``step``, ``stage``, ``began`` (wall-clock time it
-            began), ``lasted_s`` (until what ended it, or its last diagnosis), ``ended_by``
-            (in words; empty while it lasts), ``diagnoses`` (how many), ``where`` (the last
-            diagnosis's headline: who holds what, stuck where).
-        membership: Every change of the number of rollout workers, applied at a step
-            boundary: step, workers before and after, the extension that asked, why.
-        decisions: Decisions of the safe points the trainer acted on, by point, then by
-            decision. ``sample_wait`` counts only the waits a decision interrupted (the
-            buffers reach it on every unsuccessful poll; the event log has every one).
-        notable_decisions: Every acted-on decision other than CONTINUE, with who asked and
-            why.
-        dropped_rollouts: Results not admitted, by reason (from the batch reports).
-        duplicates: Duplicate results (no-ops).
-        retry_overwrites: Failed rollouts replaced by a successful retry.
-        sample_wait_total_s: Time spent waiting for batches (steps that were redone after
-            a restore included: the time was spent).
-        sample_wait_longest_s: The longest wait for one batch.
-        sample_wait_longest_step: The step of that wait (a failed step's included; None
-            before the first step).
-        checkpoints: Checkpoints written.
-        workers_lost: Rollout workers that died.
-        extension_failures: Extension hook calls that raised.
-        after_fit_errors: Extensions that failed at the last attempt's ``AFTER_FIT``.
-        attempts: Every attempt, oldest first.
-    """
-
-    run_id: str = ""
-    status: str = "running"
-    error: str | None = None
-    steps: int = 0
-    start_step: int = 0
-    total_steps: int = 0
-    duration_s: float = 0.0
-    final_reward: float | None = None
-    reward_moving_average: float | None = None
-    best_reward_moving_average: float | None = None
-    restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    stalls: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    membership: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    decisions: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
-    notable_decisions: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    dropped_rollouts: dict[str, int] = msgspec.field(default_factory=dict)
-    duplicates: int = 0
-    retry_overwrites: int = 0
-    sample_wait_total_s: float = 0.0
-    sample_wait_longest_s: float = 0.0
-    sample_wait_longest_step: int | None = None
-    checkpoints: int = 0
-    workers_lost: int = 0
-    extension_failures: int = 0
-    after_fit_errors: list[str] = msgspec.field(default_factory=list)
-    attempts: list[AttemptSummary] = msgspec.field(default_factory=list)
 
 
 def acted_on(outcome: SafePointOutcome) -> bool:
@@ -186,6 +103,7 @@ class RunFold:
         self._opened_at = 0.0
         self._last_time = 0.0
         self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
+        self._diagnosed_at: dict[int, float] = {}  # id of an open stall -> its last diagnosis
 
     def apply(self, event: Event) -> None:
         """Fold one event (ignored unless the summary depends on it)."""
@@ -193,7 +111,8 @@ class RunFold:
         with self._lock:
             if fold is not None:
                 fold(self, event)
-            self._last_time = max(self._last_time, event.time)
+            if not _before_fit_started(event):  # the next attempt's, not the open one's
+                self._last_time = max(self._last_time, event.time)
 
     def apply_outcome(self, outcome: SafePointOutcome) -> None:
         """Fold a safe point's outcome the trainer received (the bus publishes the same as
@@ -244,20 +163,32 @@ class RunFold:
         if self._open is not None:
             self._open.end_step = step
 
-    def _close_open_attempt(self, status: str, error: str | None, at: float) -> None:
+    def _close_open_attempt(
+        self, status: str, error: str | None, at: float, stop_reason: str | None = None
+    ) -> None:
         attempt = self._open
         if attempt is None:
             return
-        attempt.status, attempt.error = status, error
+        attempt.status, attempt.error, attempt.stop_reason = status, error, stop_reason
         attempt.duration_s = max(0.0, at - self._opened_at)
         self._open = None
         s = self._summary
-        s.status, s.error = status, error
+        s.status, s.error, s.stop_reason = status, error, stop_reason
 
-    def _end_stalls(self, ended_by: str, at: float, step: int | None = None) -> None:
-        """End the open stalls (of steps up to ``step``, when given) with ``ended_by``."""
-        for stall in [s for s in self._open_stalls if step is None or s["step"] <= step]:
+    def _end_stalls(
+        self,
+        ended_by: str,
+        at: float,
+        step: int | None = None,
+        which: Callable[[dict[str, Any]], bool] = lambda stall: True,
+    ) -> None:
+        """End the open stalls (of steps up to ``step``, when given; those ``which``
+        accepts) with ``ended_by``."""
+        for stall in [
+            s for s in self._open_stalls if (step is None or s["step"] <= step) and which(s)
+        ]:
             self._open_stalls.remove(stall)
+            del self._diagnosed_at[id(stall)]
             stall["ended_by"] = ended_by
             stall["lasted_s"] = max(stall["lasted_s"], at - stall["began"])
 
@@ -267,7 +198,9 @@ class RunFold:
         if stall is None or e.repeat == 0:
             if stall is not None:  # a new stall of the same wait: the last one ended
                 self._open_stalls.remove(stall)
-                stall["ended_by"] = "the wait made progress"
+                del self._diagnosed_at[id(stall)]
+                # (a start makes no progress: a new start stall is the next process's)
+                stall["ended_by"] = _KILLED if e.stage == "start" else "the wait made progress"
             stall = {
                 "step": e.step,
                 "stage": e.stage,
@@ -282,19 +215,27 @@ class RunFold:
         stall["diagnoses"] += 1
         stall["lasted_s"] = max(stall["lasted_s"], e.stalled_s)
         stall["where"] = e.headline()
+        self._diagnosed_at[id(stall)] = e.time
 
     def _fit_started(self, e: FitStarted) -> None:
-        # An attempt still open here ended without a word: its process was killed.
-        self._end_stalls("the process ended (killed)", self._last_time)
+        began = e.time - e.start_s  # fit() began: the workers' start is this attempt's
+        # A start stall diagnosed since then was this attempt's, and the workers are up now.
+        self._end_stalls(
+            "the rollout workers started",
+            e.time,
+            which=lambda stall: self._diagnosed_at[id(stall)] >= began,
+        )
+        # What is still open here ended without a word: its process was killed.
+        self._end_stalls(_KILLED, self._last_time)
         self._close_open_attempt("killed", None, self._last_time)
         s = self._summary
         s.run_id = e.run_id or s.run_id
         s.total_steps = e.total_steps
         s.start_step = e.start_step
-        s.status, s.error = "running", None
+        s.status, s.error, s.stop_reason = "running", None, None
         s.after_fit_errors = []
-        self._open = AttemptSummary(start_step=e.start_step, end_step=e.start_step)
-        self._opened_at = e.time
+        self._open = AttemptSummary(start_step=e.start_step, end_step=e.start_step, began=began)
+        self._opened_at = began
         s.attempts.append(self._open)
         self._rewind(e.start_step)
 
@@ -408,16 +349,28 @@ class RunFold:
 
     def _fit_finished(self, e: FitFinished) -> None:
         self._end_stalls("the run ended", e.time)
-        self._close_open_attempt("stopped" if e.stopped_early else "finished", None, e.time)
+        if e.stopped_early:
+            self._close_open_attempt("stopped", None, e.time, e.reason or "stopped early")
+        else:
+            self._close_open_attempt("finished", None, e.time)
 
     def _fit_failed(self, e: FitFailed) -> None:
         # The failed step's wait (its deadline, lost rollouts) cost time no StepFinished has.
         self._count_wait(e.wait_s, e.step)
         self._end_stalls(f"the run failed: {e.error_type}: {e.message}", e.time)
-        if e.error_type == "CancelledError":
-            self._close_open_attempt("interrupted", None, e.time)
+        if e.error_type == "CancelledError":  # the message is the stop's reason, if any
+            self._close_open_attempt("interrupted", None, e.time, e.message or None)
         else:
             self._close_open_attempt("failed", f"{e.error_type}: {e.message}", e.time)
+
+
+_KILLED = "the process ended (killed)"
+
+
+def _before_fit_started(event: Event) -> bool:
+    """Whether ``event`` comes before its attempt's ``FitStarted`` (a diagnosis of the
+    workers' start): it is not the open attempt's last event."""
+    return isinstance(event, StallDiagnosed) and event.stage == "start"
 
 
 FOLDS: dict[type[Event], Callable[[RunFold, Any], None]] = {

@@ -271,6 +271,8 @@ class PPOTrainer:
 
     async def _fit(self) -> FitSummary:
         bus, config = self.bus, self.config
+        # The attempt's one clock: FitStarted.start_s and FitFinished.duration_s count from
+        # here, so the event, summary.json and the report give one duration.
         began = time.perf_counter()
         resumed = self.state.resume(self.out_dir)
         start_step = self.step
@@ -300,6 +302,7 @@ class PPOTrainer:
                         mode=config.run.mode,
                         backend=self.backend.name,
                         resumed=start_step > 0,
+                        start_s=time.perf_counter() - began,
                     )
                 )
             if resumed is not None:
@@ -393,12 +396,19 @@ class PPOTrainer:
                     FitFailed(
                         step=self._active_step or self.step,
                         error_type=type(error).__name__,
-                        message=str(error),
+                        message=self._failure_message(error),
                         wait_s=self._waiting.elapsed(),
                     )
                 )
         except Exception:
             logger.exception("publishing FitFailed failed")
+
+    def _failure_message(self, error: BaseException) -> str:
+        """The error's message; for a stop that cancelled ``fit()`` at once (which has
+        none), the stop's reason."""
+        if isinstance(error, asyncio.CancelledError) and self._stop_requested is not None:
+            return str(error) or self._stop_requested
+        return str(error)
 
     async def _train_step(self) -> None:
         bus, config, learner = self.bus, self.config, self.learner

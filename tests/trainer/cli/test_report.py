@@ -293,6 +293,45 @@ def test_the_longest_wait_names_its_step_even_when_the_step_failed() -> None:
     assert rows["sample waits"] == "11.20 s total, longest 9.00 s (step 4)"
 
 
+def test_an_attempt_lasts_from_the_beginning_of_fit_as_its_fit_finished_says() -> None:
+    # The workers took 8.8 s to start (Ray); FitFinished times the whole fit().
+    events = [
+        eb.FitStarted(run_id="d", total_steps=4, start_s=8.8, seq=1, time=108.8),
+        eb.StepFinished(step=4, seq=2, time=112.0),
+        eb.FitFinished(step=4, duration_s=13.9, seq=3, time=113.9),
+    ]
+    s = fold_events(events).summary()
+    assert s.attempts[0].duration_s == pytest.approx(13.9)
+    assert s.duration_s == pytest.approx(13.9)
+    assert dict(table_rows(RunData(Path("x"), summary=s)))["time"] == "13.9 s"
+
+
+@pytest.mark.parametrize(
+    ("end", "status", "reason"),
+    [
+        (eb.FitFinished(step=2, stopped_early=True, reason="SIGTERM"), "stopped", "SIGTERM"),
+        (
+            eb.FitFailed(step=3, error_type="CancelledError", message="Ctrl-C"),
+            "interrupted",
+            "Ctrl-C",
+        ),
+    ],
+)
+def test_the_reason_of_a_stop_is_in_the_summary_and_the_report(
+    end: eb.Event, status: str, reason: str
+) -> None:
+    events = [eb.FitStarted(run_id="s", total_steps=9, seq=1, time=1.0), end]
+    fold = fold_events(events)
+    s = fold.summary()
+    assert (s.status, s.stop_reason, s.error) == (status, reason, None)
+    assert s.attempts[-1].stop_reason == reason
+    rows = dict(table_rows(RunData(Path("x"), summary=s, fold=fold)))
+    assert rows["status"].splitlines()[0] == f"{status}: {reason}"
+    # A resume starts afresh: its own stop, if any, is the one the summary names.
+    resumed = fold_events([*events, eb.FitStarted(run_id="s", start_step=2, time=9.0)])
+    assert resumed.summary().stop_reason is None
+
+
 def test_table_rows_of_a_run_without_steps() -> None:
     fold = fold_events([eb.FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)])
     rows = dict(table_rows(RunData(Path("x"), summary=fold.summary(), fold=fold)))

@@ -5,8 +5,10 @@ and counts down to the self-healing stall timeout."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import msgspec
+import pytest
 from rich.console import Console
 
 from eventbus import EventBus
@@ -28,6 +30,8 @@ from trainer import load_config
 from trainer.cli._inspect import format_entry
 from trainer.cli._live import LiveProgress
 from trainer.cli._report import stall_line
+from trainer.cli._report import table_rows
+from trainer.cli._rundata import RunData
 from trainer.runtime._describe import describe
 from trainer.runtime._fold import fold_events
 
@@ -136,6 +140,50 @@ def test_a_stall_inside_another_wait_and_the_wait_end_together() -> None:
     assert [(s["stage"], s["ended_by"], s["lasted_s"]) for s in stalls] == [
         ("rollouts", "rollout side restarted (1 rollouts reissued)", 6.0),
         ("restart", "rollout side restarted (1 rollouts reissued)", 2.0),
+    ]
+
+
+START = msgspec.structs.replace(DIAGNOSIS, step=0, stage="start", stuck=(), repeat=0)
+
+
+def test_a_slow_start_that_then_succeeds_is_a_stall_the_workers_starting_ended() -> None:
+    # fit() began at 100.0; starting the workers (Ray: ~6 s) was diagnosed twice, then the
+    # workers were up and FitStarted said the start took 6.4 s.
+    events = [
+        at(START, 101.5, 0, 1.5),
+        at(START, 106.0, 1, 6.0),
+        FitStarted(run_id="r", total_steps=4, start_s=6.4, time=106.4),
+        StepFinished(step=1, time=107.0),
+    ]
+    summary = fold_events(events).summary()
+    [stall] = summary.stalls
+    assert (stall["ended_by"], stall["diagnoses"]) == ("the rollout workers started", 2)
+    assert stall["lasted_s"] == pytest.approx(6.4)  # until the workers were up
+    assert summary.attempts[0].began == pytest.approx(100.0)
+    rows = dict(table_rows(RunData(Path("x"), summary=summary, events=events)))
+    [line] = rows["stalls"].splitlines()[1:]
+    assert line.startswith("step 0 start at +0.0 s, 6.4 s: ")  # from the run's beginning
+    assert line.endswith("; the rollout workers started")
+
+
+def test_a_start_that_never_ended_was_killed_and_the_next_attempt_starts_afresh() -> None:
+    events = [
+        FitStarted(run_id="r", total_steps=4, start_s=1.0, time=11.0),
+        StepFinished(step=1, time=12.0),  # then the process was killed
+        # The second attempt was killed while starting its workers; the third's start is
+        # slow (the same stage at the same step: a new stall), then the workers are up.
+        at(msgspec.structs.replace(START, step=1), 30.0, 0, 2.0),
+        at(msgspec.structs.replace(START, step=1), 51.0, 0, 2.0),
+        FitStarted(run_id="r", start_step=1, total_steps=4, start_s=4.0, time=53.0),
+    ]
+    summary = fold_events(events).summary()
+    assert [(s["began"], s["ended_by"]) for s in summary.stalls] == [
+        (28.0, "the process ended (killed)"),
+        (49.0, "the rollout workers started"),
+    ]
+    assert [(a.status, a.duration_s) for a in summary.attempts] == [
+        ("killed", pytest.approx(2.0)),  # from fit() (10.0) to its last event
+        ("running", pytest.approx(4.0)),
     ]
 
 

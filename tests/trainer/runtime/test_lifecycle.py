@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,13 @@ async def test_request_stop_finishes_the_current_step_saves_and_stops(tmp_path: 
     fit.register_runtime_extension(voter)
     summary = await fit.fit()
     assert summary.status == "stopped"
+    assert summary.stop_reason == "operator asked"
+    assert json.loads((tmp_path / "summary.json").read_text())["stop_reason"] == "operator asked"
+    # One duration: FitFinished's is the summary's, from the beginning of fit().
+    [started] = [e for e in voter.events if isinstance(e, eb.FitStarted)]
+    [finished] = [e for e in voter.events if isinstance(e, eb.FitFinished)]
+    assert started.start_s > 0
+    assert summary.duration_s == pytest.approx(finished.duration_s, abs=0.01)
     assert 2 <= summary.steps < 50
     assert (tmp_path / "checkpoints" / f"step-{summary.steps:08d}.pt").exists()
     assert voter.points_seen()[-1] is eb.SafePoint.AFTER_FIT
@@ -263,7 +271,8 @@ async def test_request_stop_now_cancels_the_run_but_still_cleans_up(tmp_path: Pa
     with pytest.raises(asyncio.CancelledError):
         await fit.fit()
     assert voter.points_seen()[-1] is eb.SafePoint.AFTER_FIT
-    assert '"status": "interrupted"' in (tmp_path / "summary.json").read_text()
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert (written["status"], written["stop_reason"]) == ("interrupted", "operator insists")
     assert fit.backend.statistics().workers == 0  # the workers were stopped
 
 

@@ -1,0 +1,115 @@
+"""What a run did, as ``summary.json`` holds it: :class:`FitSummary` and its attempts.
+
+The structs only; :mod:`trainer.runtime._fold` builds them from the run's events (the one
+place that decides each field).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["AttemptSummary", "FitSummary"]
+
+
+class AttemptSummary(msgspec.Struct, kw_only=True):
+    """One attempt of a run: a ``fit()`` over its folder (the first, or a resume).
+
+    Attributes:
+        start_step: The step it started from (its checkpoint's).
+        end_step: The last step it completed.
+        status: ``finished``, ``stopped``, ``failed``, ``interrupted`` (stopped at once),
+            ``killed`` (it ended without a word: the next attempt started) or ``running``
+            (the last attempt, still going or killed).
+        began: Wall-clock time ``fit()`` began (before the workers started).
+        duration_s: Its wall time from ``began`` (for a killed one: up to its last event).
+        error: ``Type: message`` of the error that failed it.
+        stop_reason: Why it stopped early (``stopped``, ``interrupted``): the stop
+            request's reason (``SIGTERM received``) or the STOP decision's votes.
+    """
+
+    start_step: int = 0
+    end_step: int = 0
+    status: str = "running"
+    began: float = 0.0
+    duration_s: float = 0.0
+    error: str | None = None
+    stop_reason: str | None = None
+
+
+class FitSummary(msgspec.Struct, kw_only=True):
+    """What a run did, over all its attempts (also written as ``summary.json``).
+
+    Attributes:
+        run_id: Stable across resumes.
+        status: The last attempt's: ``finished``, ``stopped`` (a STOP decision or a stop
+            request), ``interrupted`` (stopped at once), ``failed``, or ``running`` (no end
+            yet: going on, or killed).
+        error: ``Type: message`` of the error that failed the last attempt.
+        stop_reason: Why the last attempt stopped early (status ``stopped`` or
+            ``interrupted``): the stop request's reason (``SIGTERM received``,
+            ``SIGINT received``) or the STOP decision's deciding votes (also in
+            ``notable_decisions``).
+        steps: Steps completed.
+        start_step: The step the last attempt started from (> 0 after a resume).
+        total_steps: Steps asked for.
+        duration_s: Wall time of all attempts together, each from the beginning of its
+            ``fit()`` (the workers' start included) to its end.
+        final_reward: Mean reward of the last step.
+        reward_moving_average: Mean reward over the last 10 steps.
+        best_reward_moving_average: Best 10-step moving average.
+        restarts: Every restart: rollout-side restarts and checkpoint recoveries, with why.
+        stalls: Every diagnosed stall: ``step``, ``stage``, ``began`` (wall-clock time it
+            began), ``lasted_s`` (until what ended it, or its last diagnosis), ``ended_by``
+            (in words; empty while it lasts), ``diagnoses`` (how many), ``where`` (the last
+            diagnosis's headline: who holds what, stuck where).
+        membership: Every change of the number of rollout workers, applied at a step
+            boundary: step, workers before and after, the extension that asked, why.
+        decisions: Decisions of the safe points the trainer acted on, by point, then by
+            decision. ``sample_wait`` counts only the waits a decision interrupted (the
+            buffers reach it on every unsuccessful poll; the event log has every one).
+        notable_decisions: Every acted-on decision other than CONTINUE, with who asked and
+            why.
+        dropped_rollouts: Results not admitted, by reason (from the batch reports).
+        duplicates: Duplicate results (no-ops).
+        retry_overwrites: Failed rollouts replaced by a successful retry.
+        sample_wait_total_s: Time spent waiting for batches (steps that were redone after
+            a restore included: the time was spent).
+        sample_wait_longest_s: The longest wait for one batch.
+        sample_wait_longest_step: The step of that wait (a failed step's included; None
+            before the first step).
+        checkpoints: Checkpoints written.
+        workers_lost: Rollout workers that died.
+        extension_failures: Extension hook calls that raised.
+        after_fit_errors: Extensions that failed at the last attempt's ``AFTER_FIT``.
+        attempts: Every attempt, oldest first.
+    """
+
+    run_id: str = ""
+    status: str = "running"
+    error: str | None = None
+    stop_reason: str | None = None
+    steps: int = 0
+    start_step: int = 0
+    total_steps: int = 0
+    duration_s: float = 0.0
+    final_reward: float | None = None
+    reward_moving_average: float | None = None
+    best_reward_moving_average: float | None = None
+    restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    stalls: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    membership: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    decisions: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    notable_decisions: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    dropped_rollouts: dict[str, int] = msgspec.field(default_factory=dict)
+    duplicates: int = 0
+    retry_overwrites: int = 0
+    sample_wait_total_s: float = 0.0
+    sample_wait_longest_s: float = 0.0
+    sample_wait_longest_step: int | None = None
+    checkpoints: int = 0
+    workers_lost: int = 0
+    extension_failures: int = 0
+    after_fit_errors: list[str] = msgspec.field(default_factory=list)
+    attempts: list[AttemptSummary] = msgspec.field(default_factory=list)

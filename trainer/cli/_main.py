@@ -20,6 +20,8 @@ from typing import Any
 
 from ..rollout._faults import FAULT_HELP
 from ..rollout._faults import FAULTS
+from ..runtime._runlock import RunFolderError
+from ..runtime._runlock import check_unowned
 from ._errors import EXIT_USAGE
 from ._errors import UsageError
 from ._parser import build_parser
@@ -37,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = _command(build_parser().parse_args(argv))
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
-    except UsageError as exc:
+    except (UsageError, RunFolderError) as exc:  # (refused before anything was written)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -206,8 +208,8 @@ def _link_latest(folder: Path) -> None:
 
 
 def _check_run_folder(out: Path) -> None:
-    """Refuse, before anything is loaded or written, a run folder that cannot be one: a file
-    there or at one of its parents."""
+    """Refuse, before anything is loaded or written, a run folder that cannot be one (a file
+    there or at one of its parents) or that another run trains in (RunFolderInUse)."""
     for path in (out, *out.parents):
         if path.exists() and not path.is_dir():
             raise UsageError(
@@ -215,6 +217,7 @@ def _check_run_folder(out: Path) -> None:
                 if path != out
                 else f"--out {out}: that is a file, not a folder; choose another --out"
             )
+    check_unowned(out)
 
 
 def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | None) -> PPOTrainer:
@@ -298,6 +301,8 @@ def _train(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print(f"interrupted; run folder {out} (the same --out resumes)", file=sys.stderr)
         return 130
+    except RunFolderError:
+        raise
     except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)
         if not view.failure_shown:  # failed before the view could say so
             print(f"trainbus train: failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckpointError", "CheckpointStore", "StoredCheckpoint"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointStore",
+    "NoCheckpointLoads",
+    "StoredCheckpoint",
+    "UnreadableCheckpoint",
+]
 
 logger = logging.getLogger("trainbus.checkpoint")
 
@@ -35,6 +41,35 @@ _TMP_SUFFIX = ".tmp"
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read."""
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint file that does not load.
+
+    Attributes:
+        path: The file.
+        reason: Why, in a few words.
+    """
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"unreadable checkpoint {path}: {reason}")
+
+
+class NoCheckpointLoads(CheckpointError):
+    """There are checkpoints, and none of them loads.
+
+    Attributes:
+        unreadable: The checkpoints that could not be read, newest first.
+    """
+
+    def __init__(self, where: str, unreadable: list[UnreadableCheckpoint]) -> None:
+        self.unreadable = unreadable
+        newest = unreadable[0]
+        super().__init__(
+            f"no checkpoint in {where} loads ({len(unreadable)} unreadable; "
+            f"the newest, {newest.path.name}: {newest.reason})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,19 +187,32 @@ class CheckpointStore:
         return temporary
 
     def load_latest(self) -> tuple[StoredCheckpoint, dict[str, Any]] | None:
-        """The newest checkpoint that loads, or None when there is none.
+        """The newest checkpoint that loads, or None when there is no checkpoint.
 
         A checkpoint that fails to load (it should not happen, thanks to the atomic rename,
-        but disks do fail) is logged and skipped in favour of the one before it.
+        but disks do fail) is skipped in favour of the one before it, and logged once one
+        loads.
+
+        Raises:
+            NoCheckpointLoads: There are checkpoints and none of them loads.
         """
         self._remove_partial_writes()
+        skipped: list[UnreadableCheckpoint] = []
         for stored in reversed(self.list()):
             try:
                 if self.folder is None:
-                    return stored, _load(io.BytesIO(self._memory[stored.step]), stored.path)
-                return stored, self.load(stored.path)
-            except CheckpointError as exc:
-                logger.error("skipping unreadable checkpoint %s: %s", stored.path, exc)
+                    state = _load(io.BytesIO(self._memory[stored.step]), stored.path)
+                else:
+                    state = self.load(stored.path)
+            except UnreadableCheckpoint as exc:
+                skipped.append(exc)
+                continue
+            for unreadable in skipped:
+                logger.error("skipping %s", unreadable)
+            return stored, state
+        if skipped:
+            where = str(self.folder) if self.folder is not None else "memory"
+            raise NoCheckpointLoads(where, skipped)
         return None
 
     @staticmethod
@@ -196,10 +244,32 @@ def _load(source: str | Path | io.BytesIO, name: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {name}: {exc}") from exc
+        raise UnreadableCheckpoint(name, _why_unreadable(exc)) from exc
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {name} does not hold a dict")
+        raise UnreadableCheckpoint(name, "it does not hold a dict")
     return state
+
+
+def _why_unreadable(error: BaseException) -> str:
+    """Why torch could not load a checkpoint, in a few words. torch's own text for a file
+    its weights-only loader rejects suggests loading it with ``weights_only=False`` and
+    filing an issue: for a corrupt file that is the wrong advice, so only its detail is kept.
+    """
+    if isinstance(error, EOFError):
+        return "it is empty or cut short"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+    if detail is not None:
+        what = detail.group(1).strip()
+        if what.startswith("Unsupported global"):
+            return f"it holds objects other than tensors and plain data ({what})"
+        return f"it is corrupt, or not a torch checkpoint ({what.lower()})"
+    if "zip archive" in text:
+        return "it is corrupt or cut short (not a complete zip archive)"
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -16,6 +16,7 @@ from eventbus import SafePoint
 
 from ..rollout._backend import RolloutBackend
 from ..rollout._logs import ALSO_AN_EVENT
+from ._checkpoint import NoCheckpointLoads
 from ._decisions import Action
 from ._state import RunState
 from ._steering import Steering
@@ -99,7 +100,11 @@ class Recovery:
             return False
         self.used += 1
         state, learner, driver = self.state, self.state.learner, self.state.driver
-        latest = state.store.load_latest()
+        try:
+            latest = state.store.load_latest()
+        except NoCheckpointLoads as exc:
+            logger.error("no checkpoint to restore from: %s", exc)
+            return False
         if latest is None:
             logger.error("no checkpoint to restore from")
             return False

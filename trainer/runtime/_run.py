@@ -6,9 +6,10 @@ file the run appends to (``metrics.jsonl``, ``events.jsonl``) is cut back to its
 complete line before the next attempt appends, so a resumed run never glues its first line
 onto half of an old one, and no reader ever trips over the fragment.
 
-While ``fit()`` runs, :meth:`RunFolder.recording` keeps the run's record: ``events.jsonl``
-(every event, appended) and the live fold of the summary, which starts from the earlier
-attempts' events, so the summary is always the whole run's.
+While ``fit()`` runs, :meth:`RunFolder.recording` owns the folder (its lock, see
+:mod:`._runlock`: a second trainer there is refused before anything is written) and keeps
+the run's record: ``events.jsonl`` (every event, appended) and the live fold of the summary,
+which starts from the earlier attempts' events, so the summary is always the whole run's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from eventbus import read_events
 from ._fold import FitSummary
 from ._fold import RunFold
 from ._fold import fold_events
+from ._runlock import RunFolderLock
 
 __all__ = [
     "EVENTS_FILE",
@@ -117,10 +119,11 @@ class RunFolder:
     def recording(
         self, bus: EventBus, fold: RunFold, *, diagnosed: bool
     ) -> Iterator[tuple[RunFold, Subscription]]:
-        """Record the run on ``bus`` while the block runs: the folder made and repaired, the
-        event log appended to, and the fold of the run's events following the live ones
-        (diagnoses only when ``diagnosed``, i.e. someone else listens for them: listening
-        turns diagnosis on; see :func:`~._fold.live_events`).
+        """Record the run on ``bus`` while the block runs: the folder made, locked (this
+        trainer owns it until the block ends) and repaired, the event log appended to, and
+        the fold of the run's events following the live ones (diagnoses only when
+        ``diagnosed``, i.e. someone else listens for them: listening turns diagnosis on; see
+        :func:`~._fold.live_events`).
 
         Args:
             bus: The trainer's bus.
@@ -130,11 +133,15 @@ class RunFolder:
 
         Yields:
             The fold and the subscription that feeds it (:meth:`RunFold.drain`).
+
+        Raises:
+            RunFolderInUse: Another trainer owns the folder (nothing was written).
         """
-        sink, jsonl = None, None
+        sink, jsonl, lock = None, None, None
         try:
             if self.out_dir is not None:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
+                lock = RunFolderLock(self.out_dir)
+                lock.acquire()
                 self.repair()
                 fold = fold_events(self.earlier_events())
                 jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
@@ -149,6 +156,8 @@ class RunFolder:
                 sink.close()
             if jsonl is not None:
                 jsonl.close()
+            if lock is not None:
+                lock.release()  # last: the log is complete before another trainer may append
 
     def rewind_metrics(self, step: int) -> None:
         """Keep only the lines of steps up to ``step``: the steps after it will be redone,

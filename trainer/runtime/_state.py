@@ -39,9 +39,11 @@ from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
 from ..rollout._driver import RolloutDriver
 from ._checkpoint import CheckpointStore
+from ._checkpoint import NoCheckpointLoads
 from ._checkpoint import StoredCheckpoint
 from ._learner import Learner
 from ._run import RunFolder
+from ._runlock import RunFolderError
 from ._stall import Stages
 from ._stall import WaitDeadlineExceeded
 
@@ -175,6 +177,7 @@ class RunState:
             The checkpoint and the prompts in flight at it, or None when nothing was resumed.
 
         Raises:
+            RunFolderError: The folder holds checkpoints and none of them loads.
             RuntimeError: The folder holds another run (resume off) or one of another model.
         """
         if out_dir is None:
@@ -188,7 +191,14 @@ class RunState:
                     f"use another run folder"
                 )
             return None
-        latest = self.store.load_latest()
+        try:
+            latest = self.store.load_latest()
+        except NoCheckpointLoads as exc:
+            # Starting afresh here would add a second run (another run id) to the folder's
+            # record, and its report would add the two up.
+            raise RunFolderError(
+                f"{exc}; use another run folder (--out), or move the checkpoints away to start over"
+            ) from exc
         if latest is None:
             return None
         stored, state = latest

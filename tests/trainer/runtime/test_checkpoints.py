@@ -19,6 +19,7 @@ from eventbus import StepFinished
 from eventbus import read_events
 from trainer import CheckpointStore
 from trainer import PPOTrainer
+from trainer.runtime._checkpoint import NoCheckpointLoads
 
 from ..helpers import tiny_config
 
@@ -88,13 +89,44 @@ def test_keep_prunes_old_checkpoints_and_memory_mode_works(tmp_path: Path) -> No
     assert loaded[0].step == 5
 
 
-def test_an_unreadable_checkpoint_is_skipped_for_the_one_before(tmp_path: Path) -> None:
+def test_an_unreadable_checkpoint_is_skipped_for_the_one_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = CheckpointStore(tmp_path)
     store.save(1, {"step": 1})
     (tmp_path / "step-00000002.pt").write_bytes(b"not a checkpoint")
     loaded = store.load_latest()
     assert loaded is not None
     assert loaded[0].step == 1
+    (skipped,) = [r.getMessage() for r in caplog.records if r.name == "trainbus.checkpoint"]
+    assert skipped.startswith(f"skipping unreadable checkpoint {tmp_path / 'step-00000002.pt'}: ")
+    assert "corrupt" in skipped and "\n" not in skipped
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"garbage\n", "it is corrupt, or not a torch checkpoint (unsupported operand 103)"),
+        (b"", "it is empty or cut short"),
+        (b"PK\x03\x04" + bytes(100), "it is corrupt or cut short (not a complete zip archive)"),
+    ],
+)
+def test_when_no_checkpoint_loads_the_store_says_so_and_why_in_a_line(
+    tmp_path: Path, content: bytes, why: str
+) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"step": 1})
+    store.save(2, {"step": 2})
+    for stored in store.list():
+        stored.path.write_bytes(content)
+    with pytest.raises(NoCheckpointLoads) as none:
+        store.load_latest()
+    assert len(none.value.unreadable) == 2
+    # torch's advice (load with weights_only=False, file an issue) is wrong for a bad file.
+    assert str(none.value) == (
+        f"no checkpoint in {tmp_path} loads (2 unreadable; the newest, step-00000002.pt: {why})"
+    )
+    assert CheckpointStore(tmp_path / "empty").load_latest() is None  # none at all: a new run
 
 
 class Counter:

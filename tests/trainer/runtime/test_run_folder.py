@@ -4,6 +4,7 @@ and torn files, driven as a user drives them (``python -m trainer`` subprocesses
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -26,6 +27,8 @@ from eventbus.testing import ScriptedVoter
 from trainer import FaultInjector
 from trainer import PPOTrainer
 from trainer.cli._rundata import load_run
+from trainer.runtime._runlock import LOCK_FILE
+from trainer.runtime._runlock import RunFolderLock
 
 from ..helpers import tiny_config
 from ..runfolder import events_of
@@ -77,12 +80,58 @@ def test_the_summary_of_a_killed_and_resumed_run_covers_the_whole_run(tmp_path: 
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file below ``folder``: its bytes and modification time."""
+    """Every file below ``folder`` but its lock (who owns it, not what it recorded): its
+    bytes and modification time."""
     return {
         str(path.relative_to(folder)): (path.read_bytes(), path.stat().st_mtime_ns)
         for path in sorted(folder.rglob("*"))
-        if path.is_file()
+        if path.is_file() and path.name != LOCK_FILE
     }
+
+
+def test_a_second_train_on_a_live_run_folder_is_refused_and_readers_still_read(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps", "2")
+    assert trainbus(*args, cwd=tmp_path).returncode == 0
+    before = snapshot(out)
+    with RunFolderLock(out):  # this process stands for the live run
+        second = trainbus(*args[:-1], "4", cwd=tmp_path)
+        assert second.returncode == 2
+        assert second.stderr == (
+            f"error: run folder {out} is in use by another trainbus run (pid {os.getpid()}); "
+            f"wait for it to end or use another run folder (--out)\n"
+        )
+        assert second.stdout == ""
+        assert snapshot(out) == before
+        for reader in (("report", out), ("runs", tmp_path), ("events", out)):
+            read = trainbus(*reader, cwd=tmp_path)
+            assert read.returncode == 0, (reader, read.stderr)
+    # Once the first has ended, the same command resumes the folder.
+    resumed = trainbus(*args[:-1], "4", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary_of(out)["steps"] == 4
+
+
+def test_a_folder_none_of_whose_checkpoints_loads_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps")
+    assert trainbus(*args, "4", cwd=tmp_path).returncode == 0
+    stored = sorted((out / "checkpoints").glob("step-*.pt"))
+    for path in stored:
+        path.write_text("garbage\n")
+    before = snapshot(out)
+
+    again = trainbus(*args, "6", cwd=tmp_path)
+    assert again.returncode == 2
+    assert again.stderr == (
+        f"error: no checkpoint in {out / 'checkpoints'} loads ({len(stored)} unreadable; the "
+        f"newest, {stored[-1].name}: it is corrupt, or not a torch checkpoint (unsupported "
+        f"operand 103)); use another run folder (--out), or move the checkpoints away to "
+        f"start over\n"
+    )
+    assert snapshot(out) == before  # no second run (nor run id) in the folder
 
 
 def test_a_finished_run_comes_out_of_a_rerun_unchanged(tmp_path: Path) -> None:

@@ -302,7 +302,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"interrupted; run folder {out} (the same --out resumes)", file=sys.stderr)
         return 130
     except RunFolderError:
-        raise
+        raise  # refused before anything was written: bad input, exit 2 (main)
     except Exception as exc:  # noqa: BLE001  (the run failed: say so, exit 1)
         if not view.failure_shown:  # failed before the view could say so
             print(f"trainbus train: failed: {type(exc).__name__}: {exc}", file=sys.stderr)

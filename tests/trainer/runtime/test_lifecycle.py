@@ -150,6 +150,26 @@ async def test_terminal_failure_with_restart_restores_the_checkpoint_and_continu
     assert recovery["error"] == "InjectedFault: injected step-error at step 3"
 
 
+async def test_with_no_checkpoint_that_loads_a_recovery_lets_the_original_error_surface(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    faults = FaultInjector.parse(["step-error@3"])
+    fit = PPOTrainer(tiny_config(run__steps=4), out_dir=tmp_path, faults=faults)
+
+    def damage(step: int, path: Path, abandoned: object) -> None:
+        path.write_text("garbage")  # each checkpoint (steps 0 and 2) on its way to the disk
+
+    fit.checkpoints.before_rename = damage
+    voter = ScriptedVoter({eb.SafePoint.TERMINAL_FAILURE: [(eb.Decision.RESTART_REQUIRED, "heal")]})
+    fit.register_runtime_extension(voter)
+    with pytest.raises(InjectedFault, match="step-error at step 3"):
+        await fit.fit()
+    assert (
+        f"no checkpoint to restore from: no checkpoint in {tmp_path / 'checkpoints'} loads "
+        f"(2 unreadable; the newest, step-00000002.pt: it is corrupt"
+    ) in caplog.text
+
+
 async def test_without_a_recovery_vote_the_original_error_surfaces() -> None:
     faults = FaultInjector.parse(["step-error@2"])
     fit = PPOTrainer(tiny_config(run__steps=4), faults=faults)

@@ -177,8 +177,8 @@ class RunState:
             The checkpoint and the prompts in flight at it, or None when nothing was resumed.
 
         Raises:
-            RunFolderError: The folder holds checkpoints and none of them loads.
-            RuntimeError: The folder holds another run (resume off) or one of another model.
+            RunFolderError: The folder holds another run (resume off), checkpoints none of
+                which loads, or checkpoints of another model.
         """
         if out_dir is None:
             return None
@@ -186,9 +186,9 @@ class RunState:
             if self.store.list():
                 # A fresh run here would mix its checkpoints, metrics and events with the
                 # old run's (and a recovery could restore the old run's weights).
-                raise RuntimeError(
+                raise RunFolderError(
                     f"{out_dir} already holds a run and checkpoint.resume is off; "
-                    f"use another run folder"
+                    f"use another run folder (--out)"
                 )
             return None
         try:
@@ -203,10 +203,16 @@ class RunState:
             return None
         stored, state = latest
         saved_model = state.get("config", {}).get("model")
-        if saved_model is not None and saved_model != msgspec.to_builtins(self.config.model):
-            raise RuntimeError(
-                f"the checkpoint in {stored.path.parent} is for a different model "
-                f"({saved_model}); use another --out folder"
+        model = msgspec.to_builtins(self.config.model)
+        if saved_model is not None and saved_model != model:
+            changed = "; ".join(
+                f"model.{key} is {saved_model.get(key)!r} there, {model.get(key)!r} here"
+                for key in sorted(saved_model.keys() | model.keys())
+                if saved_model.get(key) != model.get(key)
+            )
+            raise RunFolderError(
+                f"the checkpoints in {stored.path.parent} are of another model ({changed}); "
+                f"resume with that model, or use another run folder (--out)"
             )
         in_flight = self.apply(state, resuming=True)
         logger.info("resuming run %s from the checkpoint of step %d", self.run_id, stored.step)

@@ -19,6 +19,7 @@ from eventbus import StepFinished
 from eventbus import read_events
 from trainer import CheckpointStore
 from trainer import PPOTrainer
+from trainer import RunFolderError
 from trainer.runtime._checkpoint import NoCheckpointLoads
 
 from ..helpers import tiny_config
@@ -255,3 +256,20 @@ async def test_a_stuck_extension_costs_checkpoints_nothing(tmp_path: Path) -> No
     release.set()
     state = CheckpointStore.load(tmp_path / "checkpoints" / "step-00000002.pt")
     assert state["extensions"] == {"counter": {"steps": 2}}
+
+
+def test_a_folder_of_another_model_is_refused_naming_what_differs(tmp_path: Path) -> None:
+    PPOTrainer(tiny_config(run__steps=1), out_dir=tmp_path).run()
+    events = (tmp_path / "events.jsonl").read_bytes()
+    wider = PPOTrainer(tiny_config(run__steps=2, model__d_model=32), out_dir=tmp_path)
+    with pytest.raises(RunFolderError) as refused:
+        wider.run()
+    assert str(refused.value) == (
+        f"the checkpoints in {tmp_path / 'checkpoints'} are of another model "
+        f"(model.d_model is {tiny_config().model.d_model} there, 32 here); resume with that "
+        f"model, or use another run folder (--out)"
+    )
+    assert (tmp_path / "events.jsonl").read_bytes() == events  # nothing written
+    fresh = PPOTrainer(tiny_config(run__steps=2, checkpoint__resume=False), out_dir=tmp_path)
+    with pytest.raises(RunFolderError, match=r"already holds a run and checkpoint\.resume is off"):
+        fresh.run()

@@ -54,11 +54,12 @@ NOTICES: tuple[type[Event], ...] = (
 
 
 def is_notice(event: Event) -> bool:
-    """Whether ``event`` is worth a line: a notice type, a batch report only when something
-    was not admitted, duplicated or timed out, a restored checkpoint only for a recovery."""
+    """Whether ``event`` is worth a line: a notice type, a batch report only when not every
+    rollout succeeded (failed, timed out, missing) or a result was not admitted or duplicated,
+    a restored checkpoint only for a recovery."""
     if isinstance(event, BatchReconciled):
         r = event.report
-        return any(r.dropped.values()) or bool(r.duplicates or r.timed_out or r.missing)
+        return r.succeeded < r.registered or any(r.dropped.values()) or bool(r.duplicates)
     if isinstance(event, CheckpointRestored) and event.reason == "resume":
         return False  # the FitStarted line says "resumed at step N"
     return isinstance(event, NOTICES)

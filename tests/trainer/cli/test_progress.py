@@ -9,6 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from eventbus import BatchReconciled
+from eventbus import BatchReport
 from eventbus import EventBus
 from eventbus import ExtensionContext
 from eventbus import FitFinished
@@ -91,6 +93,22 @@ def test_a_step_whose_optimiser_steps_were_skipped_says_so_in_both_views() -> No
     assert "step 3/60: reward 0.734" in frames
     assert "2 of 2 optimiser steps skipped (non-finite gradients)" in frames
     view.close()
+
+
+def test_a_batch_gets_a_line_when_rollouts_failed_and_not_when_all_succeeded() -> None:
+    out = io.StringIO()
+    view = PlainProgress(out)
+    view.on_event(CONTEXT, FitStarted(run_id="r1", total_steps=4, mode="sync", backend="local"))
+    whole = BatchReport(step=1, registered=8, succeeded=8)
+    failed = BatchReport(
+        step=3, registered=8, succeeded=5, failed={"reward_error": 3}, removed=("a#0",)
+    )
+    for report in (whole, failed):
+        view.on_event(CONTEXT, BatchReconciled(report=report))
+    assert out.getvalue().splitlines()[1:] == [
+        "  step 3/4: 5/8 rollouts succeeded, failed {reward_error: 3}, "
+        "1 removed by the failure policy, waited 0.00 s"
+    ]
 
 
 def test_not_on_a_terminal_trainbus_prints_plain_step_lines(tmp_path: Path) -> None:

@@ -103,7 +103,6 @@ class RunFold:
         self._opened_at = 0.0
         self._last_time = 0.0
         self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
-        self._diagnosed_at: dict[int, float] = {}  # id of an open stall -> its last diagnosis
 
     def apply(self, event: Event) -> None:
         """Fold one event (ignored unless the summary depends on it)."""
@@ -188,7 +187,6 @@ class RunFold:
             s for s in self._open_stalls if (step is None or s["step"] <= step) and which(s)
         ]:
             self._open_stalls.remove(stall)
-            del self._diagnosed_at[id(stall)]
             stall["ended_by"] = ended_by
             stall["lasted_s"] = max(stall["lasted_s"], at - stall["began"])
 
@@ -198,7 +196,6 @@ class RunFold:
         if stall is None or e.repeat == 0:
             if stall is not None:  # a new stall of the same wait: the last one ended
                 self._open_stalls.remove(stall)
-                del self._diagnosed_at[id(stall)]
                 # (a start makes no progress: a new start stall is the next process's)
                 stall["ended_by"] = _KILLED if e.stage == "start" else "the wait made progress"
             stall = {
@@ -215,7 +212,6 @@ class RunFold:
         stall["diagnoses"] += 1
         stall["lasted_s"] = max(stall["lasted_s"], e.stalled_s)
         stall["where"] = e.headline()
-        self._diagnosed_at[id(stall)] = e.time
 
     def _fit_started(self, e: FitStarted) -> None:
         began = e.time - e.start_s  # fit() began: the workers' start is this attempt's
@@ -223,7 +219,8 @@ class RunFold:
         self._end_stalls(
             "the rollout workers started",
             e.time,
-            which=lambda stall: self._diagnosed_at[id(stall)] >= began,
+            # (its last diagnosis: it began ``lasted_s`` before it, the longest stall seen)
+            which=lambda stall: stall["began"] + stall["lasted_s"] >= began,
         )
         # What is still open here ended without a word: its process was killed.
         self._end_stalls(_KILLED, self._last_time)

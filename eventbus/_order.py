@@ -18,12 +18,20 @@ a safe point's instructions). Every other section always takes the lock.
 The first time another thread takes the lock (any operation: publish, vote, close,
 statistics), :meth:`OrderLock.share` ends single-thread mode for good: it replaces
 ``solo_mark`` by a lock nobody holds and clears ``solo_thread``, so no new lock-free section
-starts, then waits until the owner thread is
-outside every :func:`lock_free` function (it reads the owner's stack with
-``sys._current_frames()``), so none is still running, and only then lets the newcomer take
-the lock. The owner never waits for itself. This relies on the GIL (a thread switch happens
-between bytecodes, and the stack shows where the other thread is): without it (a
-free-threaded build) or on another interpreter the bus starts shared.
+starts, then waits until the owner thread is outside every :func:`lock_free` function
+running *for this lock* (it reads the owner's stack with ``sys._current_frames()``, and each
+such function holds the lock in a local named ``lock`` before it tests the mode), so none is
+still running, and only then lets the newcomer take the lock. The owner never waits for
+itself. This relies on the GIL (a thread switch happens between bytecodes, and the stack
+shows where the other thread is): without it (a free-threaded build) or on another
+interpreter the bus starts shared.
+
+Only this lock's sections count because the newcomer may hold another bus's lock while it
+waits, and the owner may be inside that bus's lock-free ``publish``, waiting for it: the
+garbage collector closes a dropped subscription or safe point on whichever thread it runs,
+a worker thread publishing to the trainer's bus among them. Waiting for the owner to leave
+*every* lock-free function froze both threads for good (seen: a test suite's event loop
+stopped in ``publish``, a worker thread spinning here for an old test's bus).
 """
 
 from __future__ import annotations
@@ -61,16 +69,25 @@ _CAN_RUN_SOLO = (
 def lock_free(function: F) -> F:
     """Mark ``function`` as one that skips the lock in single-thread mode.
 
-    :meth:`OrderLock.share` waits until the owner thread is outside every marked function.
+    ``function`` must bind the :class:`OrderLock` to a local named ``lock`` before it tests
+    the mode: :meth:`OrderLock.share` waits until the owner thread is outside every marked
+    function whose ``lock`` is the lock being shared.
+
+    Raises:
+        TypeError: ``function`` has no local named ``lock``.
     """
+    if "lock" not in function.__code__.co_varnames:
+        raise TypeError(f"{function.__qualname__} is lock-free but has no local named 'lock'")
     _LOCK_FREE.add(function.__code__)
     return function
 
 
-def _inside_lock_free(thread: int) -> bool:
+def _inside_lock_free(thread: int, lock: OrderLock) -> bool:
+    """Whether ``thread`` is inside a lock-free section of ``lock``. A marked function that
+    has not bound ``lock`` yet has not tested the mode yet either: it will take the lock."""
     frame = sys._current_frames().get(thread)
     while frame is not None:
-        if frame.f_code in _LOCK_FREE:
+        if frame.f_code in _LOCK_FREE and frame.f_locals.get("lock") is lock:
             return True
         frame = frame.f_back
     return False
@@ -134,7 +151,7 @@ class OrderLock:
             self.solo_thread = 0
             # Sections are short and never block on another thread of the bus, so this ends;
             # sleep(0) hands the GIL to the owner so it can get out.
-            while _inside_lock_free(self.owner):
+            while _inside_lock_free(self.owner, self):
                 time.sleep(0)
             self.shared = True
 

@@ -282,10 +282,12 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
                     raise
                 remembered.forget()
             finally:
-                if shared.waiter is waiter:  # cancelled while waiting: forget the future
-                    with lock:
-                        if shared.waiter is waiter:
-                            shared.waiter = None
+                # Cancelled or dropped while waiting: forget the future. Without the lock: a
+                # dropped subscription closes here on whichever thread the garbage collector
+                # runs, maybe one holding another bus's lock, and nothing else sets a waiter
+                # (publishers and close() only clear it), so a clear cannot lose one.
+                if shared.waiter is waiter:
+                    shared.waiter = None
 
     async def __aenter__(self) -> Subscription:
         return self

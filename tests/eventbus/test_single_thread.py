@@ -10,9 +10,13 @@ a wrong hand-over the second event overtakes the first in the subscriber's queue
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import sys
 import threading
 import time
+import types
+import weakref
 from collections.abc import Callable
 from functools import partial
 
@@ -27,6 +31,7 @@ from eventbus import StepStarted
 from eventbus import Subscription
 from eventbus._loops import RunningLoop
 from eventbus._order import OrderLock
+from eventbus._order import lock_free
 from eventbus._order import solo_here
 
 WAIT_S = 10.0  # bound of every wait below; never reached when the bus behaves
@@ -336,3 +341,81 @@ def test_the_last_vote_from_another_thread_completes_the_safe_point_on_its_loop(
     owner.join(2 * WAIT_S)
     assert errors == []
     assert results == [(Decision.CHECKPOINT, False)]
+
+
+def test_a_subscription_dropped_while_it_waits_closes_on_any_thread_without_the_lock() -> None:
+    """The garbage collector closes a dropped subscription on whichever thread it runs (a
+    worker publishing to another bus, say): closing must not take the bus's lock there."""
+    bus = EventBus()  # this thread owns it
+    lock = bus._state.lock
+
+    async def park(sub: Subscription) -> weakref.ref[object]:
+        iterator = sub.__aiter__()
+        step = iterator.__anext__()
+        waiter = step.send(None)  # the generator parks at its wait; nobody resumes it
+        assert isinstance(waiter, asyncio.Future)
+        return weakref.ref(iterator)
+
+    gc.disable()  # the collection below is the one that closes the generator
+    try:
+        parked = asyncio.run(park(bus.subscribe()))
+        del bus
+        assert parked() is not None  # kept by a reference cycle, for the collector
+        thread, _ = in_thread(collect)
+        thread.join(WAIT_S)
+    finally:
+        gc.enable()
+    assert parked() is None  # closed there
+    assert not lock.shared  # ... without ending the bus's single-thread mode
+
+
+def test_sharing_a_bus_does_not_wait_for_its_owner_inside_another_bus() -> None:
+    """The owner of bus Z waits, inside bus B's ``publish``, for B's lock; the thread that
+    holds it now ends Z's single-thread mode (the garbage collector closed one of Z's
+    subscriptions there). Waiting for the owner to leave B's lock-free ``publish`` would
+    wait forever."""
+    b = EventBus()
+    b.subscribe()  # so that publish takes the lock
+    owned: list[OrderLock] = []
+    publishing = threading.Event()
+
+    def owner() -> None:
+        owned.append(OrderLock())  # Z's lock: this thread owns it
+        publishing.set()
+        b.publish(StepStarted(step=1))  # waits for B's lock
+
+    publish_code = EventBus.publish.__code__
+    with b._state.lock:  # held by this thread, as by a worker inside B's publish
+        thread, published = in_thread(owner)
+        assert publishing.wait(WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while not inside(thread, publish_code) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert inside(thread, publish_code)
+        sharer, shared = in_thread(owned[0].share)
+        shared_in_time = shared.wait(WAIT_S)
+    sharer.join(WAIT_S)
+    thread.join(WAIT_S)
+    assert shared_in_time, "ending Z's single-thread mode waited for B's publish"
+    assert owned[0].shared and published.is_set()
+
+
+def collect() -> None:
+    gc.collect()
+
+
+def inside(thread: threading.Thread, code: types.CodeType) -> bool:
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_lock_free_function_must_name_its_lock() -> None:
+    def no_lock() -> None:
+        pass
+
+    with pytest.raises(TypeError, match="no_lock is lock-free but has no local named 'lock'"):
+        lock_free(no_lock)

@@ -71,7 +71,8 @@ def run_events(args: argparse.Namespace) -> int:
 
     Raises:
         UsageError: The folder is missing or not a run folder, a type name is unknown, or
-            (without ``--follow``) no event of the run is about the ``--worker`` asked for.
+            (without ``--follow``) no event of the run is about the ``--worker`` or
+            ``--step`` asked for.
     """
     path = events_path(args.run_dir, follow=args.follow)
     view = LogView(
@@ -89,9 +90,14 @@ def run_events(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return 0
-    if args.worker is not None and not args.follow and args.worker not in view.workers:
+    if args.follow:
+        return 0
+    if args.worker is not None and args.worker not in view.workers:
         known = ", ".join(sorted(view.workers)) or "none"
         _usage(f"--worker {args.worker!r}: no event of this run is about it (workers: {known})")
+    if args.step is not None and args.step not in view.steps:
+        known = f"steps {min(view.steps)} to {max(view.steps)}" if view.steps else "no steps"
+        _usage(f"--step {args.step}: no event of this run is about it ({known})")
     return 0
 
 
@@ -257,6 +263,7 @@ class LogView:
         self.origin: float | None = None
         self.context = Context()
         self.workers: set[str] = set()  # every worker an event of the log is about
+        self.steps: set[int] = set()  # every step an event of the log is about
         self._last_lifecycle = ""
 
     def fit_over(self) -> bool:
@@ -278,6 +285,8 @@ class LogView:
             self.context = Context(total_steps=entry.total_steps)
         if (worker := entry_worker(entry)) is not None:
             self.workers.add(worker)
+        if (step := entry_step(entry)) is not None:
+            self.steps.add(step)
         if not self.selection.matches(entry):
             return
         text = (

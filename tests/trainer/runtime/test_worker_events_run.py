@@ -100,6 +100,15 @@ def test_events_worker_filters_by_worker(
     error = printed.err.strip()
     assert error.startswith("error: --worker 'local-9': no event of this run is about it")
     assert "local-0.0, local-0.1" in error and printed.out == ""
+    # So is a step the run never reached (it printed nothing, with exit 0, before).
+    assert main(["events", str(out), "--step", "99"]) == 2
+    printed = capsys.readouterr()
+    assert (
+        printed.err.strip() == "error: --step 99: no event of this run is about it (steps 0 to 2)"
+    )
+    assert printed.out == ""
+    assert main(["events", str(out), "--step", "2"]) == 0
+    assert capsys.readouterr().out
 
 
 def _tiny_toml(folder: Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping
+from typing import Any
 from typing import NoReturn
 from typing import get_args
 
@@ -23,7 +24,18 @@ __all__ = ["Parser", "build_parser"]
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are :class:`UsageError` (one line, exit status 2)."""
+    """An argument parser whose errors are :class:`UsageError` (one line, exit status 2).
+
+    A command's parser refuses arguments it does not know itself, so the error names the
+    command (``trainbus train: unrecognized arguments: --bogus``), not the top level that
+    argparse would otherwise hand them back to.
+    """
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+        namespace, extras = super().parse_known_args(*args, **kwargs)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
 
     def error(self, message: str) -> NoReturn:
         from ..rl._names import did_you_mean

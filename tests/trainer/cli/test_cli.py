@@ -126,7 +126,7 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         (["train", "--mode", "turbo"], "argument --mode: invalid choice: 'turbo'"),
         (["train", "--mode", "asnyc"], "(choose from 'sync', 'async'); did you mean 'async'?"),
         (["trian"], "did you mean 'train'?"),
-        (["train", "--bogus"], "unrecognized arguments: --bogus"),
+        (["train", "--bogus"], "trainbus train: unrecognized arguments: --bogus"),
         (["train", "--inject", "explode@2"], "unknown fault 'explode'"),
         (["train", "--inject", "hang"], "fault 'hang' needs a step"),
         (["train", "--inject", "hnag@2"], "unknown fault 'hnag' in 'hnag@2'; known: hang,"),
@@ -167,6 +167,20 @@ def test_a_missing_command_names_the_commands(
 ) -> None:
     assert main(args) == 2
     assert capsys.readouterr().err.startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["report", "runs/x", "--bogus"], "trainbus report: unrecognized arguments: --bogus"),
+        (["config", "show", "-q", "x"], "trainbus config show: unrecognized arguments: -q x"),
+    ],
+)
+def test_an_unknown_argument_is_refused_by_the_command_it_was_given_to(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
 
 
 @pytest.mark.parametrize(

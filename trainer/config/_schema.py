@@ -21,6 +21,7 @@ import msgspec
 import msgspec.inspect
 from msgspec import Meta
 
+from ..rl._bounds import MAX_COUNT
 from ..rl._bounds import MAX_SECONDS
 from ..rl._bounds import check_fields
 from ..rl._bounds import check_finite
@@ -48,8 +49,13 @@ __all__ = [
     "within",
 ]
 
-PositiveInt = Annotated[int, Meta(ge=1)]
-NonNegativeInt = Annotated[int, Meta(ge=0)]
+PositiveInt = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+NonNegativeInt = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+# A batch is prompts_per_step x group_size rollouts, built before the first step: far past
+# what RL recipes use (verl's train_batch_size runs to a few thousand prompts, GRPO's groups
+# to a few hundred rollouts), a value is a typo that would fill the memory before a word.
+PromptsPerStep = Annotated[int, Meta(ge=1, le=65_536)]
+GroupSize = Annotated[int, Meta(ge=2, le=1024)]
 Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
 NonNegativeSeconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Fraction = Annotated[float, Meta(ge=0, le=1)]
@@ -214,8 +220,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
 
     backend: BackendName = "local"
     workers: RolloutWorkers = 2
-    prompts_per_step: PositiveInt = 32
-    group_size: Annotated[int, Meta(ge=2)] = 8
+    prompts_per_step: PromptsPerStep = 32
+    group_size: GroupSize = 8
     max_off_policy: NonNegativeInt = 2
     staleness: Literal["drop", "wait"] = "drop"
     wait_timeout_s: Seconds = 120.0

@@ -18,6 +18,7 @@ import msgspec
 
 __all__ = [
     "FLOAT32_MAX",
+    "MAX_COUNT",
     "MAX_SECONDS",
     "check_fields",
     "check_finite",
@@ -26,6 +27,10 @@ __all__ = [
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: a coefficient above it is ``inf`` in every loss tensor."""
+MAX_COUNT = 2**31 - 1
+"""The largest count a setting takes (steps, epochs, checkpoints kept, restarts...), unless
+its own bound is lower: a signed 32-bit int. Past it a value is a typo (2**31 steps of 1 ms
+each last 25 days), and one past 64 bits would fail later, inside torch or msgspec."""
 MAX_SECONDS = threading.TIMEOUT_MAX
 """The longest wait the platform's locks and threads take (about 292 years on Linux)."""
 

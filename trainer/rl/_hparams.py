@@ -13,6 +13,7 @@ import msgspec
 from msgspec import Meta
 
 from ._bounds import FLOAT32_MAX
+from ._bounds import MAX_COUNT
 from ._bounds import check_fields
 from ._tasks import VOCAB_SIZE
 
@@ -40,18 +41,22 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         max_seq_len: longest prompt plus response (transformer position table size).
     """
 
+    # Bounds well past any network built from scratch here (the largest LLM vocabularies
+    # hold about 256k tokens, the widest models about 16k dimensions): a value beyond is a
+    # typo, and would fail inside torch, or fill the memory, before saying which key it was.
     path: str | None = None
     kind: Literal["transformer", "gru"] = "transformer"
-    vocab_size: int = VOCAB_SIZE
-    d_model: int = 64
-    layers: int = 1
-    heads: int = 4
-    ffn_mult: int = 4
-    max_seq_len: int = 32
+    vocab_size: Annotated[int, Meta(ge=2, le=2**20)] = VOCAB_SIZE
+    d_model: Annotated[int, Meta(ge=1, le=2**16)] = 64
+    layers: Annotated[int, Meta(ge=1, le=1024)] = 1
+    heads: Annotated[int, Meta(ge=1, le=1024)] = 4
+    ffn_mult: Annotated[int, Meta(ge=1, le=64)] = 4
+    max_seq_len: Annotated[int, Meta(ge=2, le=2**20)] = 32
 
     def __post_init__(self) -> None:
         if self.kind not in ("transformer", "gru"):
             raise ValueError(f"unknown policy kind {self.kind!r}; use 'transformer' or 'gru'")
+        check_fields(self)  # (decoding a file checks them; a Struct built in Python does not)
         if self.d_model % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model})")
         if self.path is not None:
@@ -95,8 +100,8 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         temperature: sampling temperature the behaviour log-probs were recorded at.
     """
 
-    epochs: Annotated[int, Meta(ge=1)] = 2
-    minibatch_size: Annotated[int, Meta(ge=1)] | None = None
+    epochs: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 2
+    minibatch_size: Annotated[int, Meta(ge=1, le=MAX_COUNT)] | None = None
     clip_eps: Annotated[float, Meta(gt=0, lt=1)] = 0.2
     clip_eps_high: Annotated[float, Meta(gt=0)] | None = None
     dual_clip: Annotated[float, Meta(gt=1)] | None = 3.0

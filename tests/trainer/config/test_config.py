@@ -11,6 +11,7 @@ import msgspec.inspect
 import pytest
 
 from trainer import ConfigError
+from trainer import PolicyConfig
 from trainer import TrainerConfig
 from trainer import load_config
 from trainer.config._schema import RolloutConfig
@@ -170,6 +171,15 @@ OUT_OF_RANGE = [
     ("diagnose.after_s", NAN, "diagnose.after_s: expected a finite `float`, got nan"),
     ("rollout.ray_actor_cpus", INF, "rollout.ray_actor_cpus: expected a finite `float`, got inf"),
     ("task.reward_weights", [INF], "task.reward_weights[0]: expected a finite `float`, got inf"),
+    # Integers: a batch that would fill the memory before the first step, counts past 64
+    # bits, and a network shape torch cannot build (heads = 0 was a ZeroDivisionError).
+    ("rollout.prompts_per_step", 10**12, "rollout.prompts_per_step: expected `int` <= 65536"),
+    ("rollout.group_size", 10**20, "rollout.group_size: expected `int` <= 1024"),
+    ("run.steps", 10**19, "run.steps: expected `int` <= 2147483647"),
+    ("ppo.epochs", 10**12, "ppo.epochs: expected `int` <= 2147483647"),
+    ("model.heads", 0, "model.heads: expected `int` >= 1"),
+    ("model.d_model", -8, "model.d_model: expected `int` >= 1"),
+    ("model.vocab_size", 10**9, "model.vocab_size: expected `int` <= 1048576"),
 ]
 
 
@@ -207,6 +217,35 @@ def test_every_float_setting_refuses_what_is_not_a_finite_number(key: str, value
     with pytest.raises(ConfigError) as caught:
         load_config(overrides={key: value})
     assert str(caught.value) == f"{key}: expected a finite `float`, got {value!r}"
+
+
+def _int_settings(
+    node: msgspec.inspect.Type, prefix: str = ""
+) -> list[tuple[str, msgspec.inspect.IntType]]:
+    """The dotted key and type of every integer setting of the schema."""
+    if isinstance(node, msgspec.inspect.UnionType):
+        return [found for member in node.types for found in _int_settings(member, prefix)]
+    if isinstance(node, msgspec.inspect.IntType):
+        return [(prefix.rstrip("."), node)]
+    if isinstance(node, msgspec.inspect.StructType):
+        return [found for f in node.fields for found in _int_settings(f.type, f"{prefix}{f.name}.")]
+    return []
+
+
+def test_every_integer_setting_has_both_bounds() -> None:
+    # Unbounded, `prompts_per_step = 10**12` built prompts until the memory ran out, and a
+    # 20-digit group size failed inside torch: a new integer setting declares its range.
+    ints = _int_settings(msgspec.inspect.type_info(TrainerConfig))
+    assert {"run.steps", "model.heads", "rollout.group_size"} <= {key for key, _ in ints}
+    unbounded = [
+        key for key, t in ints if (t.ge, t.gt) == (None, None) or (t.le, t.lt) == (None, None)
+    ]
+    assert unbounded == []
+
+
+def test_a_policy_built_in_python_is_checked_like_a_file() -> None:
+    with pytest.raises(ValueError, match=r"^heads: expected `int` >= 1, got 0$"):
+        PolicyConfig(heads=0)
 
 
 @pytest.mark.parametrize("seed", [-(2**63), -1, 2**63 - 1])

@@ -92,9 +92,10 @@ def test_every_eventbus_module_states_its_purpose() -> None:
     assert missing == []
 
 
-# Private names of the standard library that the packages read on purpose: thread stacks
-# for stall diagnosis and single-thread mode (there is no public spelling of either).
-STDLIB_PRIVATE = {"sys._current_frames"}
+# Underscored names of the standard library that the packages use on purpose: thread stacks
+# for stall diagnosis and single-thread mode (there is no public spelling of either), and
+# os._exit (documented), the third signal's exit that unwinds nothing a stuck loop holds.
+STDLIB_PRIVATE = {"sys._current_frames", "os._exit"}
 
 
 # What eventbus's modules may use of each other's private names: a subscription's bus side

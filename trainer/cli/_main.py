@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -164,18 +165,30 @@ def _with_exports(config: dict[str, Any], flags: list[str]) -> dict[str, Any]:
     return config
 
 
-def _stop_on_signals(trainer: Any) -> dict[int, Any]:
+def _stop_on_signals(
+    trainer: Any, *, exit_now: Callable[[int], object] = os._exit
+) -> dict[int, Any]:
     """First Ctrl-C or SIGTERM: finish the current step, save, stop cleanly. Second: stop
-    now (the run is cancelled; its clean-up still runs). Returns the handlers replaced."""
+    now (the run is cancelled; its clean-up still runs). Third: exit at once with status
+    128 + the signal's number, for a run whose event loop is stuck in code that never
+    awaits, which no cancellation reaches. Returns the handlers replaced."""
+    received = 0
 
     def handler(signum: int, frame: object) -> None:
+        nonlocal received
+        received += 1
         name = signal.Signals(signum).name
-        if trainer.stop_requested:
-            print(f"\n{name} again: stopping now", file=sys.stderr)
+        if received == 1:
+            print(f"\n{name}: stopping after this step (again to stop now)", file=sys.stderr)
+            trainer.request_stop(f"{name} received")
+        elif received == 2:
+            print(f"\n{name} again: stopping now (a third time to exit at once)", file=sys.stderr)
             trainer.request_stop(f"{name} received twice", now=True)
-            return
-        print(f"\n{name}: stopping after this step (again to stop now)", file=sys.stderr)
-        trainer.request_stop(f"{name} received")
+        else:
+            # Nothing more is written: the run folder resumes as after a crash (a torn last
+            # line is repaired), from its last checkpoint.
+            print(f"\n{name} a third time: exiting at once", file=sys.stderr, flush=True)
+            exit_now(128 + signum)
 
     previous: dict[int, Any] = {}
     for signum in (signal.SIGINT, signal.SIGTERM):

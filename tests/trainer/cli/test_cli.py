@@ -14,6 +14,7 @@ import pytest
 from eventbus import FitFinished
 from eventbus import StepFinished
 from eventbus import read_events
+from trainer.cli._main import _stop_on_signals
 from trainer.cli._main import main
 
 TINY = [
@@ -440,6 +441,36 @@ def test_sigterm_stops_cleanly_after_the_current_step(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "stopped"
     assert 2 <= summary["steps"] < 500
+
+
+class StopRecorder:
+    """What ``_stop_on_signals`` asks of the trainer."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, bool]] = []
+
+    def request_stop(self, reason: str, *, now: bool = False) -> None:
+        self.requests.append((reason, now))
+
+
+def test_a_third_signal_exits_at_once_when_the_stop_does_not_come(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A loop stuck in code that never awaits takes neither the clean stop nor the
+    # cancellation: the third signal is the way out short of SIGKILL.
+    trainer, exits = StopRecorder(), []
+    previous = _stop_on_signals(trainer, exit_now=exits.append)
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        for _ in range(3):
+            handler(signal.SIGTERM, None)
+    finally:
+        for signum, restored in previous.items():
+            signal.signal(signum, restored)
+    assert trainer.requests == [("SIGTERM received", False), ("SIGTERM received twice", True)]
+    assert exits == [128 + signal.SIGTERM]
+    assert capsys.readouterr().err.splitlines()[-1] == "SIGTERM a third time: exiting at once"
 
 
 def test_fresh_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:

@@ -5,9 +5,8 @@ events decodes back into the right types (see :func:`eventbus.decode_event`). Th
 stamps ``seq`` and ``time`` when an event is published; constructors leave them at 0.
 
 Events carry plain data only (numbers, strings, tuples, dicts, other Structs), never live
-objects such as tensors or exceptions: they cross threads, processes and the event log.
-``gc=False`` is safe for that reason (no reference cycles) and makes construction cheaper
-on the trainer's hot path.
+objects such as tensors or exceptions: they cross threads, processes and the event log, and
+hold no reference cycles, so ``gc=False`` is safe (and makes them cheaper to build).
 """
 
 from __future__ import annotations
@@ -207,7 +206,6 @@ class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class FitStarted(Event, frozen=True):
     """``fit()`` began training: the run folder was read and the rollout workers started.
-    ``start_step`` is > 0 when resuming from a checkpoint.
 
     Attributes:
         run_id: The run's identity, kept across resumes of the same run folder.
@@ -218,6 +216,8 @@ class FitStarted(Event, frozen=True):
         resumed: The run continues from a checkpoint.
         start_s: Seconds ``fit()`` ran before this event (reading the run folder, starting
             the workers); ``FitFinished.duration_s`` counts from ``time - start_s``.
+        changed: Resumed: by dotted key, ``[then, now]`` of each setting unlike the
+            checkpoint's (``run.steps`` and ``run.out`` aside: they may change).
     """
 
     run_id: str = ""
@@ -227,6 +227,7 @@ class FitStarted(Event, frozen=True):
     backend: str = ""
     resumed: bool = False
     start_s: float = 0.0
+    changed: dict[str, list[Any]] = msgspec.field(default_factory=dict)
 
 
 class FitFinished(Event, frozen=True):
@@ -489,9 +490,8 @@ class ExtensionFailed(Event, frozen=True):
 
 
 class Lagged(Event, frozen=True):
-    """This subscriber fell behind and ``missed`` events were dropped from its queue.
-
-    Delivered in place of the dropped events, so ``seq`` jumps right after it.
+    """This subscriber fell behind and ``missed`` events were dropped from its queue; it is
+    delivered in their place, so ``seq`` jumps right after it.
 
     Attributes:
         missed: How many events were dropped at this place in the stream.

@@ -88,7 +88,14 @@ def step_label(step: int, context: Context = _NO_CONTEXT) -> str:
 
 def _fit_started(e: FitStarted, context: Context) -> str:
     text = f"run {e.run_id}: {e.total_steps} steps, {e.mode} mode, {e.backend} backend"
-    return text + (f", resumed at step {e.start_step}" if e.resumed else "")
+    if not e.resumed:
+        return text
+    text += f", resumed at step {e.start_step}"
+    if e.changed:
+        changes = [f"{key} {now!r} (was {then!r})" for key, (then, now) in e.changed.items()]
+        shown = changes[:4] + ([f"{len(changes) - 4} more"] if len(changes) > 4 else [])
+        text += " with " + ", ".join(shown)
+    return text
 
 
 def _fit_finished(e: FitFinished, context: Context) -> str:

@@ -72,6 +72,8 @@ class RunState:
         stages: The trainer's stages (the write is marked as a wait for stall diagnosis).
         saved_step: The step of the last checkpoint written or applied (None: none yet), so
             that the trainer writes a step's checkpoint once.
+        changed: After a resume, each setting that differs from the checkpoint's, by dotted
+            key: ``[then, now]`` (``FitStarted.changed``).
     """
 
     config: TrainerConfig
@@ -85,6 +87,7 @@ class RunState:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     stages: Stages = field(default_factory=Stages)
     saved_step: int | None = None
+    changed: dict[str, list[Any]] = field(default_factory=dict)
 
     async def save(self) -> StoredCheckpoint:
         """Write a checkpoint of the current step; publishes ``CheckpointSaved``."""
@@ -180,6 +183,7 @@ class RunState:
             RunFolderError: The folder holds another run (resume off), checkpoints none of
                 which loads, or checkpoints of another model.
         """
+        self.changed = {}
         if out_dir is None:
             return None
         if not self.config.checkpoint.resume:
@@ -215,6 +219,7 @@ class RunState:
                 f"resume with that model, or use another run folder (--out)"
             )
         in_flight = self.apply(state, resuming=True)
+        self.changed = changed_settings(state.get("config", {}), self.config.to_dict())
         logger.info("resuming run %s from the checkpoint of step %d", self.run_id, stored.step)
         return stored, in_flight
 
@@ -316,3 +321,29 @@ def _first_not_plain(value: Any, path: str) -> tuple[str, Any] | None:
                 return found
         return None
     return path, value
+
+
+# Resuming is how a run is extended (more steps) and a folder may have moved: these two say
+# nothing about what was trained. Any other difference is the user's to know about.
+_RESUME_MAY_CHANGE = frozenset({"run.steps", "run.out"})
+
+
+def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[Any]]:
+    """The settings of ``now`` (a configuration as plain data) that differ from ``saved``
+    (a checkpoint's), by dotted key: ``[then, now]``; a key one side lacks is None there."""
+    then, current = _flat(saved), _flat(now)
+    return {
+        key: [then.get(key), current.get(key)]
+        for key in sorted(then.keys() | current.keys())
+        if key not in _RESUME_MAY_CHANGE and then.get(key) != current.get(key)
+    }
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):  # (an empty one adds no key)
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

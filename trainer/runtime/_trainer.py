@@ -303,6 +303,7 @@ class PPOTrainer:
                         backend=self.backend.name,
                         resumed=start_step > 0,
                         start_s=time.perf_counter() - began,
+                        changed=self.state.changed,
                     )
                 )
             if resumed is not None:

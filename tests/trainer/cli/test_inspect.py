@@ -157,6 +157,19 @@ def _resolved(decision: Decision, reason: str = "", timed_out: bool = False) -> 
             FitStarted(run_id="r1", total_steps=9, mode="sync", backend="local"),
             "run r1: 9 steps, sync mode, local backend",
         ),
+        (
+            FitStarted(
+                run_id="r1",
+                start_step=4,
+                total_steps=9,
+                mode="sync",
+                backend="local",
+                resumed=True,
+                changed={"run.seed": [0, 3], "task.name": ["reverse", "sort"]},
+            ),
+            "run r1: 9 steps, sync mode, local backend, resumed at step 4 with run.seed 3 "
+            "(was 0), task.name 'sort' (was 'reverse')",
+        ),
         (Lagged(missed=12), "12 events missed (this reader fell behind)"),
         (
             WorkerJoined(worker_id="ray-0.2", node="host", reason="more", workers=3, step=4),

@@ -29,6 +29,7 @@ from trainer import PPOTrainer
 from trainer.cli._rundata import load_run
 from trainer.runtime._runlock import LOCK_FILE
 from trainer.runtime._runlock import RunFolderLock
+from trainer.runtime._state import changed_settings
 
 from ..helpers import tiny_config
 from ..runfolder import events_of
@@ -202,6 +203,27 @@ def test_a_checkpoint_crash_fires_once_per_run_so_the_same_command_resumes(
     summary = summary_of(out)
     assert (summary["status"], summary["steps"]) == ("finished", 6)
     assert [a["status"] for a in summary["attempts"]] == ["killed", "finished"]
+
+
+async def test_a_resume_with_other_settings_says_which_it_took(tmp_path: Path) -> None:
+    # Resumed with another task and seed, a run trained on silently, its reward curve
+    # joining two tasks: FitStarted (and its line in every view) names what changed.
+    await PPOTrainer(tiny_config(run__steps=2), out_dir=tmp_path).fit()
+    changed = tiny_config(run__steps=3, run__seed=3, task__name="sort", task__params={})
+    await PPOTrainer(changed, out_dir=tmp_path).fit()
+    await PPOTrainer(changed, out_dir=tmp_path).fit()  # already finished: nothing changed
+    started = [e for e in events_of(tmp_path) if isinstance(e, FitStarted)]
+    assert [e.changed for e in started] == [
+        {},
+        {"run.seed": [0, 3], "task.name": ["reverse", "sort"], "task.params.length": [5, None]},
+    ]
+
+
+def test_changed_settings_compares_every_key_but_the_run_length_and_folder() -> None:
+    saved = {"run": {"steps": 2, "out": "a", "seed": 0}, "task": {"params": {"length": 5}}}
+    now = {"run": {"steps": 9, "out": "b", "seed": 0}, "task": {"params": {}}, "new": 1}
+    assert changed_settings(saved, now) == {"new": [None, 1], "task.params.length": [5, None]}
+    assert changed_settings(now, now) == {}
 
 
 class StopDuringWait:

@@ -285,7 +285,8 @@ class DiagnoseConfig(_Section, frozen=True, kw_only=True):
     Attributes:
         after_s: A wait without progress for this long is diagnosed; 0 turns diagnosis off.
             Unset: 5 s, or half the self-healing stall timeout when that is shorter, so the
-            restart vote can name the diagnosis.
+            restart vote can name the diagnosis; and for starting and stopping the workers
+            a quarter of ``rollout.start_timeout_s`` / ``close_timeout_s`` if longer.
         py_spy: The py-spy executable that reads Ray actors' stacks from outside (unset:
             the one beside this Python, then ``PATH``; ``""``: never use py-spy).
         read_timeout_s: How long reading one worker's stacks may take.

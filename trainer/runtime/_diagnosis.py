@@ -228,6 +228,21 @@ def _stuck(holdings: tuple[Holding, ...], now: float) -> tuple[StuckRollout, ...
     )
 
 
+def stage_thresholds(config: TrainerConfig) -> dict[str, float]:
+    """The waits diagnosed after another time than ``config.diagnose_after_s``, by stage.
+
+    Unless ``diagnose.after_s`` is set (then it applies to every wait): starting and
+    stopping the workers, a quarter of their deadlines if that is longer. A healthy Ray start
+    takes seconds (6 to 16 here, importing torch in every actor), and was diagnosed as a stall
+    in every run; a stuck one is still diagnosed well before its deadline.
+    """
+    if config.diagnose.after_s is not None:
+        return {}
+    base, rollout = config.diagnose_after_s, config.rollout
+    start = max(base, rollout.start_timeout_s / 4)
+    return {"start": start, "restart": start, "close": max(base, rollout.close_timeout_s / 4)}
+
+
 def start_stall_diagnosis(
     config: TrainerConfig,
     driver: RolloutDriver,
@@ -241,7 +256,9 @@ def start_stall_diagnosis(
     if after_s <= 0:
         return None
     options = config.diagnose
-    watch = StallWatch(after_s, progress_at=lambda: driver.progress_at)
+    watch = StallWatch(
+        after_s, progress_at=lambda: driver.progress_at, stage_after_s=stage_thresholds(config)
+    )
     reader = StackReader(options.py_spy, timeout_s=options.read_timeout_s)
     diagnoser = StallDiagnoser(watch, bus, backend, reader)
     diagnoser.attach(asyncio.current_task())

@@ -92,6 +92,8 @@ class StallWatch:
             delivered a result); consulted in the ``rollouts`` stage.
         clock: Monotonic seconds (tests inject a fake one).
         repeat_factor: A stall is due again each time it has lasted this many times longer.
+        stage_after_s: Stages first due after another time than ``diagnose_after_s``, by
+            name (the workers' start and stop, which take seconds when healthy).
     """
 
     def __init__(
@@ -101,12 +103,14 @@ class StallWatch:
         progress_at: Callable[[], float] = lambda: -math.inf,
         clock: Callable[[], float] = time.monotonic,
         repeat_factor: float = 4.0,
+        stage_after_s: Mapping[str, float] | None = None,
     ) -> None:
         if diagnose_after_s <= 0:
             raise ValueError(f"diagnose_after_s must be > 0, got {diagnose_after_s}")
         if repeat_factor <= 1:
             raise ValueError(f"repeat_factor must be > 1, got {repeat_factor}")
         self.diagnose_after_s = diagnose_after_s
+        self.stage_after_s = dict(stage_after_s or {})
         self.repeat_factor = repeat_factor
         self._progress_at = progress_at
         self._clock = clock
@@ -172,7 +176,7 @@ class StallWatch:
         if self._reported != (stage, last):
             self._reported, self._repeats = None, 0  # progress since: a new stall, if any
         stalled = now - last
-        if stalled < self.diagnose_after_s * self.repeat_factor**self._repeats:
+        if stalled < self._after_s(stage) * self.repeat_factor**self._repeats:
             return None
         stall = Stall(
             stage=stage.name,
@@ -194,8 +198,11 @@ class StallWatch:
         stage = stages[-1]
         last = self._last_progress(stage)
         repeats = self._repeats if self._reported == (stage, last) else 0
-        threshold = self.diagnose_after_s * self.repeat_factor**repeats
+        threshold = self._after_s(stage) * self.repeat_factor**repeats
         return max(0.0, last + threshold - self._clock())
+
+    def _after_s(self, stage: _Stage) -> float:
+        return self.stage_after_s.get(stage.name, self.diagnose_after_s)
 
 
 class WaitDeadlineExceeded(TimeoutError):

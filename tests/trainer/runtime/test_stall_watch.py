@@ -11,6 +11,8 @@ import pytest
 
 from eventbus import StallDiagnosed
 from trainer import WaitDeadlineExceeded
+from trainer import load_config
+from trainer.runtime._diagnosis import stage_thresholds
 from trainer.runtime._stall import Stages
 from trainer.runtime._stall import StallWatch
 
@@ -185,3 +187,29 @@ async def test_a_bounded_wait_that_ends_in_time_or_raises_is_left_alone() -> Non
     with pytest.raises(TimeoutError) as raised, stages.bounded(*LONG):
         raise TimeoutError("the body's own, not the deadline")
     assert not isinstance(raised.value, WaitDeadlineExceeded)
+
+
+def test_a_stage_with_its_own_threshold_is_due_after_it(clock: Clock) -> None:
+    # A healthy Ray start takes seconds: diagnosing it at 5 s reported a stall in every run.
+    watch = StallWatch(5.0, clock=clock, stage_after_s={"start": 30.0})
+    with watch.stage("start", step=0):
+        clock.now += 29.0
+        assert watch.due() is None
+        assert watch.next_due_in() == pytest.approx(1.0)
+        clock.now += 1.0
+        stall = watch.due()
+        assert stall is not None and stall.stage == "start"
+        assert watch.next_due_in() == pytest.approx(90.0)  # 4x its own threshold
+    with watch.stage("update", step=1):  # every other stage keeps the common threshold
+        clock.now += 5.0
+        assert watch.due() is not None
+
+
+def test_starting_and_stopping_workers_wait_a_quarter_of_their_deadlines_by_default() -> None:
+    config = load_config()
+    assert config.diagnose_after_s == 5.0
+    assert stage_thresholds(config) == {"start": 30.0, "restart": 30.0, "close": 7.5}
+    short = load_config(overrides={"rollout.start_timeout_s": 8.0})
+    assert stage_thresholds(short)["start"] == 5.0  # never sooner than the rest
+    # A threshold the user sets applies to every wait.
+    assert stage_thresholds(load_config(overrides={"diagnose.after_s": 1.0})) == {}

@@ -33,6 +33,8 @@ import anyio
 from eventbus import ThreadStack
 
 from ..config._schema import RolloutConfig
+from ..config._schema import Seconds
+from ..config._schema import within
 from ._backend import BackendBase
 from ._backend import Leave
 from ._backend import ResultSink
@@ -87,7 +89,8 @@ class LocalBackend(BackendBase):
     ) -> None:
         super().__init__(spec, workers, faults)
         self._factory = worker_factory
-        self._close_timeout_s = close_timeout_s
+        # The [rollout] section's bound (finite, > 0), for the file and for Python alike.
+        self._close_timeout_s = within("close_timeout_s", close_timeout_s, Seconds)
         self._weights: tuple[int, bytes] = (-1, b"")
         self._generation: _Generation | None = None
         self._retired: list[_Generation] = []

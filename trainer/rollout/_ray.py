@@ -62,6 +62,7 @@ from eventbus import ThreadStack
 
 from ..config._schema import ActorCpus
 from ..config._schema import RolloutConfig
+from ..config._schema import Seconds
 from ..config._schema import StandbyActors
 from ..config._schema import within
 from ._backend import Leave
@@ -141,10 +142,10 @@ class RayBackend(ServingActors):
             # The [rollout] section's bounds, for the file and for Python alike.
             actor_cpus=within("actor_cpus", actor_cpus, ActorCpus),
             standby=within("standby", standby, StandbyActors),
-            start_timeout_s=start_timeout_s,
-            kill_timeout_s=kill_timeout_s,
+            start_timeout_s=within("start_timeout_s", start_timeout_s, Seconds),
+            kill_timeout_s=within("kill_timeout_s", kill_timeout_s, Seconds),
         )
-        super().__init__(spec, workers, faults, pool, hung_after_s)
+        super().__init__(spec, workers, faults, pool, within("hung_after_s", hung_after_s, Seconds))
         self.address = address
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owns_ray = False

@@ -14,6 +14,7 @@ from replay import RolloutResult
 from trainer import ConfigError
 from trainer import LocalBackend
 from trainer import PolicyConfig
+from trainer import RayBackend
 from trainer import WorkerSpec
 from trainer import load_config
 from trainer.config._schema import RolloutConfig
@@ -53,6 +54,23 @@ def test_a_backend_built_in_python_has_the_rollout_sections_bound(workers: int, 
         LocalBackend(SPEC, workers)
     with pytest.raises(ConfigError, match=f"^{re.escape(f'rollout.workers: {bound}')}"):
         load_config(overrides={"rollout.workers": workers})
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (float("inf"), "close_timeout_s: expected a finite `float`, got inf"),
+        (0.0, "close_timeout_s: expected `float` > 0.0, got 0.0"),
+    ],
+)
+def test_a_backends_timeout_built_in_python_has_the_rollout_sections_bound(
+    value: float, message: str
+) -> None:
+    # inf (say, meaning "no limit") would fail deep in a thread join at close.
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        LocalBackend(SPEC, 1, close_timeout_s=value)
+    with pytest.raises(ValueError, match=r"^start_timeout_s: expected a finite `float`, got inf$"):
+        RayBackend(SPEC, 1, start_timeout_s=float("inf"))  # checked before Ray is touched
 
 
 @pytest.mark.parametrize(("workers", "bound"), BAD)

@@ -206,20 +206,21 @@ class RunState:
         if latest is None:
             return None
         stored, state = latest
-        saved_model = state.get("config", {}).get("model")
-        model = msgspec.to_builtins(self.config.model)
-        if saved_model is not None and saved_model != model:
-            changed = "; ".join(
-                f"model.{key} is {saved_model.get(key)!r} there, {model.get(key)!r} here"
-                for key in sorted(saved_model.keys() | model.keys())
-                if saved_model.get(key) != model.get(key)
-            )
-            raise RunFolderError(
-                f"the checkpoints in {stored.path.parent} are of another model ({changed}); "
-                f"resume with that model, or use another run folder (--out)"
-            )
+        saved = state.get("config")
+        changed = changed_settings(saved, self.config.to_dict()) if saved is not None else {}
+        # Any setting may change on a resume but the model's: the weights are of that one.
+        if saved is not None and "model" in saved:
+            model = [(key, pair) for key, pair in changed.items() if key.startswith("model.")]
+            if model:
+                differences = "; ".join(
+                    f"{key} is {then!r} there, {now!r} here" for key, (then, now) in model
+                )
+                raise RunFolderError(
+                    f"the checkpoints in {stored.path.parent} are of another model "
+                    f"({differences}); resume with that model, or use another run folder (--out)"
+                )
         in_flight = self.apply(state, resuming=True)
-        self.changed = changed_settings(state.get("config", {}), self.config.to_dict())
+        self.changed = changed
         logger.info("resuming run %s from the checkpoint of step %d", self.run_id, stored.step)
         return stored, in_flight
 

@@ -111,6 +111,10 @@ class StallDiagnosed(Event, frozen=True):
             ``fit`` task and the threads doing the stage's work).
         repeat: 0 for the first diagnosis of this stall, then 1, 2, ...
         notes: What the diagnosis could not find out, in words.
+        loop_blocked: The trainer's event loop was running something (a synchronous call in
+            an extension, a reward function, a callback), not waiting for events: nothing
+            else on it runs, results, deadlines and views included, until that returns. Its
+            stack is the first of ``stacks``, and it is the stall's cause at any stage.
     """
 
     step: int
@@ -121,12 +125,14 @@ class StallDiagnosed(Event, frozen=True):
     stacks: tuple[ThreadStack, ...] = ()
     repeat: int = 0
     notes: tuple[str, ...] = ()
+    loop_blocked: bool = False
 
     def headline(self, *, after_s: float = 0.0) -> str:
         """One line: who holds what, for how long, stuck where.
 
         ``worker ray-1.0 holds 4 rollouts for 6.2 s, stuck in `myrewards.py:41 score` ``,
-        or for other stages ``weight_sync at step 3 stalled for 6.2 s, stuck in ...``.
+        or for other stages ``weight_sync at step 3 stalled for 6.2 s, stuck in ...``; a
+        blocked event loop first, at any stage: ``the event loop is blocked, in `...` ``.
 
         Args:
             after_s: How long the stall has gone on since this diagnosis: the durations are
@@ -134,6 +140,7 @@ class StallDiagnosed(Event, frozen=True):
                 how long the rollouts have been held by then, not how long at diagnosis).
         """
         later = max(0.0, after_s)
+        what = f"{self.stage} at step {self.step} stalled for {self.stalled_s + later:.1f} s"
         held: dict[str, list[StuckRollout]] = {}
         for rollout in self.stuck:
             held.setdefault(rollout.worker_id, []).append(rollout)
@@ -144,9 +151,12 @@ class StallDiagnosed(Event, frozen=True):
             parts.append(
                 f"worker {worker_id} holds {count} for {longest:.1f} s" + self._stuck_in(worker_id)
             )
+        if self.loop_blocked:  # the cause, whatever the stage waits for (its stack is first)
+            return "; ".join(
+                [f"{what}: the event loop is blocked{self._stuck_in('trainer')}", *parts]
+            )
         if parts:
             return "; ".join(parts)
-        what = f"{self.stage} at step {self.step} stalled for {self.stalled_s + later:.1f} s"
         return what + self._stuck_in("trainer")
 
     def _stuck_in(self, owner: str) -> str:

@@ -69,3 +69,25 @@ def test_headline_after_the_diagnosis_states_the_durations_that_much_later() -> 
     trainer_stage = stall(step=5, stage="weight_sync", waited_s=2.0, stalled_s=2.0)
     assert trainer_stage.headline(after_s=8.0) == "weight_sync at step 5 stalled for 10.0 s"
     assert held.headline(after_s=-1.0) == held.headline()  # a clock step back: as diagnosed
+
+
+def test_a_blocked_loop_leads_the_headline_whatever_the_stage_and_the_holders() -> None:
+    loop = ThreadStack(owner="trainer", thread="event loop", frames=(OUTER, USER, LIB))
+    held = stall(
+        step=3,
+        stage="rollouts",
+        stalled_s=4.0,
+        stuck=stuck("local-0.1", 2, 4.5),
+        stacks=(loop, ThreadStack(owner="local-0.1", frames=(OUTER, LIB))),
+        loop_blocked=True,
+    )
+    assert held.headline() == (
+        "rollouts at step 3 stalled for 4.0 s: the event loop is blocked, stuck in "
+        "`myrewards.py:41 score`; worker local-0.1 holds 2 rollouts for 4.5 s, "
+        "stuck in `_worker.py:90 run`"
+    )
+    alone = stall(step=3, stage="update", stalled_s=4.0, stacks=(loop,), loop_blocked=True)
+    assert alone.headline() == (
+        "update at step 3 stalled for 4.0 s: the event loop is blocked, stuck in "
+        "`myrewards.py:41 score`"
+    )

@@ -6,13 +6,14 @@ for ``StallDiagnosed`` (checked when the trainer enters a stage), sleeps until t
 :class:`~trainer.runtime._stall.StallWatch` says a stall could be due, and reads stacks only
 for a stall that is due. :meth:`StallDiagnoser.stop` joins it: nothing outlives ``fit()``.
 
-For a ``rollouts`` stall the event lists every rollout a worker holds and each holding
-worker's stack (the backend reads them: thread frames locally, py-spy or the actor's
-diagnosis thread on Ray). For the trainer's own stages it holds the trainer's stacks: the
-``fit`` task's await chain, the threads doing the stage's work (those the stage ran, and
-those helping the trainer, such as the Ray backend's ``ray.put``), and the event loop's
-thread when that is busy rather than waiting for events; while the rollout side stops, the
-workers that have not stopped yet.
+At any stage, an event loop that does not run a callback within ``loop_probe_s`` is the
+stall's cause: nothing on it runs, rollout results and deadlines included. Its thread's stack
+comes first and the event says ``loop_blocked``. For a ``rollouts`` stall the event lists
+every rollout a worker holds and each holding worker's stack (the backend reads them: thread
+frames locally, py-spy or the actor's diagnosis thread on Ray). For the trainer's own stages
+it holds the trainer's stacks: the ``fit`` task's await chain and the threads doing the
+stage's work (those the stage ran, and those helping the trainer, such as the Ray backend's
+``ray.put``); while the rollout side stops, the workers that have not stopped yet.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..rollout._backend import RolloutBackend
 from ..rollout._driver import RolloutDriver
 from ..rollout._stacks import StackReader
 from ..rollout._stacks import helpers_of
+from ._describe import describe
 from ._stall import Stages
 from ._stall import Stall
 from ._stall import StallWatch
@@ -45,6 +47,12 @@ logger = logging.getLogger("trainbus.diagnosis")
 
 # Innermost frames of an event loop waiting for events (asyncio's selector, uvloop's run).
 _IDLE_LOOP_FILES = ("selectors.py", "base_events.py", "runners.py", "uvloop")
+
+BLOCKED_LOOP_NOTE = (
+    "the event loop is blocked by a synchronous call (its stack is the first): no result,"
+    " deadline or view on it runs until that call returns; await it, or run it in a thread"
+)
+"""The note of a diagnosis made while the loop was busy (``StallDiagnosed.loop_blocked``)."""
 
 
 class StallDiagnoser:
@@ -59,6 +67,8 @@ class StallDiagnoser:
         sleep: Waits up to the given seconds; returns True once :meth:`stop` was called
             (default: an event wait). Tests inject their own.
         max_sleep_s: Longest sleep between two looks at the watch.
+        loop_probe_s: How long the event loop has to run a callback before it counts as
+            blocked (its stack is then read as the stall's cause).
     """
 
     def __init__(
@@ -71,6 +81,7 @@ class StallDiagnoser:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], bool] | None = None,
         max_sleep_s: float = 1.0,
+        loop_probe_s: float = 0.5,
     ) -> None:
         self.watch = watch
         self.bus = bus
@@ -83,13 +94,16 @@ class StallDiagnoser:
         self._stopped = threading.Event()
         self._sleep = sleep or self._stopped.wait
         self._max_sleep_s = max_sleep_s
+        self._loop_probe_s = loop_probe_s
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._task: asyncio.Task[Any] | None = None
 
     def attach(self, task: asyncio.Task[Any] | None) -> None:
-        """The ``fit`` task and, from the calling thread, the event loop's thread."""
+        """The ``fit`` task and, called on it, the event loop and its thread."""
         self._task = task
+        self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
 
     def ensure_running(self) -> None:
@@ -132,19 +146,26 @@ class StallDiagnoser:
         self.bus.publish(event)
         self.latest = event
         self.published += 1
-        logger.warning("stalled %s: %s", stall.stage, event.headline())
+        # The terminal's line of a stall, from this thread: it shows even while the event
+        # loop, which runs the views and the event log, is blocked. Stacks the first time.
+        text = describe(event)
+        logger.warning("stalled: %s", text if event.repeat == 0 else text.split("\n", 1)[0])
         return event
 
     def diagnose(self, stall: Stall) -> StallDiagnosed:
         """Build the diagnosis of ``stall`` (reads stacks: call it off the event loop)."""
         notes: list[str] = []
         stuck: tuple[StuckRollout, ...] = ()
+        loop = self._blocked_loop()
+        stacks: tuple[ThreadStack, ...] = () if loop is None else (loop,)
+        if loop is not None:
+            notes.append(BLOCKED_LOOP_NOTE)
         if stall.stage == "rollouts":
-            holdings = self._holdings(notes)
+            holdings = self._holdings(notes if loop is None else [])
             stuck = _stuck(holdings, self._clock())
-            stacks = self._worker_stacks(holdings, notes)
+            stacks += self._worker_stacks(holdings, notes)
         else:
-            stacks = self._trainer_stacks(stall)
+            stacks += self._trainer_stacks(stall)
             if stall.stage in ("close", "restart"):
                 stacks += self._stopping_stacks()
         return StallDiagnosed(
@@ -156,6 +177,7 @@ class StallDiagnoser:
             stacks=stacks,
             repeat=stall.repeat,
             notes=tuple(notes),
+            loop_blocked=loop is not None,
         )
 
     def _holdings(self, notes: list[str]) -> tuple[Holding, ...]:
@@ -180,20 +202,31 @@ class StallDiagnoser:
         stacks: tuple[ThreadStack, ...] = read(sorted({h.worker_id for h in held}), self.reader)
         return stacks
 
+    def _blocked_loop(self) -> ThreadStack | None:
+        """The event loop thread's stack when the loop does not run a callback within
+        ``loop_probe_s`` because it runs something else (a synchronous call blocks it);
+        None when it answers, or sits waiting for events. A stack alone cannot tell: a
+        healthy loop is caught running a callback now and then."""
+        loop, ident = self._loop, self._loop_thread
+        if loop is None or ident is None:
+            return None
+        answered = threading.Event()
+        try:
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # closed: nothing runs on it any more, so nothing is blocked
+            return None
+        if answered.wait(self._loop_probe_s):
+            return None
+        stack = self.reader.thread(ident, "trainer", "event loop")
+        innermost = stack.frames[-1].file if stack.frames else ""
+        if not stack.frames or innermost.endswith(_IDLE_LOOP_FILES) or "uvloop" in innermost:
+            return None
+        return stack
+
     def _trainer_stacks(self, stall: Stall) -> tuple[ThreadStack, ...]:
-        """The event loop's thread when something blocks it, then the threads doing the
-        stage's work, then the ``fit`` task's await chain (which only waits for them)."""
+        """The threads doing the stage's work, then the ``fit`` task's await chain (which
+        only waits for them)."""
         stacks: list[ThreadStack] = []
-        if self._loop_thread is not None:
-            loop = self.reader.thread(self._loop_thread, "trainer", "event loop")
-            innermost = loop.frames[-1].file if loop.frames else ""
-            if (
-                loop.frames
-                and not innermost.endswith(_IDLE_LOOP_FILES)
-                and "uvloop" not in innermost
-            ):
-                # Busy, not waiting for events: something blocks the loop (its stack says what).
-                stacks.append(loop)
         threads = {**helpers_of("trainer"), **stall.threads}
         for ident, name in threads.items():
             stacks.append(self.reader.thread(ident, "trainer", name))

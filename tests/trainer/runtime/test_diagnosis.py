@@ -4,7 +4,9 @@ vote carries it; with nobody listening nothing is read or published."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from eventbus import ExtensionContext
 from eventbus import RolloutRestarted
 from eventbus import SafePointReached
 from eventbus import StallDiagnosed
+from eventbus import StepFinished
 from eventbus.testing import record_events
 from replay import RolloutResult
 from replay import SampleDeadlineExceeded
@@ -111,6 +114,8 @@ async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
     where = stack.where()
     assert where is not None and where.function == "stuck_in_known_function"
     assert stack.source == "thread" and stack.note == ""
+    assert not first.loop_blocked  # the loop answered: it only waits for the worker
+    assert all(s.thread != "event loop" for s in first.stacks)
     headline = first.headline()
     assert headline.startswith(f"worker {HUNG_WORKER} holds {len(held)} rollouts for ")
     line = stuck_in_known_function.__code__.co_firstlineno + 2  # its release.wait()
@@ -163,3 +168,73 @@ async def test_diagnosis_off_publishes_nothing() -> None:
         summary = await trainer.fit()
     assert summary.status == "finished"
     assert recorder.of_type(StallDiagnosed) == []
+
+
+class BlocksTheLoop:
+    """An extension whose ``on_event`` makes a synchronous call that blocks the event loop
+    (at the first step's end) until a stall is logged, or for a minute at the most."""
+
+    name = "blocks-the-loop"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS,)
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.released_by_the_log = False
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        if isinstance(event, StepFinished) and event.step == 1:
+            self.released_by_the_log = self.release.wait(60.0)
+
+
+class SetOnRecord(logging.Handler):
+    def __init__(self, flag: threading.Event) -> None:
+        super().__init__()
+        self.flag = flag
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.flag.set()
+
+
+@pytest.fixture
+def stall_log(request: pytest.FixtureRequest) -> Iterator[logging.Logger]:
+    log = logging.getLogger("trainbus.diagnosis")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    yield log
+    log.setLevel(level)
+
+
+async def test_a_blocked_event_loop_is_the_cause_and_is_logged_while_it_blocks(
+    stall_log: logging.Logger,
+) -> None:
+    blocker = BlocksTheLoop()
+    trainer = PPOTrainer(tiny_config(run__steps=2, diagnose__after_s=0.2))
+    trainer.register_runtime_extension(blocker)
+    handler = SetOnRecord(blocker.release)
+    stall_log.addHandler(handler)
+    try:
+        async with record_events(trainer.bus, StallDiagnosed) as recorder:
+            summary = await trainer.fit()
+    finally:
+        stall_log.removeHandler(handler)
+    assert summary.status == "finished"
+    # The watchdog's log line is what let the loop go: it came while the loop was blocked.
+    assert blocker.released_by_the_log
+    [diagnosis] = recorder.of_type(StallDiagnosed)
+    assert diagnosis.loop_blocked
+    loop = diagnosis.stacks[0]
+    assert (loop.owner, loop.thread) == ("trainer", "event loop")
+    where = loop.where()
+    assert where is not None and where.function == "BlocksTheLoop.on_event"
+    line = BlocksTheLoop.on_event.__code__.co_firstlineno + 2  # its release.wait()
+    assert f"the event loop is blocked, stuck in `test_diagnosis.py:{line} " in (
+        diagnosis.headline()
+    )
+    # Whatever the stage, the note says why nothing else moves; the log shows the stacks.
+    assert any("event loop is blocked" in note for note in diagnosis.notes)
+    [message] = handler.messages
+    assert message.startswith(f"stalled: step {diagnosis.step}: {diagnosis.stage} stalled ")
+    assert f"        test_diagnosis.py:{line} BlocksTheLoop.on_event" in message.splitlines()

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ._hparams import WorkloadError
+from ._unreadable import why_unreadable
 
 __all__ = [
     "MissingExtraError",
@@ -136,14 +137,11 @@ def tokenizer_error(folder: Path, exc: BaseException) -> ModelLoadError:
 
 def weights_error(folder: Path, exc: BaseException) -> ModelLoadError:
     """The error for weights that cannot be read: the file (the one ``transformers``
-    prefers), and the reason's first sentence (torch's go on to advice that does not
-    apply to a damaged file)."""
+    prefers), and why, in the words of a damaged checkpoint (``why_unreadable``)."""
     name = next((n for n in _WEIGHTS if (folder / n).is_file()), _WEIGHTS[0])
     which = f"the shards {name} lists" if name.endswith(".index.json") else name
-    reason = _one_line(exc).split(". ")[0].rstrip(".")
     return ModelLoadError(
-        f"cannot read the weights of {folder}: {which} is damaged, truncated or not a "
-        f"weights file ({reason})"
+        f"cannot read the weights of {folder}: {which}: {why_unreadable(exc, 'weights file')}"
     )
 
 

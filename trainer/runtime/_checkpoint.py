@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from ..rl._unreadable import why_unreadable
+
 __all__ = [
     "CheckpointError",
     "CheckpointStore",
@@ -244,32 +246,10 @@ def _load(source: str | Path | io.BytesIO, name: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        raise UnreadableCheckpoint(name, _why_unreadable(exc)) from exc
+        raise UnreadableCheckpoint(name, why_unreadable(exc, "torch checkpoint")) from exc
     if not isinstance(state, dict):
         raise UnreadableCheckpoint(name, "it does not hold a dict")
     return state
-
-
-def _why_unreadable(error: BaseException) -> str:
-    """Why torch could not load a checkpoint, in a few words. torch's own text for a file
-    its weights-only loader rejects suggests loading it with ``weights_only=False`` and
-    filing an issue: for a corrupt file that is the wrong advice, so only its detail is kept.
-    """
-    if isinstance(error, EOFError):
-        return "it is empty or cut short"
-    if isinstance(error, OSError):
-        return error.strerror or str(error)
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-    detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
-    if detail is not None:
-        what = detail.group(1).strip()
-        if what.startswith("Unsupported global"):
-            return f"it holds objects other than tensors and plain data ({what})"
-        return f"it is corrupt, or not a torch checkpoint ({what.lower()})"
-    if "zip archive" in text:
-        return "it is corrupt or cut short (not a complete zip archive)"
-    lines = text.strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 def _fsync_folder(folder: Path) -> None:

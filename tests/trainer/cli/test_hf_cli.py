@@ -117,8 +117,8 @@ def test_damaged_weights_are_one_line_and_exit_2_with_nothing_written(
     assert main(["train", "--model", "model", *DATA, *EXACT, "--out", "run"]) == 2
     stderr = capsys.readouterr().err
     assert stderr.strip().splitlines() == [
-        "error: cannot read the weights of model: model.safetensors is damaged, truncated or "
-        "not a weights file (Error while deserializing header: header too large)"
+        "error: cannot read the weights of model: model.safetensors: it is corrupt, cut short "
+        "or not a weights file (Error while deserializing header: header too large)"
     ]
     assert not (tmp_path / "run").exists()
 

@@ -92,12 +92,19 @@ def _without_tokenizer_json(folder: Path) -> None:
     [
         (
             _write("model.safetensors", b"garbage\n"),
-            "cannot read the weights of {folder}: model.safetensors is damaged, truncated or "
-            "not a weights file (Error while deserializing header: header too large)",
+            "cannot read the weights of {folder}: model.safetensors: it is corrupt, cut short "
+            "or not a weights file (Error while deserializing header: header too large)",
         ),
-        (_write("model.safetensors", b""), "model.safetensors is damaged, truncated"),
-        (_as_pytorch_bin(b"garbage\n"), "pytorch_model.bin is damaged, truncated"),
-        (_as_pytorch_bin(b"PK\x03\x04garbage"), "pytorch_model.bin is damaged, truncated"),
+        (_write("model.safetensors", b""), "model.safetensors: it is corrupt, cut short or not"),
+        # The words of a damaged checkpoint: one wording for a damaged torch file.
+        (
+            _as_pytorch_bin(b"garbage\n"),
+            "pytorch_model.bin: it is corrupt, or not a weights file (unsupported operand 103)",
+        ),
+        (
+            _as_pytorch_bin(b"PK\x03\x04garbage"),
+            "pytorch_model.bin: it is corrupt or cut short (not a complete zip archive)",
+        ),
         (
             _without_tokenizer_json,
             "cannot build the tokenizer in {folder} from the files there: it has "

@@ -132,7 +132,8 @@ class StallDiagnosed(Event, frozen=True):
 
         ``worker ray-1.0 holds 4 rollouts for 6.2 s, stuck in `myrewards.py:41 score` ``,
         or for other stages ``weight_sync at step 3 stalled for 6.2 s, stuck in ...``; a
-        blocked event loop first, at any stage: ``the event loop is blocked, in `...` ``.
+        blocked event loop at any stage: ``rollouts at step 3 stalled for 6.2 s: the event
+        loop is blocked, stuck in ...``.
 
         Args:
             after_s: How long the stall has gone on since this diagnosis: the durations are
@@ -141,23 +142,37 @@ class StallDiagnosed(Event, frozen=True):
         """
         later = max(0.0, after_s)
         what = f"{self.stage} at step {self.step} stalled for {self.stalled_s + later:.1f} s"
+        if self.loop_blocked:
+            return f"{what}: {self.cause(after_s=later)}"
+        if self.stuck:
+            return self.cause(after_s=later)
+        return what + self._stuck_in("trainer")
+
+    def cause(self, *, after_s: float = 0.0) -> str:
+        """The headline without the stage and its duration: the blocked event loop (the
+        cause, whatever the stage waits for), then who holds what; else where the trainer
+        is stuck (``stuck in `...` ``); empty when nothing more is known.
+
+        Args:
+            after_s: As for :meth:`headline`.
+        """
+        later = max(0.0, after_s)
         held: dict[str, list[StuckRollout]] = {}
         for rollout in self.stuck:
             held.setdefault(rollout.worker_id, []).append(rollout)
-        parts = []
+        parts = (
+            [f"the event loop is blocked{self._stuck_in('trainer')}"] if self.loop_blocked else []
+        )
         for worker_id, rollouts in held.items():
             longest = max(r.held_s for r in rollouts) + later
             count = f"{len(rollouts)} rollout" + ("" if len(rollouts) == 1 else "s")
             parts.append(
                 f"worker {worker_id} holds {count} for {longest:.1f} s" + self._stuck_in(worker_id)
             )
-        if self.loop_blocked:  # the cause, whatever the stage waits for (its stack is first)
-            return "; ".join(
-                [f"{what}: the event loop is blocked{self._stuck_in('trainer')}", *parts]
-            )
         if parts:
             return "; ".join(parts)
-        return what + self._stuck_in("trainer")
+        # ", stuck in `...`" or " (no stack: why)", as a clause of its own.
+        return self._stuck_in("trainer").removeprefix(", ").strip().strip("()")
 
     def _stuck_in(self, owner: str) -> str:
         stacks = [s for s in self.stacks if s.owner == owner]

@@ -91,3 +91,16 @@ def test_a_blocked_loop_leads_the_headline_whatever_the_stage_and_the_holders() 
         "update at step 3 stalled for 4.0 s: the event loop is blocked, stuck in "
         "`myrewards.py:41 score`"
     )
+
+
+def test_the_cause_is_the_headline_without_the_stage_and_its_duration() -> None:
+    loop = ThreadStack(owner="trainer", thread="event loop", frames=(OUTER, USER))
+    blocked = stall(stage="update", stacks=(loop,), loop_blocked=True)
+    assert blocked.cause() == "the event loop is blocked, stuck in `myrewards.py:41 score`"
+    held = stall(stuck=stuck("ray-1", 1, 2.0))
+    assert held.cause() == held.headline() == "worker ray-1 holds 1 rollout for 2.0 s"
+    trainer = ThreadStack(owner="trainer", thread="fit task", frames=(OUTER, LIB))
+    assert stall(stage="update", stacks=(trainer,)).cause() == "stuck in `_worker.py:90 run`"
+    unread = ThreadStack(owner="trainer", note="not permitted")
+    assert stall(stage="update", stacks=(unread,)).cause() == "no stack: not permitted"
+    assert stall(stage="update").cause() == ""

@@ -260,9 +260,10 @@ def _lagged(e: Lagged, context: Context) -> str:
 def _stall_diagnosed(e: StallDiagnosed, context: Context) -> str:
     """The headline, then what is held by whom and each stack, indented (several lines)."""
     again = f", diagnosis {e.repeat + 1}" if e.repeat else ""
+    cause = e.cause()
     lines = [
         f"step {e.step}: {e.stage} stalled {e.stalled_s:.1f} s (waited {e.waited_s:.1f} s"
-        f"{again}): {e.headline()}"
+        f"{again})" + (f": {cause}" if cause else "")
     ]
     held: dict[str, list[str]] = {}
     for rollout in e.stuck:

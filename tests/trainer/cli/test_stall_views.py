@@ -81,6 +81,18 @@ def test_events_prints_the_headline_then_holdings_and_indented_stacks() -> None:
     assert first.split()[:4] == ["17", "StallDiagnosed", "step", "4:"]
 
 
+def test_a_trainer_stage_is_said_once_then_where_it_is_stuck() -> None:
+    loop = ThreadStack(owner="trainer", thread="event loop", frames=DIAGNOSIS.stacks[0].frames)
+    blocked = stall(step=4, stage="rollouts", stacks=(loop,), loop_blocked=True)
+    assert describe(blocked).splitlines()[0] == (
+        "step 4: rollouts stalled 6.2 s (waited 7.0 s): the event loop is blocked, stuck in "
+        "`myrewards.py:41 score`"
+    )
+    assert describe(stall(step=4, stage="update")).splitlines() == [
+        "step 4: update stalled 6.2 s (waited 7.0 s)"
+    ]
+
+
 def test_a_stack_that_could_not_be_read_shows_why() -> None:
     event = stall(
         step=2,

@@ -7,6 +7,11 @@ in-memory series (thread-safe, microseconds) and prometheus-client serves them f
 thread. It asks for ``SAMPLE_WAIT`` so ``trainbus_current_wait_seconds`` shows the wait in
 progress, the number to alert on when a run stalls.
 
+Both liveness series hold when the event loop itself is blocked (a synchronous call in an
+extension or callback), which stops every event, this exporter's included: the current wait
+is computed when it is scraped, from the last ``SampleWait`` on, until the batch is
+reconciled; ``trainbus_last_event_timestamp_seconds`` stops moving, so ``time() - it`` grows.
+
 Series: every per-step metric of ``trainer.runtime._metrics.METRICS`` as a gauge named
 ``trainbus_`` + the name with ``/`` as ``_`` (``trainbus_reward_mean``,
 ``trainbus_timing_s_wait``), plus those in :data:`SERIES`.
@@ -17,6 +22,8 @@ from __future__ import annotations
 import errno
 import re
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -51,6 +58,7 @@ SERIES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("trainbus_running", "gauge", (), "1 while fit() runs, 0 after it ended"),
     ("trainbus_step_seconds", "histogram", (), "wall time of each step"),
     ("trainbus_current_wait_seconds", "gauge", (), "how long the wait in progress has lasted"),
+    ("trainbus_last_event_timestamp_seconds", "gauge", (), "when the exporter last heard an event"),
     ("trainbus_sample_wait_seconds_total", "counter", (), "time spent waiting for batches"),
     ("trainbus_restarts_total", "counter", ("kind",), "rollout restarts and recoveries"),
     ("trainbus_workers_lost_total", "counter", (), "rollout workers lost"),
@@ -74,6 +82,8 @@ class PrometheusExporter:
         host: The address to listen on (loopback unless you say otherwise).
         port: The port; 0 picks a free one (see :attr:`port` once built).
         name: The extension name.
+        clock: Monotonic seconds, for the wait in progress (tests inject their own).
+        wall: Unix seconds, for the last event's timestamp (tests inject their own).
 
     Raises:
         ExtensionError: The port is in use or the address cannot be bound.
@@ -83,13 +93,24 @@ class PrometheusExporter:
     required_capabilities = (Capability.EVENTS, Capability.SAMPLE_WAIT)
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 9464, *, name: str = "export-prometheus"
+        self,
+        host: str = "127.0.0.1",
+        port: int = 9464,
+        *,
+        name: str = "export-prometheus",
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         require("prometheus")
         import prometheus_client as prom
 
         self.name = name
         self.host = host
+        self._clock, self._wall = clock, wall
+        # (elapsed_s of the last SampleWait, the clock then) while that wait goes on, else
+        # None and the value held; one assignment each, read by the scrape thread.
+        self._wait_live: tuple[float, float] | None = None
+        self._wait_held = 0.0
         registry = self.registry = prom.CollectorRegistry()
         self._prom = prom
         self._gauges: dict[str, Any] = {}
@@ -114,6 +135,7 @@ class PrometheusExporter:
             else:
                 made[series] = kinds[kind](base, help_text, list(labels), registry=registry)
         self._series = made
+        made["trainbus_current_wait_seconds"].set_function(self.current_wait_s)
         prom.ProcessCollector(registry=registry)  # memory and CPU of the trainer process
         try:
             server, self._thread = prom.start_http_server(port, addr=host, registry=registry)
@@ -144,19 +166,31 @@ class PrometheusExporter:
         if isinstance(event, FitFinished | FitFailed):
             await anyio.to_thread.run_sync(self.close)  # shutdown() waits for the server
 
+    def current_wait_s(self) -> float:
+        """How long the wait in progress has lasted, now: it goes on counting after the
+        last ``SampleWait`` until the batch is reconciled, so a blocked event loop (no more
+        events) does not freeze it. Then held until the step finishes (0)."""
+        live = self._wait_live
+        if live is None:
+            return self._wait_held
+        elapsed, at = live
+        return elapsed + max(0.0, self._clock() - at)
+
     def _update(self, event: Event) -> None:
         s = self._series
+        s["trainbus_last_event_timestamp_seconds"].set(self._wall())
         if isinstance(event, SampleWait):
-            s["trainbus_current_wait_seconds"].set(event.state.elapsed_s)
+            self._wait_live = (event.state.elapsed_s, self._clock())
         elif isinstance(event, StepFinished):
             for metric, value in event.metrics.items():
                 self._gauge(metric).set(value)
             s["trainbus_step"].set(event.step)
             s["trainbus_step_seconds"].observe(event.duration_s)
-            s["trainbus_current_wait_seconds"].set(0.0)
+            self._wait_live, self._wait_held = None, 0.0
             wait = event.metrics.get("timing_s/wait", 0.0)
             s["trainbus_sample_wait_seconds_total"].inc(max(wait, 0.0))
         elif isinstance(event, BatchReconciled):
+            self._wait_held, self._wait_live = self.current_wait_s(), None  # the wait is over
             for reason, n in event.report.dropped.items():
                 if n > 0:
                     s["trainbus_rollouts_dropped_total"].labels(reason=reason).inc(n)
@@ -182,6 +216,7 @@ class PrometheusExporter:
             s["trainbus_running"].set(1)
         elif isinstance(event, FitFinished | FitFailed):
             s["trainbus_running"].set(0)
+            self._wait_live, self._wait_held = None, 0.0
 
     def _gauge(self, metric: str) -> Any:
         gauge = self._gauges.get(metric)

@@ -28,3 +28,13 @@ def tiny_config(**overrides: Any) -> TrainerConfig:
     }
     values.update({key.replace("__", "."): value for key, value in overrides.items()})
     return load_config(overrides=values)
+
+
+class Clock:
+    """A clock the test moves by hand: ``clock.now += 5``."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now

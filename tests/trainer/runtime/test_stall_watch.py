@@ -16,18 +16,7 @@ from trainer.runtime._diagnosis import stage_thresholds
 from trainer.runtime._stall import Stages
 from trainer.runtime._stall import StallWatch
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
+from ..helpers import Clock
 
 
 def make(clock: Clock, progress: list[float] | None = None, after: float = 5.0) -> StallWatch:

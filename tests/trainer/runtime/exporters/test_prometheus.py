@@ -15,18 +15,7 @@ from eventbus import StepFinished
 from tests._events import sample_wait
 from trainer.runtime.exporters._prometheus import PrometheusExporter
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
+from ...helpers import Clock
 
 
 @pytest.fixture
@@ -42,7 +31,7 @@ def scraped(exporter: PrometheusExporter, name: str) -> float | None:
 
 
 async def handle(exporter: PrometheusExporter, event: Any) -> None:
-    await exporter.on_event(None, event)  # type: ignore[arg-type]  (the context is unused)
+    await exporter.on_event(None, event)  # type: ignore[arg-type]  # the context is unused
 
 
 async def test_the_current_wait_counts_on_between_events_until_the_batch_is_reconciled(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -25,6 +24,7 @@ from ..runtime._runlock import RunFolderError
 from ..runtime._runlock import check_unowned
 from ._errors import EXIT_USAGE
 from ._errors import UsageError
+from ._logging import log_to
 from ._parser import build_parser
 from ._workload import run_workload_command
 
@@ -290,9 +290,9 @@ def _train(args: argparse.Namespace) -> int:
     view, handler = progress_view(
         live=not args.no_progress and sys.stdout.isatty(), verbose=args.verbose
     )
-    # The progress view reports restarts, faults and drops as events; logs add only errors
-    # (and everything with --verbose).
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, handlers=[handler])
+    # The progress view reports restarts, faults and drops as events; the log adds this
+    # project's warnings and every library's errors (everything from INFO with --verbose).
+    log_to(handler, verbose=args.verbose)
     try:
         trainer = _build_trainer(config, out, faults)
     except BaseException:

@@ -1,0 +1,112 @@
+"""What ``trainbus train`` shows of the log: this project's warnings, once; other libraries'
+errors only (everything with ``-v``)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from .test_cli import tiny_toml
+from .test_cli import train_one_step_with
+from .test_cli import trainbus
+from .test_cli import write_extension
+
+
+def _warnings(stderr: str) -> list[str]:
+    """The log lines of ``stderr``, without their time stamps."""
+    return [
+        re.sub(r"^\S+ \S+ ", "", line)
+        for line in stderr.splitlines()
+        if re.match(r"\S+ \S+ (WARNING|ERROR|INFO) ", line)
+    ]
+
+
+def test_a_healthy_run_prints_no_log_line(tmp_path: Path) -> None:
+    done = trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "2", "--no-progress"),
+        *("--out", "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+
+
+def test_what_a_resumed_run_repaired_is_shown_by_default(tmp_path: Path) -> None:
+    """A killed run leaves a partial checkpoint write and, here, torn last lines: the run
+    that resumes it says what it removed, each once, without ``-v``."""
+    command = (
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "3", "--no-progress"),
+        *("--inject", "checkpoint-crash@2", "--out", "run"),
+    )
+    killed = trainbus(*command, cwd=tmp_path)
+    assert killed.returncode == -9, killed.stderr
+    for name in ("events.jsonl", "metrics.jsonl"):
+        with (tmp_path / "run" / name).open("ab") as file:
+            file.write(b'{"torn": ')
+    resumed = trainbus(*command, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _warnings(resumed.stderr) == [
+        "WARNING trainbus.run: run/events.jsonl ended in a torn line (the writer was killed "
+        "mid-write): removed its last 9 bytes",
+        "WARNING trainbus.run: run/metrics.jsonl ended in a torn line (the writer was killed "
+        "mid-write): removed its last 9 bytes",
+        "WARNING trainbus.checkpoint: removing partial checkpoint write "
+        "run/checkpoints/step-00000002.pt.tmp (the writer was interrupted)",
+    ]
+    assert resumed.stderr.count("\n") == 3, resumed.stderr
+
+
+LOUD = (
+    "def on_event(self, context, event):",
+    "    if type(event).__name__ == 'FitStarted':",
+    "        for name in ('trainbus.mine', 'eventbus.mine', 'replay', 'somelib', 'urllib3'):",
+    "            logging.getLogger(name).info('info of %s', name)",
+    "            logging.getLogger(name).warning('warning of %s', name)",
+    "        logging.getLogger('somelib').error('error of somelib')",
+)
+
+
+def test_other_libraries_show_only_their_errors_unless_verbose(tmp_path: Path) -> None:
+    loud = write_extension(tmp_path / "loud.py", "Loud", ("EVENTS",), *LOUD)
+    (tmp_path / "loud.py").write_text("import logging\n" + (tmp_path / "loud.py").read_text())
+    done = train_one_step_with(tmp_path, loud)
+    assert done.returncode == 0, done.stderr
+    assert _warnings(done.stderr) == [
+        "WARNING trainbus.mine: warning of trainbus.mine",
+        "WARNING eventbus.mine: warning of eventbus.mine",
+        "WARNING replay: warning of replay",
+        "ERROR somelib: error of somelib",
+    ]
+    verbose = train_one_step_with(tmp_path, loud, "--out", "run-v", "-v")
+    assert verbose.returncode == 0, verbose.stderr
+    shown = _warnings(verbose.stderr)
+    for name in ("trainbus.mine", "eventbus.mine", "replay", "somelib", "urllib3"):
+        assert f"INFO {name}: info of {name}" in shown
+        assert f"WARNING {name}: warning of {name}" in shown
+
+
+@pytest.mark.parametrize(
+    ("name", "ours"),
+    [
+        ("trainbus", True),
+        ("trainbus.checkpoint", True),
+        ("eventbus", True),
+        ("replay", True),
+        ("replay.sub", True),
+        ("trainbusx", False),
+        ("trainbus_reward_rewards_0123abcd", False),  # a user's reward file
+        ("datasets.builder", False),
+        ("ray", False),
+        ("root", False),
+    ],
+)
+def test_the_table_of_our_loggers_decides_the_threshold(name: str, ours: bool) -> None:
+    from trainer.cli._logging import OWN_LOGGERS
+    from trainer.cli._logging import threshold
+
+    assert set(OWN_LOGGERS) == {"trainbus", "eventbus", "replay"}
+    assert threshold(name, verbose=False) == (logging.WARNING if ours else logging.ERROR)
+    assert threshold(name, verbose=True) == logging.INFO

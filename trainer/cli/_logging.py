@@ -1,0 +1,42 @@
+"""What the command line shows of the log: one table of this project's loggers.
+
+A warning of trainbus is meant for the person running it (a torn last line repaired in the
+run folder, a checkpoint write discarded, Ray processes that could not be stopped), so the
+terminal shows this project's records from WARNING up. Other libraries (ray, datasets,
+transformers, urllib3, filelock, ...) warn about things a user of the trainer cannot act
+on: only their errors are shown. ``--verbose`` shows every record from INFO up.
+
+The thresholds are a filter on the command line's own handler, not levels set on loggers:
+nothing global changes for other handlers (a test's, an embedding program's).
+"""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["OWN_LOGGERS", "is_own", "log_to", "threshold"]
+
+OWN_LOGGERS = ("trainbus", "eventbus", "replay")
+"""The roots of this project's logger names: ``trainbus.checkpoint``, ``eventbus``,
+``replay`` and their children (``logging.getLogger`` in the three packages)."""
+
+
+def is_own(name: str) -> bool:
+    """Whether logger ``name`` is one of this project's (a root of the table or below it)."""
+    return any(name == root or name.startswith(f"{root}.") for root in OWN_LOGGERS)
+
+
+def threshold(name: str, *, verbose: bool) -> int:
+    """The lowest level the command line shows of logger ``name``."""
+    if verbose:
+        return logging.INFO
+    return logging.WARNING if is_own(name) else logging.ERROR
+
+
+def log_to(handler: logging.Handler, *, verbose: bool) -> None:
+    """Send the log to ``handler``, which shows each record at or above its logger's
+    :func:`threshold` (unless the program already configured logging: then nothing
+    changes, as with :func:`logging.basicConfig`)."""
+    handler.addFilter(lambda record: record.levelno >= threshold(record.name, verbose=verbose))
+    # The root's level only keeps records below every threshold from being made at all.
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])

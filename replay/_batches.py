@@ -39,6 +39,7 @@ from ._records import Batch
 from ._records import Counters
 from ._report import FailureRules
 from ._report import build_report
+from ._report import repeats_the_report
 from ._state import TrackerState
 from ._validate import check_groups
 from ._waiting import Poll
@@ -233,6 +234,8 @@ class SyncBatches:
 
     def _announce(self, report: BatchReport, partition: str) -> None:
         problems = report.registered - report.succeeded
+        bus = self._state.bus
+        published = bus is not None and bus.wants(BatchReconciled)
         logger.log(
             logging.WARNING if problems else logging.DEBUG,
             "finalized step %d (%s): %d/%d succeeded, failed %s, %d timed out, %d missing, "
@@ -247,9 +250,9 @@ class SyncBatches:
             report.dropped,
             report.duplicates,
             report.retry_overwrites,
+            extra=repeats_the_report(published),
         )
-        bus = self._state.bus
-        if bus is not None and bus.wants(BatchReconciled):
+        if bus is not None and published:
             bus.publish(BatchReconciled(report=report))
 
     # --- internals (lock held) ----------------------------------------------------------

@@ -26,7 +26,16 @@ from ._records import Counters
 from ._records import Group
 from ._records import Rollout
 
-__all__ = ["FailureRules", "build_report"]
+__all__ = ["FailureRules", "build_report", "repeats_the_report"]
+
+
+def repeats_the_report(published: bool) -> dict[str, object]:
+    """``extra=`` of a log record that says what a published ``BatchReconciled`` says.
+
+    The mark (the key ``trainer/rollout/_logs.py`` reads, the one the event bus marks its
+    records with) lets a view that prints the event leave the record out: said once.
+    """
+    return {"trainbus_also_an_event": published}
 
 
 def _failure_kind(rollout: Rollout) -> str:

@@ -18,6 +18,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 
+from eventbus import BatchReconciled
 from eventbus import EventBus
 
 from ._base import BufferBase
@@ -28,6 +29,7 @@ from ._model import Partition
 from ._model import PromptGroup
 from ._model import check_partition
 from ._reasons import EvictionReason
+from ._report import repeats_the_report
 from ._stats import PartitionCounts
 from ._tracker import RolloutTracker
 from ._waiting import WaitInterrupts
@@ -166,6 +168,7 @@ class ReplayBuffer(BufferBase):
         groups = tuple(ready.groups.popleft() for _ in range(take))
         self._sampled += take
         if take < batch_size:
+            bus = self._tracker.bus
             logger.warning(
                 "step %d (%s): handing out %d groups, %d were asked for (the failure policy "
                 "removed some; see the BatchReconciled report)",
@@ -173,6 +176,7 @@ class ReplayBuffer(BufferBase):
                 part,
                 take,
                 batch_size,
+                extra=repeats_the_report(bus is not None and bus.wants(BatchReconciled)),
             )
         return groups
 

@@ -15,7 +15,6 @@ for the update; dropout is off in both (``eval()``), so both evaluate the same f
 from __future__ import annotations
 
 import inspect
-import logging
 import pickle
 import threading
 from collections.abc import Sequence
@@ -41,7 +40,6 @@ from ._policy import score_responses
 
 __all__ = ["HFPolicy", "ModelLoadError", "check_model_folder", "resolve_device"]
 
-logger = logging.getLogger("trainbus.hf")
 
 # from_pretrained builds the model under a process-wide "meta device" context: two threads
 # loading at once (local rollout workers) corrupt each other's models. One at a time.
@@ -75,7 +73,9 @@ class HFPolicy(nn.Module):
         model: The ``transformers`` model (kept in eval mode: no dropout).
         tokenizer: Its tokenizer.
         path: The folder it was loaded from.
-        notices: What loading had to assume (e.g. EOS used as the pad token), for the user.
+        notices: What loading had to assume (e.g. EOS used as the pad token), for the user
+            (its caller shows them: the run's workload logs them, the command line prints
+            them).
     """
 
     def __init__(self, model: Any, tokenizer: Any, path: Path, notices: list[str]) -> None:
@@ -127,7 +127,6 @@ class HFPolicy(nn.Module):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
             notices.append(f"the tokenizer in {folder} has no pad token: using EOS for padding")
-            logger.warning(notices[-1])
         return cls(model, tokenizer, folder, notices)
 
     def train(self, mode: bool = True) -> HFPolicy:

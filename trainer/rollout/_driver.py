@@ -45,6 +45,7 @@ from ..config._schema import TrainerConfig
 from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
 from ._backend import RolloutBackend
+from ._logs import ALSO_AN_EVENT
 from ._worker import RolloutWork
 from ._worker import chunk
 from ._worker import work_seed
@@ -266,6 +267,7 @@ class RolloutDriver(ABC):
             workers,
             len(rollout_ids),
             len(reissued),
+            extra=ALSO_AN_EVENT,  # the RolloutRestarted above
         )
         return {
             "step": step,

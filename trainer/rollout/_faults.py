@@ -33,6 +33,7 @@ from eventbus import EventBus
 from eventbus import FaultInjected
 
 from ..rl._names import did_you_mean
+from ._logs import ALSO_AN_EVENT
 
 if TYPE_CHECKING:
     from replay import RolloutResult
@@ -212,7 +213,10 @@ class FaultInjector:
                     break
             else:
                 return False
-        logger.warning("injecting fault %s at step %d (%s)", name, step, detail)
+        # FaultInjected below says it too (the views' line): marked so it is printed once.
+        logger.warning(
+            "injecting fault %s at step %d (%s)", name, step, detail, extra=ALSO_AN_EVENT
+        )
         if self.bus is not None and self.bus.wants(FaultInjected):
             self.bus.publish(FaultInjected(fault=name, step=step, detail=detail))
         return True

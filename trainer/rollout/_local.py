@@ -130,7 +130,11 @@ class LocalBackend(BackendBase):
 
     async def restart(self, reason: str) -> int:
         """Retire the current threads (dropping their queue) and start fresh ones."""
-        logger.warning("restarting %d local rollout workers: %s", self.workers, reason)
+        # Announced by the restart's own event (RolloutRestarted, CheckpointRestored) and
+        # each new worker's WorkerRestarted.
+        logger.warning(
+            "restarting %d local rollout workers: %s", self.workers, reason, extra=ALSO_AN_EVENT
+        )
         old = self._generation
         self._retire_current()
         self._counts.restarts += 1

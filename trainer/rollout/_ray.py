@@ -68,6 +68,7 @@ from ..config._schema import within
 from ._backend import Leave
 from ._backend import ResultSink
 from ._faults import FaultInjector
+from ._logs import ALSO_AN_EVENT
 from ._placement import live_nodes
 from ._ray_pool import ActorPool
 from ._ray_pool import Weights
@@ -227,7 +228,8 @@ class RayBackend(ServingActors):
         """
         if self._queue is None or self._closed:
             raise RuntimeError("the ray backend is not running")
-        logger.warning("restarting the ray rollout side: %s", reason)
+        # Announced by the restart's own event (RolloutRestarted, CheckpointRestored).
+        logger.warning("restarting the ray rollout side: %s", reason, extra=ALSO_AN_EVENT)
         self._queue = asyncio.Queue()  # queued work is dropped: the trainer reissues it
         self._epoch.stop.set()  # slow-fault waits of superseded work end now
         self._epoch = Epoch(self._epoch.number + 1)

@@ -139,8 +139,11 @@ class ServingActors(BackendBase):
         self._displaced.append(actor)
         self._serve(standby)
         self._report_replaced([actor.worker_id], [standby.worker_id], reason)
-        logger.warning(
-            "standby actor %s takes the place of busy %s", standby.worker_id, actor.worker_id
+        logger.warning(  # the WorkerRestarted reported above
+            "standby actor %s takes the place of busy %s",
+            standby.worker_id,
+            actor.worker_id,
+            extra=ALSO_AN_EVENT,
         )
 
     def _trim_to_target(self) -> None:
@@ -160,7 +163,9 @@ class ServingActors(BackendBase):
             old = self._vacancies.pop(0)
             self._serve(actor)
             self._report_replaced([old], [actor.worker_id], reason)
-            logger.warning("standby actor %s replaces %s", actor.worker_id, old)
+            logger.warning(  # the WorkerRestarted reported above
+                "standby actor %s replaces %s", actor.worker_id, old, extra=ALSO_AN_EVENT
+            )
 
     async def _fill_vacancies(self, reason: str) -> None:
         """Start new actors for the vacancies and wait for them."""

@@ -125,6 +125,7 @@ class Recovery:
             failed_step,
             stored.step,
             workers,
+            extra=ALSO_AN_EVENT,  # the CheckpointRestored below
         )
         state.announce_restored(
             stored, reason, failed_step=failed_step, error=f"{type(error).__name__}: {error}"

@@ -51,6 +51,7 @@ from ..rollout._backend import RolloutBackend
 from ..rollout._driver import make_driver
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
+from ..rollout._logs import ALSO_AN_EVENT
 from ._checkpoint import CheckpointStore
 from ._decisions import RunAborted
 from ._decisions import StopRequested
@@ -285,6 +286,7 @@ class PPOTrainer:
                 self.run_id,
                 start_step,
                 config.run.steps,
+                extra=ALSO_AN_EVENT,  # the command line says so in its own last line
             )
             return self.record.summary()
         self.files.rewind_metrics(start_step)
@@ -330,7 +332,9 @@ class PPOTrainer:
                             raise
             except StopRequested as stop:
                 stop_reason = str(stop)
-                logger.warning("stopping at step %d: %s", self.step, stop_reason)
+                logger.warning(  # FitFinished says it too: stopped early, and why
+                    "stopping at step %d: %s", self.step, stop_reason, extra=ALSO_AN_EVENT
+                )
                 if self.state.saved_step != self.step:  # not already written at this step
                     await self.state.save()
         except BaseException as exc:

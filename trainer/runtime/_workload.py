@@ -30,6 +30,7 @@ from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
 from ..rl._tasks import PromptStream
 from ..rl._tasks import make_task
+from ..rollout._logs import ALSO_AN_EVENT
 from ..rollout._workload import Workload
 from ..rollout._workload import build_workload
 from ..rollout._workload import worker_spec
@@ -76,6 +77,9 @@ class RunWorkload:
 
             hf = HFPolicy.load(config.model.path, config.run.device)
             self.policy, self.notices = hf, list(hf.notices)
+            for notice in self.notices:
+                # The command line prints the notices itself (notice: ...): marked, said once.
+                logger.warning("%s", notice, extra=ALSO_AN_EVENT)
             source = builtin if task.dataset is None else load_prompt_table(
                 task.dataset, task.prompt_column
             )  # fmt: skip

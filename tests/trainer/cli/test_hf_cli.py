@@ -173,3 +173,26 @@ def test_model_init_on_a_file_is_one_line(
         stderr = capsys.readouterr().err
         assert message in stderr and len(stderr.strip().splitlines()) == 1
     assert notes.read_text() == "mine"
+
+
+def test_a_tokenizer_without_a_pad_token_is_one_notice(hf_model: Path, tmp_path: Path) -> None:
+    """Said once, by the command line's ``notice:`` line: not again by a warning of the
+    trainer, nor of each rollout worker loading the same model."""
+    import shutil
+
+    shutil.copytree(hf_model, tmp_path / "model")
+    config_path = tmp_path / "model" / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("pad_token", None)
+    config_path.write_text(json.dumps(config))
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "12=", "target": "21"}\n')
+    done = trainbus(
+        *("train", "--model", "model", *DATA, *EXACT, "--config", str(tiny_toml(tmp_path))),
+        *("--steps", "1", "--no-progress", "--out", "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "notice: the tokenizer in model has no pad token: using EOS for padding"
+    ]

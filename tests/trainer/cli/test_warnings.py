@@ -59,6 +59,35 @@ def test_what_a_resumed_run_repaired_is_shown_by_default(tmp_path: Path) -> None
     assert resumed.stderr.count("\n") == 3, resumed.stderr
 
 
+def test_a_warning_that_repeats_an_event_line_is_printed_once(tmp_path: Path) -> None:
+    """A crash, a restart, a failed step and its recovery: each is an event line of the
+    view; the warnings that say the same are left out (``-v`` shows them)."""
+    args = (
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "4", "--no-progress"),
+        *("--self-heal", "--inject", "crash@2", "--inject", "step-error@3"),
+    )
+    done = trainbus(*args, "--out", "run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    for said in (
+        "fault crash injected at step 2",
+        "step 2: rollout side restarted",
+        "fault step-error injected at step 3",
+        "restored the checkpoint of step 2",
+    ):
+        assert sum(said in line for line in lines) == 1, (said, done.stdout)
+    verbose = trainbus(*args, "--out", "run-v", "-v", cwd=tmp_path)
+    assert verbose.returncode == 0, verbose.stderr
+    shown = "\n".join(_warnings(verbose.stderr))
+    for logged in (
+        "WARNING trainbus.faults: injecting fault crash at step 2",
+        "WARNING trainbus.rollouts: rollout side restarted at step 2",
+        "WARNING trainbus.trainer: recovered from InjectedFault at step 3",
+    ):
+        assert logged in shown, verbose.stderr
+
+
 LOUD = (
     "def on_event(self, context, event):",
     "    if type(event).__name__ == 'FitStarted':",

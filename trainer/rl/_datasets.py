@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from ._hf import datasets
+from ._hf import raised_not_logged
 from ._hparams import WorkloadError
 from ._tasks import IndexedPromptStream
 from ._tasks import Prompt
@@ -129,11 +130,16 @@ def _read(path: Path) -> Any:
     # A throw-away cache: the rows are read into memory, and nothing lingers in ~/.cache.
     with tempfile.TemporaryDirectory(prefix="trainbus-dataset-") as cache:
         try:
-            return lib.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache)
+            with raised_not_logged("datasets"):
+                return lib.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache)
         except Exception as exc:  # noqa: BLE001  (the datasets library's many errors: exit 2)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            # DatasetGenerationError says only "An error occurred while generating the
+            # dataset"; the parser's error it was raised from says where.
+            reason = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+            text = str(reason).strip()
+            first = text.splitlines()[0] if text else ""
             raise DatasetError(
-                f"{path}: cannot read it as {kind}: {type(exc).__name__}: {first}"
+                f"{path}: cannot read it as {kind}: {type(reason).__name__}: {first}"
             ) from None
 
 

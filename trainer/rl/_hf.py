@@ -9,7 +9,10 @@ missing extra is one clear line.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -22,6 +25,7 @@ __all__ = [
     "check_model_folder",
     "datasets",
     "load_error",
+    "raised_not_logged",
     "tokenizer_error",
     "transformers",
     "weights_error",
@@ -75,6 +79,25 @@ def datasets() -> ModuleType:
     module.logging.set_verbosity_error()
     loaded: ModuleType = module
     return loaded
+
+
+@contextmanager
+def raised_not_logged(library: str) -> Iterator[None]:
+    """Keep the log records of ``library`` (``"datasets"``) out of every handler for the
+    block: the library logs a file it fails to read (at ERROR, to its own handler as well
+    as to the application's) and raises; the error the caller raises from that names the
+    file and the library's reason in one line, which the records would only repeat (twice).
+
+    The level is the logger's, for the whole process while the block runs: datasets are
+    loaded before the run starts, with nothing else using the library meanwhile.
+    """
+    logger = logging.getLogger(library)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)  # its child loggers have no level of their own
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class ModelLoadError(WorkloadError):

@@ -175,6 +175,39 @@ def test_model_init_on_a_file_is_one_line(
     assert notes.read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        (
+            "broken.jsonl",
+            '{"prompt": "12="}\n{"prompt": broken\n',
+            "cannot read it as json: ArrowInvalid: JSON parse error: Invalid value. in row 1",
+        ),
+        (
+            "broken.csv",
+            'prompt,target\n12=,21\n"34=,43\n',
+            "cannot read it as csv: ParserError: Error tokenizing data. C error: EOF inside "
+            "string starting at row 2",
+        ),
+    ],
+)
+def test_a_dataset_that_does_not_parse_is_one_line_naming_it(
+    hf_model: Path, tmp_path: Path, name: str, content: str, reason: str
+) -> None:
+    """The datasets library logs the failure itself (and pyarrow's or pandas' reason): only
+    trainbus's line reaches the terminal, with that reason."""
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / name).write_text(content)
+    done = trainbus(
+        *("train", "--model", str(hf_model), "--dataset", name, *EXACT, "--out", "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: {name}: {reason}"]
+    assert done.stdout == ""
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_tokenizer_without_a_pad_token_is_one_notice(hf_model: Path, tmp_path: Path) -> None:
     """Said once, by the command line's ``notice:`` line: not again by a warning of the
     trainer, nor of each rollout worker loading the same model."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,21 @@ def test_bad_datasets_fail_with_one_line(tmp_path: Path, content: str, message: 
     with pytest.raises(DatasetError, match=message) as caught:
         load_prompt_table(path)
     assert "\n" not in str(caught.value)
+
+
+def test_a_file_that_does_not_parse_names_the_reason_and_logs_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The datasets library's own record of the failure would repeat the error (less
+    clearly): the error says it, the log does not."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "1="}\n{"prompt": broken\n')
+    with caplog.at_level(logging.INFO), pytest.raises(DatasetError) as caught:
+        load_prompt_table(path)
+    assert str(caught.value) == (
+        f"{path}: cannot read it as json: ArrowInvalid: JSON parse error: Invalid value. in row 1"
+    )
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []
 
 
 def test_an_unknown_format_or_a_missing_file_is_named(tmp_path: Path) -> None:

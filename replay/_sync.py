@@ -124,10 +124,12 @@ class ReplayBuffer(BufferBase):
             if unsampled:
                 self._evicted(EvictionReason.UNSAMPLED, unsampled)
                 logger.warning(
-                    "%d groups of the %s batch of step %d were never sampled",
+                    "%d groups of the %s batch of step %d were never sampled: the batch of "
+                    "step %d replaced it",
                     unsampled,
                     partition,
                     previous.step,
+                    part_specs[0].step,
                 )
         return leftovers
 

@@ -101,7 +101,12 @@ def record_local_instance() -> None:
         temporary.write_text(json.dumps(record))
         temporary.replace(path)
     except OSError as exc:
-        logger.warning("cannot record the local Ray instance in %s: %s", path, exc)
+        logger.warning(
+            "cannot record the local Ray instance in %s (%s): if this run is killed, the next "
+            "one cannot stop the Ray processes it leaves",
+            path,
+            exc,
+        )
 
 
 def forget_local_instance() -> None:

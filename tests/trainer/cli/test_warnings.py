@@ -1,10 +1,11 @@
-"""What ``trainbus train`` shows of the log: this project's warnings, once; other libraries'
-errors only (everything with ``-v``)."""
+"""What ``trainbus train`` shows of the log: this project's and the user's warnings, once;
+other libraries' errors only (everything with ``-v``)."""
 
 from __future__ import annotations
 
 import logging
 import re
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -91,30 +92,58 @@ def test_a_warning_that_repeats_an_event_line_is_printed_once(tmp_path: Path) ->
 LOUD = (
     "def on_event(self, context, event):",
     "    if type(event).__name__ == 'FitStarted':",
-    "        for name in ('trainbus.mine', 'eventbus.mine', 'replay', 'somelib', 'urllib3'):",
+    "        for name in ('trainbus.mine', 'eventbus.mine', 'replay', 'loud', 'urllib3'):",
     "            logging.getLogger(name).info('info of %s', name)",
     "            logging.getLogger(name).warning('warning of %s', name)",
-    "        logging.getLogger('somelib').error('error of somelib')",
+    "        logging.captureWarnings(True)  # logged from inside warnings.py: a library's record",
+    "        warnings.warn('a library warns')",
 )
 
 
-def test_other_libraries_show_only_their_errors_unless_verbose(tmp_path: Path) -> None:
+def test_the_users_warnings_show_and_other_libraries_only_their_errors(tmp_path: Path) -> None:
     loud = write_extension(tmp_path / "loud.py", "Loud", ("EVENTS",), *LOUD)
-    (tmp_path / "loud.py").write_text("import logging\n" + (tmp_path / "loud.py").read_text())
+    text = (tmp_path / "loud.py").read_text()
+    (tmp_path / "loud.py").write_text("import logging\nimport warnings\n" + text)
     done = train_one_step_with(tmp_path, loud)
     assert done.returncode == 0, done.stderr
+    # The user's file logs under any name it likes (even a library's): it is the user's.
     assert _warnings(done.stderr) == [
         "WARNING trainbus.mine: warning of trainbus.mine",
         "WARNING eventbus.mine: warning of eventbus.mine",
         "WARNING replay: warning of replay",
-        "ERROR somelib: error of somelib",
+        "WARNING loud: warning of loud",
+        "WARNING urllib3: warning of urllib3",
     ]
     verbose = train_one_step_with(tmp_path, loud, "--out", "run-v", "-v")
     assert verbose.returncode == 0, verbose.stderr
     shown = _warnings(verbose.stderr)
-    for name in ("trainbus.mine", "eventbus.mine", "replay", "somelib", "urllib3"):
+    for name in ("trainbus.mine", "eventbus.mine", "replay", "loud", "urllib3"):
         assert f"INFO {name}: info of {name}" in shown
         assert f"WARNING {name}: warning of {name}" in shown
+    assert any("WARNING py.warnings: " in line and "a library warns" in line for line in shown)
+
+
+LIBRARY_FILE = str(Path(sysconfig.get_paths()["purelib"]) / "somelib" / "core.py")
+USERS_FILE = "/home/me/project/myrewards.py"
+
+
+@pytest.mark.parametrize(
+    ("pathname", "shown_from"),
+    [
+        (LIBRARY_FILE, logging.ERROR),
+        (logging.__file__, logging.ERROR),  # the standard library
+        ("", logging.ERROR),  # unknown
+        (USERS_FILE, logging.WARNING),
+    ],
+)
+def test_a_record_from_the_users_code_shows_its_warnings_a_librarys_only_errors(
+    pathname: str, shown_from: int
+) -> None:
+    from trainer.cli._logging import threshold
+
+    assert threshold("somelib", verbose=False, pathname=pathname) == shown_from
+    assert threshold("trainbus.run", verbose=False, pathname=pathname) == logging.WARNING
+    assert threshold("somelib", verbose=True, pathname=pathname) == logging.INFO
 
 
 @pytest.mark.parametrize(

@@ -106,27 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MIN:MAX",
         help="register AutoscalingExtension: between MIN and MAX rollout workers",
     )
-    train.add_argument(
-        "--stall-timeout",
-        dest="self_heal.stall_timeout_s",
-        type=float,
-        metavar="S",
-        help="self-healing stall timeout",
-    )
-    train.add_argument(
-        "--wait-timeout",
-        dest="rollout.wait_timeout_s",
-        type=float,
-        metavar="S",
-        help="deadline of any sample wait",
-    )
-    train.add_argument(
-        "--diagnose-after",
-        dest="diagnose.after_s",
-        type=float,
-        metavar="S",
-        help="diagnose a wait without progress for S seconds (StallDiagnosed; 0: off)",
-    )
+    # The settings in seconds with a flag of their own: (flag, dotted key, help).
+    for flag, key, text in (
+        ("--stall-timeout", "self_heal.stall_timeout_s", "self-healing stall timeout"),
+        ("--wait-timeout", "rollout.wait_timeout_s", "deadline of any sample wait"),
+        (
+            "--diagnose-after",
+            "diagnose.after_s",
+            "diagnose a wait without progress for S seconds (StallDiagnosed; 0: off)",
+        ),
+    ):
+        train.add_argument(flag, dest=key, type=float, metavar="S", help=text)
     train.add_argument(
         "--inject",
         action="append",

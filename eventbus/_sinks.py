@@ -7,6 +7,7 @@ Both sinks are ordinary extensions on the public contract: register them with
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,10 @@ class JsonlSink:
     At a few hundred events a second that costs one small ``write`` each, which the
     benchmarks show is far below a training step.
 
+    The sink runs on the event loop, like every extension. An event that must reach the
+    file even while the loop cannot run (a diagnosis of the loop itself being blocked) is
+    written at once from its thread with :meth:`write_now`.
+
     Args:
         path: The ``.jsonl`` file; appended to, created with its parent folders.
         name: The extension name (unique per bus).
@@ -45,9 +50,33 @@ class JsonlSink:
         self.path = Path(path)
         self._file: IO[bytes] | None = None
         self.lines = 0
+        # Lines are written whole under it: write_now comes from another thread.
+        self._lock = threading.Lock()
+        self._ahead: list[Event] = []  # written by write_now, not yet handed to on_event
+        self._handled = 0  # the highest seq handed to on_event
 
     def on_event(self, context: ExtensionContext, event: Event) -> None:
-        """Write ``event`` as one line."""
+        """Write ``event`` as one line (unless :meth:`write_now` already did)."""
+        with self._lock:
+            self._handled = max(self._handled, event.seq)
+            if self._ahead and _take(self._ahead, event):
+                return
+            self._write(event)
+
+    def write_now(self, event: Event) -> None:
+        """Write ``event``, just published, now and from any thread, ahead of its turn.
+
+        Whichever comes second, this or the bus handing the same event to
+        :meth:`on_event`, writes nothing: the event has one line. That line may stand
+        before events published earlier that the sink had not handled yet.
+        """
+        with self._lock:
+            if 0 < event.seq <= self._handled:
+                return  # on_event was first
+            self._write(event)
+            self._ahead.append(event)
+
+    def _write(self, event: Event) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("ab")
@@ -57,9 +86,19 @@ class JsonlSink:
 
     def close(self) -> None:
         """Close the file (it reopens in append mode if more events arrive)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def _take(ahead: list[Event], event: Event) -> bool:
+    """Remove ``event`` itself (not an equal one) from ``ahead``; whether it was there."""
+    for at, written in enumerate(ahead):
+        if written is event:
+            del ahead[at]
+            return True
+    return False
 
 
 class LoggingSink:

@@ -56,6 +56,34 @@ async def test_jsonl_sink_survives_lagging_and_records_the_gap(tmp_path: Path) -
     assert [e.seq for e in events[1:]] == [7, 8, 9, 10]
 
 
+async def test_an_event_written_now_has_one_line_whichever_write_comes_first(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "events.jsonl"
+    bus = EventBus()
+    sink = JsonlSink(path)
+    bus.register_extension(sink)
+    bus.publish(StepStarted(step=1))
+    urgent = StepFinished(step=1)
+    bus.publish(urgent)
+    sink.write_now(urgent)  # before the sink has handled anything: ahead of StepStarted
+    async with bus.running():
+        bus.publish(StepStarted(step=2))
+    late = StepFinished(step=2)
+    bus.publish(late)
+    async with bus.running():
+        pass
+    sink.write_now(late)  # after the sink wrote it: nothing
+    sink.close()
+    events = list(read_events(path))
+    assert [(type(e).__name__, e.seq) for e in events] == [
+        ("StepFinished", 2),
+        ("StepStarted", 1),
+        ("StepStarted", 3),
+        ("StepFinished", 4),
+    ]
+
+
 def test_reader_ignores_a_torn_last_line_and_names_a_bad_line(tmp_path: Path) -> None:
     good = b'{"type":"StepStarted","step":1,"seq":1,"time":1.0}\n'
     torn = tmp_path / "torn.jsonl"

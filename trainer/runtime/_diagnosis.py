@@ -69,6 +69,8 @@ class StallDiagnoser:
         max_sleep_s: Longest sleep between two looks at the watch.
         loop_probe_s: How long the event loop has to run a callback before it counts as
             blocked (its stack is then read as the stall's cause).
+        write_now: Writes a diagnosis of a blocked loop to the run's event log from this
+            thread once it is published: the log's own extension runs on that loop.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class StallDiagnoser:
         sleep: Callable[[float], bool] | None = None,
         max_sleep_s: float = 1.0,
         loop_probe_s: float = 0.5,
+        write_now: Callable[[StallDiagnosed], None] | None = None,
     ) -> None:
         self.watch = watch
         self.bus = bus
@@ -95,6 +98,7 @@ class StallDiagnoser:
         self._sleep = sleep or self._stopped.wait
         self._max_sleep_s = max_sleep_s
         self._loop_probe_s = loop_probe_s
+        self._write_now = write_now
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -144,6 +148,8 @@ class StallDiagnoser:
             return None
         event = self.diagnose(stall)
         self.bus.publish(event)
+        if event.loop_blocked and self._write_now is not None:
+            self._write_first(event)
         self.latest = event
         self.published += 1
         # The terminal's line of a stall, from this thread: it shows even while the event
@@ -151,6 +157,15 @@ class StallDiagnoser:
         text = describe(event)
         logger.warning("stalled: %s", text if event.repeat == 0 else text.split("\n", 1)[0])
         return event
+
+    def _write_first(self, event: StallDiagnosed) -> None:
+        """The event log's line of ``event``, ahead of the blocked loop (see ``write_now``)."""
+        assert self._write_now is not None
+        try:
+            self._write_now(event)
+        except OSError as error:  # published all the same: the log may write it later
+            self.errors += 1
+            logger.error("could not write the stall diagnosis to the event log: %s", error)
 
     def diagnose(self, stall: Stall) -> StallDiagnosed:
         """Build the diagnosis of ``stall`` (reads stacks: call it off the event loop)."""
@@ -282,9 +297,11 @@ def start_stall_diagnosis(
     bus: EventBus,
     backend: RolloutBackend,
     stages: Stages,
+    write_now: Callable[[StallDiagnosed], None] | None = None,
 ) -> StallDiagnoser | None:
     """A watch and a (not yet started) watchdog for this ``fit()``, when diagnosis is on
-    (``diagnose_after_s > 0``); call it from the ``fit()`` task."""
+    (``diagnose_after_s > 0``); call it from the ``fit()`` task. ``write_now`` writes a
+    diagnosis of a blocked loop to the event log at once (:meth:`RunFolder.write_now`)."""
     after_s = config.diagnose_after_s
     if after_s <= 0:
         return None
@@ -293,7 +310,7 @@ def start_stall_diagnosis(
         after_s, progress_at=lambda: driver.progress_at, stage_after_s=stage_thresholds(config)
     )
     reader = StackReader(options.py_spy, timeout_s=options.read_timeout_s)
-    diagnoser = StallDiagnoser(watch, bus, backend, reader)
+    diagnoser = StallDiagnoser(watch, bus, backend, reader, write_now=write_now)
     diagnoser.attach(asyncio.current_task())
     # The watchdog thread starts at the first stage entered while someone listens.
     stages.watch_with(watch, diagnoser.ensure_running, diagnoser)

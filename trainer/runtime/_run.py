@@ -93,6 +93,18 @@ class RunFolder:
 
     def __init__(self, out_dir: Path | None) -> None:
         self.out_dir = out_dir
+        self._log: JsonlSink | None = None  # the event log, while recording
+
+    def write_now(self, event: Event) -> None:
+        """Put ``event``, just published, in ``events.jsonl`` at once, from any thread.
+
+        The log is an extension on the event loop: this is for what must be on disk while
+        the loop cannot run, a diagnosis of the loop itself (a process killed before the loop
+        runs again keeps it). Nothing without a folder or outside :meth:`recording`.
+        """
+        log = self._log
+        if log is not None:
+            log.write_now(event)
 
     def _path(self, name: str) -> Path | None:
         return self.out_dir / name if self.out_dir is not None else None
@@ -146,12 +158,14 @@ class RunFolder:
                 fold = fold_events(self.earlier_events())
                 jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
                 sink = bus.register_extension(jsonl)
+                self._log = jsonl
             tap = fold.follow(bus, diagnosed=diagnosed)
             try:
                 yield fold, tap
             finally:
                 tap.close()
         finally:
+            self._log = None
             if sink is not None:
                 sink.close()
             if jsonl is not None:

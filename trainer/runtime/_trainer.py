@@ -253,14 +253,17 @@ class PPOTrainer:
         self._stop_requested = None
         self._task, self._loop = asyncio.current_task(), asyncio.get_running_loop()
         self._diagnoser = start_stall_diagnosis(
-            self.config, self.driver, self.bus, self.backend, self.stages
+            self.config, self.driver, self.bus, self.backend, self.stages, self.files.write_now
         )
         diagnosed = self._diagnoser is not None and self.bus.wants(StallDiagnosed)
         try:
             recording = self.files.recording(self.bus, self.record, diagnosed=diagnosed)
             with recording as (self.record, self._tap):
-                async with self.bus.running():
-                    return await self._fit()
+                try:
+                    async with self.bus.running():
+                        return await self._fit()
+                finally:  # joined while the event log is open: it may write to it
+                    stop_stall_diagnosis(self._diagnoser, self.stages)
         finally:
             self._tap = None
             stop_stall_diagnosis(self._diagnoser, self.stages)

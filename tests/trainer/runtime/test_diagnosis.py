@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from eventbus import RolloutRestarted
 from eventbus import SafePointReached
 from eventbus import StallDiagnosed
 from eventbus import StepFinished
+from eventbus import read_events
 from eventbus.testing import record_events
 from replay import RolloutResult
 from replay import SampleDeadlineExceeded
@@ -188,13 +191,18 @@ class BlocksTheLoop:
 
 
 class SetOnRecord(logging.Handler):
-    def __init__(self, flag: threading.Event) -> None:
+    """Sets ``flag`` at a record, after reading ``look`` (what is on disk by then)."""
+
+    def __init__(self, flag: threading.Event, look: Callable[[], Any] = lambda: None) -> None:
         super().__init__()
         self.flag = flag
+        self.look = look
         self.messages: list[str] = []
+        self.seen: list[Any] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+        self.seen.append(self.look())
         self.flag.set()
 
 
@@ -238,3 +246,30 @@ async def test_a_blocked_event_loop_is_the_cause_and_is_logged_while_it_blocks(
     [message] = handler.messages
     assert message.startswith(f"stalled: step {diagnosis.step}: {diagnosis.stage} stalled ")
     assert f"        test_diagnosis.py:{line} BlocksTheLoop.on_event" in message.splitlines()
+
+
+async def test_a_diagnosis_of_a_blocked_loop_is_in_the_event_log_while_the_loop_blocks(
+    stall_log: logging.Logger, tmp_path: Path
+) -> None:
+    # The event log is an extension on the blocked loop: a process killed while it blocks
+    # (what a user does to a hung run) must still leave the diagnosis in events.jsonl.
+    log = tmp_path / "events.jsonl"
+
+    def diagnoses_on_disk() -> list[StallDiagnosed]:
+        return [e for e in read_events(log, errors="skip") if isinstance(e, StallDiagnosed)]
+
+    blocker = BlocksTheLoop()
+    trainer = PPOTrainer(tiny_config(run__steps=2, diagnose__after_s=0.2), out_dir=tmp_path)
+    trainer.register_runtime_extension(blocker)
+    handler = SetOnRecord(blocker.release, look=diagnoses_on_disk)
+    stall_log.addHandler(handler)
+    try:
+        async with record_events(trainer.bus, StallDiagnosed) as recorder:
+            summary = await trainer.fit()
+    finally:
+        stall_log.removeHandler(handler)
+    assert summary.status == "finished" and blocker.released_by_the_log
+    [published] = recorder.of_type(StallDiagnosed)
+    [[written]] = handler.seen  # on disk before the loop ran again
+    assert written == published and written.loop_blocked
+    assert diagnoses_on_disk() == [published]  # and once: the log skipped it when it came

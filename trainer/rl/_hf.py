@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from ._hparams import WorkloadError
 from ._unreadable import why_unreadable
@@ -24,6 +25,7 @@ __all__ = [
     "ModelLoadError",
     "check_model_folder",
     "datasets",
+    "fit_error",
     "load_error",
     "raised_not_logged",
     "tokenizer_error",
@@ -158,13 +160,51 @@ def tokenizer_error(folder: Path, exc: BaseException) -> ModelLoadError:
     )
 
 
-def weights_error(folder: Path, exc: BaseException) -> ModelLoadError:
-    """The error for weights that cannot be read: the file (the one ``transformers``
-    prefers), and why, in the words of a damaged checkpoint (``why_unreadable``)."""
+def _weights_file(folder: Path) -> str:
+    """The weights file ``transformers`` reads (the one it prefers), as the user sees it."""
     name = next((n for n in _WEIGHTS if (folder / n).is_file()), _WEIGHTS[0])
-    which = f"the shards {name} lists" if name.endswith(".index.json") else name
+    return f"the shards {name} lists" if name.endswith(".index.json") else name
+
+
+def weights_error(folder: Path, exc: BaseException) -> ModelLoadError:
+    """The error for weights that cannot be read: the file, and why, in the words of a
+    damaged checkpoint (``why_unreadable``)."""
     return ModelLoadError(
-        f"cannot read the weights of {folder}: {which}: {why_unreadable(exc, 'weights file')}"
+        f"cannot read the weights of {folder}: {_weights_file(folder)}: "
+        f"{why_unreadable(exc, 'weights file')}"
+    )
+
+
+def _first(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def fit_error(folder: Path, info: dict[str, Any]) -> ModelLoadError | None:
+    """The error for weights that load but do not fit the config (``from_pretrained``'s
+    ``output_loading_info``), or None when they fit.
+
+    ``transformers`` initialises a tensor the file lacks, or holds in another shape (with
+    ``ignore_mismatched_sizes``), at random and only logs it: the run would train a partly
+    random model without a word. Tensors the file holds beyond the model's (a value head,
+    say) are ignored, as ``transformers`` ignores them.
+    """
+    which = _weights_file(folder)
+    problems = []
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        problems.append(f"{which} lacks {len(missing)} of the model's tensors ({_first(missing)})")
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    if mismatched:
+        shapes = [
+            f"{name} is {list(there)} there, {list(here)} in the model"
+            for name, there, here in mismatched
+        ]
+        have = "1 tensor has" if len(mismatched) == 1 else f"{len(mismatched)} tensors have"
+        problems.append(f"{have} another shape in {which} ({_first(shapes)})")
+    if not problems:
+        return None
+    return ModelLoadError(
+        f"the weights in {folder} do not fit its config.json: {'; '.join(problems)}"
     )
 
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from ._hf import ModelLoadError
 from ._hf import check_model_folder
+from ._hf import fit_error
 from ._hf import load_error
 from ._hf import tokenizer_error
 from ._hf import transformers
@@ -98,8 +99,8 @@ class HFPolicy(nn.Module):
 
         Raises:
             ModelLoadError: The folder lacks a config, weights or tokenizer, one of them
-                cannot be read (naming the file), or it does not hold a causal LM (one
-                line naming it).
+                cannot be read (naming the file), the weights do not fit the config, or
+                it does not hold a causal LM (one line naming it).
         """
         folder = check_model_folder(path)
         hf = transformers()
@@ -115,13 +116,22 @@ class HFPolicy(nn.Module):
             except (OSError, ValueError, KeyError) as exc:
                 raise tokenizer_error(folder, exc) from None
             try:
-                model = hf.AutoModelForCausalLM.from_pretrained(
-                    folder, config=config, local_files_only=True
+                # Mismatched sizes load (at random) so that fit_error can name them: raised,
+                # the library's error only points at a log record.
+                model, info = hf.AutoModelForCausalLM.from_pretrained(
+                    folder,
+                    config=config,
+                    local_files_only=True,
+                    output_loading_info=True,
+                    ignore_mismatched_sizes=True,
                 )
             except _weight_errors() as exc:
                 raise weights_error(folder, exc) from None
             except (OSError, ValueError, KeyError) as exc:
                 raise load_error(folder, exc) from None
+            unfit = fit_error(folder, info)
+            if unfit is not None:
+                raise unfit
             model = model.to(target)
         notices = []
         if tokenizer.pad_token_id is None:

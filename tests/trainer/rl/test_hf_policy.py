@@ -139,6 +139,52 @@ def test_a_damaged_file_is_one_line_naming_it(
     assert "\n" not in str(caught.value)
 
 
+def _drop_the_mlp_weights(folder: Path) -> None:
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
+
+    weights = load_file(folder / "model.safetensors")
+    kept = {name: tensor for name, tensor in weights.items() if ".mlp." not in name}
+    save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _narrow_the_config(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config["n_embd"] = 32
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            _drop_the_mlp_weights,
+            "the weights in {folder} do not fit its config.json: model.safetensors lacks 4 "
+            "of the model's tensors (transformer.h.0.mlp.c_fc.bias, ",
+        ),
+        (
+            _narrow_the_config,
+            "the weights in {folder} do not fit its config.json: 16 tensors have another "
+            "shape in model.safetensors (transformer.h.0.attn.c_attn.bias is [192] there, "
+            "[96] in the model, ",
+        ),
+    ],
+    ids=["missing-tensors", "other-shapes"],
+)
+def test_weights_that_do_not_fit_the_config_are_one_line_not_a_random_init(
+    hf_model: Path, tmp_path: Path, change: Callable[[Path], None], message: str
+) -> None:
+    # transformers initialises what the file lacks at random and only warns (a warning
+    # trainbus keeps off the terminal); a shape mismatch it reports in a log "above".
+    folder = tmp_path / "model"
+    shutil.copytree(hf_model, folder)
+    change(folder)
+    with pytest.raises(ModelLoadError) as caught:
+        HFPolicy.load(folder)
+    assert message.format(folder=folder) in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
 def test_a_tokenizer_without_a_pad_token_pads_with_eos_and_says_so(
     hf_model: Path, tmp_path: Path
 ) -> None:

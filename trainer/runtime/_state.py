@@ -209,16 +209,23 @@ class RunState:
         saved = state.get("config")
         changed = changed_settings(saved, self.config.to_dict()) if saved is not None else {}
         # Any setting may change on a resume but the model's: the weights are of that one.
+        differences = []
         if saved is not None and "model" in saved:
-            model = [(key, pair) for key, pair in changed.items() if key.startswith("model.")]
-            if model:
-                differences = "; ".join(
-                    f"{key} is {then!r} there, {now!r} here" for key, (then, now) in model
-                )
-                raise RunFolderError(
-                    f"the checkpoints in {stored.path.parent} are of another model "
-                    f"({differences}); resume with that model, or use another run folder (--out)"
-                )
+            differences = [
+                f"{key} is {then!r} there, {now!r} here"
+                for key, (then, now) in changed.items()
+                if key.startswith("model.") and not (key == "model.path" and _same(then, now))
+            ]
+        if not differences:
+            # The same folder may hold another model now (written over since): its weights
+            # would not load, or load into an architecture they were not trained in.
+            differences = _weights_differ(state["policy"], self.learner.policy.state_dict())
+        if differences:
+            raise RunFolderError(
+                f"the checkpoints in {stored.path.parent} are of another model "
+                f"({'; '.join(differences)}); resume with that model, or use another run "
+                "folder (--out)"
+            )
         in_flight = self.apply(state, resuming=True)
         self.changed = changed
         logger.info("resuming run %s from the checkpoint of step %d", self.run_id, stored.step)
@@ -348,3 +355,27 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def _same(then: Any, now: Any) -> bool:
+    """Whether two ``model.path`` settings name one folder (``m``, ``m/``, ``./m``, its
+    absolute path); a relative one is taken from the working directory, as the run does."""
+    if not isinstance(then, str) or not isinstance(now, str):
+        return False
+    return Path(then).resolve() == Path(now).resolve()
+
+
+def _weights_differ(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """How a checkpoint's policy weights differ from the policy's in names and shapes (the
+    first difference, and how many more), or nothing."""
+    differences = [
+        f"{name} is {list(saved[name].shape)} there, {list(current[name].shape)} here"
+        for name in current
+        if name in saved and saved[name].shape != current[name].shape
+    ]
+    differences += [f"{name} is not in the checkpoint" for name in current if name not in saved]
+    differences += [f"{name} is not in the model" for name in saved if name not in current]
+    if not differences:
+        return []
+    more = f", and {len(differences) - 1} more" if len(differences) > 1 else ""
+    return [f"its weights differ: {differences[0]}{more}"]

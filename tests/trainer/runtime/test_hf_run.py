@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,40 @@ async def test_resume_of_an_hf_run_continues_bit_for_bit(hf_model: Path, tmp_pat
 async def test_both_modes_run_an_hf_model(hf_model: Path, mode: str) -> None:
     summary = await PPOTrainer(hf_config(hf_model, run__mode=mode, run__steps=3)).fit()
     assert summary.status == "finished"
+
+
+def test_resume_takes_the_model_folder_however_it_is_spelled(
+    hf_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    PPOTrainer(hf_config(hf_model, run__steps=1), out_dir=run).run()
+    monkeypatch.chdir(hf_model.parent)
+    for steps, spelling in enumerate((f"{hf_model}/", hf_model.name, f"./{hf_model.name}"), 2):
+        config = tiny_config(model__path=spelling, task__params={"length": 3}, run__steps=steps)
+        summary = PPOTrainer(config, out_dir=run).run()
+        assert summary.start_step == steps - 1 and summary.steps == steps
+
+
+def test_resume_refuses_a_model_folder_now_holding_another_model(
+    hf_model: Path, tmp_path: Path
+) -> None:
+    from trainer.rl._hf_init import init_model
+    from trainer.runtime._runlock import RunFolderError
+
+    model = tmp_path / "model"
+    init_model(model, texts=["="], context=32)
+    run = tmp_path / "run"
+    PPOTrainer(hf_config(model, run__steps=1), out_dir=run).run()
+    events = (run / "events.jsonl").read_bytes()
+    init_model(model, texts=["="], context=32, width=32, force=True)
+    with pytest.raises(RunFolderError) as refused:
+        PPOTrainer(hf_config(model, run__steps=2), out_dir=run).run()
+    message = str(refused.value)
+    assert re.fullmatch(
+        re.escape(f"the checkpoints in {run / 'checkpoints'} are of another model ")
+        + r"\(its weights differ: model\.transformer\.wte\.weight is \[(\d+), 64\] there, "
+        r"\[\1, 32\] here, and \d+ more\); resume with that model, or use another run "
+        r"folder \(--out\)",
+        message,
+    ), message
+    assert (run / "events.jsonl").read_bytes() == events  # nothing written

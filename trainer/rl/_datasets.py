@@ -144,6 +144,9 @@ def _read(path: Path) -> Any:
 
 
 def _check_prompt(path: Path, column: str, index: int, value: Any) -> Content:
+    if isinstance(value, str | list) and not value:
+        # Most tokenizers give it no token at all, and nothing samples from no context.
+        raise DatasetError(f"{path}: row {index}: column {column!r} is empty")
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(
@@ -229,7 +232,11 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
         return self._order[1][offset]
 
     def prompt_at(self, index: int) -> TextPrompt:
-        """The prompt at ``index``, without moving the stream."""
+        """The prompt at ``index``, without moving the stream.
+
+        Raises:
+            DatasetError: Its row cannot be encoded (naming the file and the row).
+        """
         prompt_id = f"{self.prefix}{index}"
         if self._task_stream is not None:
             assert isinstance(self.source, Task)
@@ -240,7 +247,47 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
         assert isinstance(self.source, PromptTable)
         row = self._row(index)
         content, columns = self.source.rows[row]
+        return TextPrompt(prompt_id, self._encoded(row), content=content, columns=columns)
+
+    def check(self) -> None:
+        """Encode the first prompt of each form (a string, chat messages), so that a prompt
+        the tokenizer cannot render fails before the run, naming its row, rather than when
+        the shuffled stream first reaches one of its form.
+
+        Raises:
+            WorkloadError: A prompt cannot be encoded (see :meth:`prompt_at`).
+        """
+        if not isinstance(self.source, PromptTable):
+            self.prompt_at(0)
+            return
+        first: dict[bool, int] = {}
+        for row, (content, _) in enumerate(self.source.rows):
+            first.setdefault(isinstance(content, str), row)
+        for row in first.values():
+            self._encoded(row)
+
+    def _encoded(self, row: int) -> tuple[int, ...]:
+        """A table row's token ids, encoded once.
+
+        Raises:
+            DatasetError: The tokenizer cannot render it, or renders no token.
+        """
+        assert isinstance(self.source, PromptTable)
         tokens = self._tokens.get(row)
-        if tokens is None:
-            tokens = self._tokens[row] = self.encode(content)
-        return TextPrompt(prompt_id, tokens, content=content, columns=columns)
+        if tokens is not None:
+            return tokens
+        content = self.source.rows[row][0]
+        where = f"{self.source.source}: row {row}"
+        try:
+            tokens = self.encode(content)
+        except DatasetError:
+            raise
+        except WorkloadError as exc:
+            raise DatasetError(f"{where}: {exc}") from None
+        if not tokens:
+            raise DatasetError(
+                f"{where}: the prompt {content!r:.60} encodes to no tokens; a model samples "
+                "only from a prompt of at least one"
+            )
+        self._tokens[row] = tokens
+        return tokens

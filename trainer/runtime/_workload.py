@@ -84,7 +84,7 @@ class RunWorkload:
                 task.dataset, task.prompt_column
             )  # fmt: skip
             stream = TextPromptStream(source, hf.encode, seed)
-            stream.prompt_at(0)  # a prompt the tokenizer cannot render fails now
+            stream.check()  # a prompt the tokenizer cannot render fails now
             self.stream = stream
             if task.val_dataset is not None:
                 table = load_prompt_table(task.val_dataset, task.prompt_column)

@@ -13,6 +13,7 @@ from trainer.rl._datasets import TextPrompt
 from trainer.rl._datasets import TextPromptStream
 from trainer.rl._datasets import decode_prompt
 from trainer.rl._datasets import load_prompt_table
+from trainer.rl._hparams import WorkloadError
 from trainer.rl._tasks import make_task
 
 ROWS = [{"prompt": f"{i}{i}=", "target": f"{i}{i}", "level": i % 3} for i in range(10)]
@@ -59,6 +60,8 @@ def test_the_prompt_column_can_be_renamed_and_a_missing_one_is_named(tmp_path: P
     [
         ("", "no rows"),
         ('{"prompt": 5}\n', "row 0: column 'prompt' holds int"),
+        ('{"prompt": "1="}\n{"prompt": ""}\n', "row 1: column 'prompt' is empty"),
+        ('{"prompt": []}\n', "row 0: column 'prompt' is empty"),
         ('{"prompt": [{"text": "hi"}]}\n', "expected a string or a list of chat messages"),
         ("not json\n", "cannot read it as json"),
     ],
@@ -144,3 +147,37 @@ def test_a_builtin_task_streams_as_text_without_end() -> None:
         assert len(text) == 5 and text.endswith("=")
         assert prompt.columns == {"target": text[:4][::-1]}
     assert len(stream) == 0
+
+
+def test_a_prompt_the_tokenizer_cannot_render_fails_naming_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"prompt": f"{i}="} for i in range(20)] + [
+        {"prompt": [{"role": "user", "content": "1"}]}
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def strings_only(content: object) -> tuple[int, ...]:
+        if not isinstance(content, str):
+            raise WorkloadError(
+                "the prompt is chat messages but the tokenizer has no chat template"
+            )
+        return _encode(content)
+
+    stream = TextPromptStream(load_prompt_table(path), strings_only, seed=0)
+    # Checked before the run, whichever row the shuffled stream reaches first.
+    with pytest.raises(DatasetError) as caught:
+        stream.check()
+    assert str(caught.value) == (
+        f"{path}: row 20: the prompt is chat messages but the tokenizer has no chat template"
+    )
+
+
+def test_a_prompt_of_no_tokens_fails_naming_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "spaces.jsonl"
+    path.write_text(json.dumps({"prompt": "1="}) + "\n" + json.dumps({"prompt": " "}) + "\n")
+    stream = TextPromptStream(
+        load_prompt_table(path), lambda c: _encode(str(c).strip()), seed=0, shuffle=False
+    )
+    assert stream.prompt_at(0).tokens == _encode("1=")
+    with pytest.raises(DatasetError, match=r"row 1: the prompt ' ' encodes to no tokens"):
+        stream.prompt_at(1)

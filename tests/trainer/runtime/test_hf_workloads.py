@@ -4,6 +4,7 @@ functions or prompts that fail, each failing its rollouts with the reason, never
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,26 @@ async def test_chat_prompts_render_with_the_template_and_score_conversationally(
     assert chat_completion[0]["role"] == "assistant" and isinstance(
         chat_completion[0]["content"], str
     )
+
+
+def test_chat_rows_for_a_tokenizer_without_a_template_are_refused_before_the_run(
+    hf_model: Path, tmp_path: Path
+) -> None:
+    from trainer.rl._datasets import DatasetError
+
+    model = tmp_path / "model"
+    shutil.copytree(hf_model, model)
+    (model / "chat_template.jinja").unlink()
+    data = tmp_path / "mixed.jsonl"
+    rows = [{"prompt": f"{i}=", "target": str(i)} for i in range(30)]
+    rows.insert(17, {"prompt": [{"role": "user", "content": "1="}], "target": "1"})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # Only the shuffled stream's first prompt was encoded before: the run failed when it
+    # reached row 17, at some step.
+    with pytest.raises(DatasetError) as caught:
+        PPOTrainer(_config(model, data, "trainer:task_reward"), out_dir=tmp_path / "run")
+    assert str(caught.value) == (
+        f"{data}: row 17: the prompt is chat messages but the tokenizer in {model} has no "
+        "chat template"
+    )
+    assert not (tmp_path / "run").exists()

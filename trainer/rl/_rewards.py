@@ -159,9 +159,13 @@ def judge(function: RewardFunction, values: Any, n: int) -> list[float | RewardF
     )
     if isinstance(values, str | bytes | dict):
         return [not_a_list] * n
+    if callable(getattr(values, "tolist", None)):
+        # A tensor or an array: its items would be 0-d tensors (not numbers) and numpy
+        # scalars; tolist() gives Python numbers (and a 0-d one a number, not a list).
+        values = values.tolist()
     if not isinstance(values, list | tuple):
         try:
-            values = list(values)  # numpy arrays, tensors, generators
+            values = list(values)  # generators, other iterables
         except TypeError:
             return [not_a_list] * n
     if len(values) != n:

@@ -95,6 +95,19 @@ def test_judge_accepts_numbers_and_none_and_names_everything_else() -> None:
     assert [v.kind for v in mixed[1:]] == ["reward_invalid"] * 3  # type: ignore[union-attr]
 
 
+def test_judge_takes_a_tensor_or_an_array_of_rewards() -> None:
+    import numpy as np
+    import torch
+
+    assert judge(_fn(), torch.tensor([1.0, 0.5]), 2) == [1.0, 0.5]
+    assert judge(_fn(), np.array([1.0, 0.5], dtype=np.float32), 2) == [1.0, 0.5]
+    nan = judge(_fn(), torch.tensor([1.0, math.nan]), 2)
+    assert nan[0] == 1.0 and isinstance(nan[1], RewardFailure)
+    assert "returned nan, not a finite number" in nan[1].message
+    not_a_list = judge(_fn(), torch.tensor(1.0), 1)[0]
+    assert isinstance(not_a_list, RewardFailure) and "not a list of rewards" in not_a_list.message
+
+
 def test_rewards_combine_by_weight_over_the_functions_that_scored() -> None:
     a, b = _fn("a", 1.0), _fn("b", 0.5)
     out = combine([a, b], [[1.0, None, None, 1.0], [2.0, 2.0, None, RewardFailure("x", "b bad")]])

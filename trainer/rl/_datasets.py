@@ -138,6 +138,10 @@ def _read(path: Path) -> Any:
             reason = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
             text = str(reason).strip()
             first = text.splitlines()[0] if text else ""
+            if "corresponds to no data" in first:
+                # The library's words for a file of no rows: only blank lines, or only a
+                # CSV header ('Instruction "train" corresponds to no data!').
+                raise DatasetError(f"{path}: no rows") from None
             raise DatasetError(
                 f"{path}: cannot read it as {kind}: {type(reason).__name__}: {first}"
             ) from None

@@ -74,6 +74,17 @@ def test_bad_datasets_fail_with_one_line(tmp_path: Path, content: str, message: 
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "content"), [("head.csv", "prompt,target\n"), ("blank.jsonl", "\n\n")]
+)
+def test_a_file_of_no_rows_says_so(tmp_path: Path, name: str, content: str) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DatasetError) as caught:
+        load_prompt_table(path)
+    assert str(caught.value) == f"{path}: no rows"
+
+
 def test_a_file_that_does_not_parse_names_the_reason_and_logs_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

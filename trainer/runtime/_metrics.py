@@ -112,7 +112,8 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(
         "val/reward_mean",
-        "mean reward of greedy completions of the validation prompts (every task.eval_every steps)",
+        "mean reward of greedy completions of the validation prompts (every task.eval_every steps"
+        " and at the last)",
         when="validation",
     ),
     Metric(

@@ -99,8 +99,12 @@ class RunWorkload:
         return self.config.model.path is not None
 
     def evaluates_at(self, step: int) -> bool:
-        """Whether validation runs after ``step``."""
-        return bool(self.val_prompts) and step % self.config.task.eval_every == 0
+        """Whether validation runs after ``step``: every ``eval_every`` steps and after the
+        run's last, so the trained model always has its score (as verl validates its last
+        step), a run shorter than ``eval_every`` included."""
+        if not self.val_prompts:
+            return False
+        return step % self.config.task.eval_every == 0 or step == self.config.run.steps
 
     def evaluate(self) -> dict[str, float]:
         """Greedy completions of every validation prompt, scored like training rollouts.

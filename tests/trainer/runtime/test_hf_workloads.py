@@ -96,21 +96,23 @@ def _metrics(run: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-async def test_validation_reward_is_a_metric_every_eval_every_steps(
+async def test_validation_reward_is_a_metric_every_eval_every_steps_and_at_the_last(
     reverse_config: Callable[..., TrainerConfig],
     reverse_jsonl: Path,
     rewards: dict[str, Any],
     tmp_path: Path,
 ) -> None:
-    config = reverse_config("exact", task__val_dataset=str(reverse_jsonl), task__eval_every=2)
+    config = reverse_config(
+        "exact", run__steps=5, task__val_dataset=str(reverse_jsonl), task__eval_every=2
+    )
     summary = await PPOTrainer(config, out_dir=tmp_path / "run").fit()
     events = read_events(tmp_path / "run" / "events.jsonl")
     finished = [e for e in events if isinstance(e, StepFinished)]
-    assert [e.step for e in finished if "val/reward_mean" in e.metrics] == [2, 4]
+    assert [e.step for e in finished if "val/reward_mean" in e.metrics] == [2, 4, 5]
     assert summary.status == "finished"
     metrics = _metrics(tmp_path / "run")
     evaluated = [m["step"] for m in metrics if "val/reward_mean" in m]
-    assert evaluated == [2, 4]
+    assert evaluated == [2, 4, 5]
     assert all(
         0.0 <= m["val/reward_mean"] <= 1.0 and m["val/failed"] == 0
         for m in metrics

@@ -152,14 +152,18 @@ def parse_types(names: Iterable[str]) -> frozenset[str] | None:
 class LogReader:
     """The complete lines appended to a log since the last read.
 
-    A last line without its newline is being written: it is kept back until its newline
-    arrives, so nothing is ever shown half. A log that does not exist yet reads as empty.
+    A last line without its newline is being written: it is left in the file until its
+    newline arrives, so nothing is ever shown half. It is read again from the file each
+    time, never kept: a resumed run cuts a torn last line (its killed writer's) off the log
+    before it appends (``repair_torn_tail``), and a reader that had kept that half line, or
+    read on from past it, would glue it to the new lines or skip their start.
+    A log that does not exist yet reads as empty.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file: IO[bytes] | None = None
-        self._torn = b""
+        self._done = 0  # the offset just past the last complete line read
 
     def lines(self) -> Iterator[bytes]:
         """Yield every complete, non-blank line available now (without its newline)."""
@@ -168,9 +172,14 @@ class LogReader:
                 self._file = self.path.open("rb")
             except FileNotFoundError:
                 return
+        self._file.seek(self._done)
+        partial = b""
         while chunk := self._file.read(_CHUNK):
-            *complete, self._torn = (self._torn + chunk).split(b"\n")
-            yield from (line for line in complete if line.strip())
+            *complete, partial = (partial + chunk).split(b"\n")
+            for line in complete:
+                self._done += len(line) + 1
+                if line.strip():
+                    yield line
 
     def close(self) -> None:
         """Close the file."""

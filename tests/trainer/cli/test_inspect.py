@@ -47,6 +47,7 @@ from trainer.cli._inspect import format_entry
 from trainer.cli._inspect import parse_types
 from trainer.cli._inspect import show_log
 from trainer.runtime._describe import describe
+from trainer.runtime._run import repair_torn_tail
 
 from .test_report import trainbus
 from .test_report import trained_run
@@ -242,6 +243,22 @@ def test_a_torn_line_waits_for_its_newline(tmp_path: Path) -> None:
     with path.open("ab") as file:
         file.write(whole[10:])
     assert list(reader.lines()) == [whole.rstrip()]
+    reader.close()
+
+
+def test_a_torn_line_cut_off_by_a_resume_is_not_glued_to_the_new_lines(tmp_path: Path) -> None:
+    # A follower reads a killed run's log, which ends in half a line; the resumed run cuts
+    # that half off (repair_torn_tail) and appends its own lines.
+    path = tmp_path / "events.jsonl"
+    first = _line(StepStarted(step=1, seq=1, time=1.0))
+    path.write_bytes(first + _line(StepStarted(step=2, seq=2, time=2.0))[:25])
+    reader = LogReader(path)
+    assert list(reader.lines()) == [first.rstrip()]
+    assert repair_torn_tail(path) == 25
+    resumed = _line(FitStarted(run_id="r", seq=1, time=3.0)) + _line(StepStarted(step=2, seq=2))
+    with path.open("ab") as file:
+        file.write(resumed)
+    assert list(reader.lines()) == resumed.splitlines()
     reader.close()
 
 

@@ -157,8 +157,11 @@ def _with_exports(config: dict[str, Any], flags: list[str]) -> dict[str, Any]:
     for flag in flags:
         name, colon, port = flag.partition(":")
         if colon:
-            if name != "prometheus" or not port.isdigit():
+            if name != "prometheus":
                 raise UsageError(f"--export {flag}: only prometheus takes a port (prometheus:PORT)")
+            if not port.isdigit():
+                # Its range is checked with the config (export.prometheus.port).
+                raise UsageError(f"--export {flag}: the port is not a number (prometheus:PORT)")
             export["prometheus"]["port"] = int(port)
         if name not in export["to"]:
             export["to"].append(name)

@@ -25,7 +25,9 @@ def _train(tmp_path: Path, *flags: str) -> int:
     ("flag", "problem"),
     [
         ("tb", "unknown exporter 'tb' (known: tensorboard, mlflow, wandb, prometheus)"),
-        ("prometheus:http", "--export prometheus:http: only prometheus takes a port"),
+        ("prometheus:http", "--export prometheus:http: the port is not a number"),
+        ("prometheus:-1", "--export prometheus:-1: the port is not a number"),
+        ("prometheus:99999", "export.prometheus.port: expected `int` <= 65535"),
         ("mlflow:5000", "--export mlflow:5000: only prometheus takes a port"),
     ],
 )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
@@ -20,7 +21,8 @@ def build_exporters(config: ExportConfig, out_dir: Path | None) -> list[object]:
 
     Raises:
         ExtensionError: A library is missing (naming the extra to install), a port cannot be
-            bound, or an exporter that writes files has no run folder.
+            bound, an exporter that writes files has no run folder, or TensorBoard's
+            folder cannot be one (a file is in the way, a parent is not writable).
     """
     # Checked first, with no side effect: a missing library or run folder leaves nothing
     # listening and nothing written.
@@ -28,6 +30,9 @@ def build_exporters(config: ExportConfig, out_dir: Path | None) -> list[object]:
         if name != "prometheus" and out_dir is None:
             raise ExtensionError(f"--export {name} needs a run folder (--out DIR, or out_dir=)")
         require(name)
+    if "tensorboard" in config.to:
+        assert out_dir is not None
+        _check_folder("export.tensorboard.log_dir", out_dir / config.tensorboard.log_dir)
     exporters: list[object] = []
     if "prometheus" in config.to:
         from ._prometheus import PrometheusExporter
@@ -42,6 +47,22 @@ def build_exporters(config: ExportConfig, out_dir: Path | None) -> list[object]:
                 close()  # stop listening: the trainer is not built
         raise
     return exporters
+
+
+def _check_folder(key: str, folder: Path) -> None:
+    """Raise unless ``folder`` is a folder, or one can be made there.
+
+    The exporter's writer creates it once the run starts, on its own thread; a failure
+    there is only reported, and the run goes on without the exporter. A setting that
+    cannot work is the user's to fix before training, like any other bad setting.
+    """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ExtensionError(f"{key}: {existing} is a file, not a folder (for {folder})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ExtensionError(f"{key}: cannot create {folder}: {existing} is not writable")
 
 
 def _build(name: str, config: ExportConfig, out_dir: Path | None) -> object:

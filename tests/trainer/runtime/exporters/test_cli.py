@@ -40,6 +40,21 @@ def test_a_bad_export_is_one_line_and_exit_2(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_tensorboard_folder_that_cannot_be_one_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "taken").write_text("a file where the event files should go\n")
+    config = tmp_path / "run.toml"
+    config.write_text(f'[export.tensorboard]\nlog_dir = "{tmp_path / "taken" / "tb"}"\n')
+    assert _train(tmp_path, "--config", str(config), "--export", "tensorboard") == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: export.tensorboard.log_dir: {tmp_path / 'taken'} is a file, not a folder "
+        f"(for {tmp_path / 'taken' / 'tb'})\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_missing_library_names_the_extra_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

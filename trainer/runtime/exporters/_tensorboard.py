@@ -1,9 +1,13 @@
 """``TensorBoardExporter``: event files under the run folder (``tb/``), written through
 ``torch.utils.tensorboard``: scalars per step, notes as text, the config as hyper-parameters.
 
-A resumed run writes into the same folder with ``purge_step`` set to its first step, so
-TensorBoard hides what the interrupted attempt wrote after the checkpoint: one curve, no
-doubled steps.
+A step written again (a resumed run redoes the steps after its checkpoint, a recovery those
+after the checkpoint it restored) must replace what was written of it, or TensorBoard draws
+the curve going back. TensorBoard's Rust loader (its default) does that by itself; the
+Python one (``--load_fast=false``) only when a ``SessionLog.START`` at that step says so,
+and it takes the first ``START`` of a run for the run's beginning, purging nothing. So every
+attempt starts with one (``purge_step``: a resumed one's purges), and a step that is not
+after the last one written gets one too.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class TensorBoardExporter(Exporter):
         super().__init__(name="export-tensorboard", flush_timeout_s=flush_timeout_s)
         self.log_dir = Path(log_dir)
         self._writer: Any = None
+        self._last_step = 0  # the last step written by this attempt
+        self._notes: list[tuple[int, str, str]] = []  # (step, tag, text) of this attempt
 
     def describe(self) -> str:
         """Where the event files go and how to look at them."""
@@ -43,8 +49,11 @@ class TensorBoardExporter(Exporter):
         checkpoint) and, for a new run, write the config."""
         from torch.utils.tensorboard import SummaryWriter
 
-        purge = run.start_step + 1 if run.resumed else None
-        self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge)
+        # A START for every attempt (the first one's purges nothing): a resumed attempt's
+        # is then not the run's first, which the Python loader would ignore.
+        self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=run.start_step + 1)
+        self._last_step = run.start_step
+        self._notes = []
         if not run.resumed and run.config:
             self._write_config(run)
 
@@ -63,12 +72,27 @@ class TensorBoardExporter(Exporter):
         self._writer.add_text("config", "| key | value |\n|---|---|\n" + "\n".join(lines), 0)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        """One scalar per metric at ``step``."""
+        """One scalar per metric at ``step``; a step redone after a recovery first hides
+        what was written from it on."""
+        if step <= self._last_step:
+            self._purge_from(step)
+        self._last_step = step
         for name, value in scalars.items():
             self._writer.add_scalar(name, value, step)
 
+    def _purge_from(self, step: int) -> None:
+        from tensorboard.compat.proto import event_pb2  # type: ignore[import-untyped]
+
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._writer.file_writer.add_event(event_pb2.Event(step=step, session_log=start))
+        # The START hides every tag from ``step`` on, the notes too: the failure that caused
+        # the recovery (a decision at the failed step) is written again, after it.
+        for note in [n for n in self._notes if n[0] >= step]:
+            self._writer.add_text(note[1], note[2], note[0])
+
     def write_text(self, step: int, tag: str, text: str) -> None:
         """Decisions, restarts and recoveries, in TensorBoard's text view."""
+        self._notes.append((step, tag, text))
         self._writer.add_text(tag, text, step)
 
     def close(self, end: RunEnd) -> None:

@@ -79,6 +79,7 @@ def run_events(args: argparse.Namespace) -> int:
         Selection(types=parse_types(args.type), step=args.step, worker=args.worker),
         as_json=args.json,
         flush=args.follow,
+        source=path,
     )
     try:
         show_log(LogReader(path), view, follow=args.follow)
@@ -255,6 +256,10 @@ class LogView:
         as_json: Print the lines unchanged instead of formatted.
         flush: Flush every line (``--follow``: a pipe reader sees events as they come).
         out: Where lines go (default: stdout).
+        source: The log's path, named when it is not an event log.
+
+    Raises:
+        UsageError: From :meth:`show`, when the log's first line is not an event.
     """
 
     def __init__(
@@ -264,12 +269,15 @@ class LogView:
         as_json: bool = False,
         flush: bool = False,
         out: IO[str] | None = None,
+        source: Path | None = None,
     ) -> None:
         self.selection = selection
+        self.source = source
         self.as_json = as_json
         self.flush = flush
         self.out = out
         self.origin: float | None = None
+        self._seen_event = False
         self.context = Context()
         self.workers: set[str] = set()  # every worker an event of the log is about
         self.steps: set[int] = set()  # every step an event of the log is about
@@ -282,9 +290,19 @@ class LogView:
     def show(self, line: bytes) -> None:
         """Print ``line`` if it is selected (every line counts for time and lifecycle)."""
         entry = decode_line(line)
+        if entry is None and not self._seen_event:
+            # An event log starts with an event (only its last line can be torn, and that
+            # one is never read): this is another file, metrics.jsonl or summary.json,
+            # whose every line would be "skipped".
+            where = f"{self.source}: " if self.source is not None else ""
+            _usage(
+                f"{where}not an event log (its first line is not an event: {line[:40]!r}); "
+                "give a run folder or its events.jsonl"
+            )
         if entry is None:
             print(f"skipped a line that is not an event: {line[:60]!r}", file=sys.stderr)
             return
+        self._seen_event = True
         name = entry_type(entry)
         if name in _LIFECYCLE:
             self._last_lifecycle = name

@@ -352,6 +352,27 @@ def test_a_folder_without_a_log_is_not_a_run(tmp_path: Path) -> None:
     assert "not a run folder (no events.jsonl)" in done.stderr
 
 
+@pytest.mark.parametrize("name", ["metrics.jsonl", "summary.json"])
+@pytest.mark.parametrize("follow", [[], ["--follow"]], ids=["list", "follow"])
+def test_a_file_that_is_not_an_event_log_is_one_line_and_status_2(
+    run_dir: Path, name: str, follow: list[str]
+) -> None:
+    done = trainbus("events", run_dir / name, *follow)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith(f"error: {run_dir / name}: not an event log")
+
+
+def test_a_stray_line_inside_a_log_is_skipped_with_a_note(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(_line(StepStarted(step=1, seq=1)) + b"not json\n" + _line(StepStarted(step=2)))
+    done = trainbus("events", path)
+    assert done.returncode == 0
+    assert [kind for kind, _ in parsed(done.stdout)] == ["StepStarted", "StepStarted"]
+    assert done.stderr == "skipped a line that is not an event: b'not json'\n"
+
+
 def test_follow_on_a_finished_run_prints_it_and_exits(run_dir: Path) -> None:
     done = trainbus("events", run_dir, "--follow", "--type", "FitFinished")
     assert done.returncode == 0, done.stderr

@@ -130,8 +130,7 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
         dataset: Prompts for a Hugging Face model: JSONL, JSON, Parquet, CSV, or a folder
             saved by datasets; column prompt_column holds a string or chat messages, every
             other column goes to the reward functions.
-        val_dataset: Validation prompts, evaluated every eval_every steps and after the last
-            (val/reward_mean).
+        val_dataset: Validation prompts, evaluated every eval_every steps and at the last.
         prompt_column: The dataset column holding the prompts.
         rewards: Reward functions as MODULE:FUNC (or path/to/file.py:FUNC) with TRL's
             signature, reward(prompts, completions, **columns) -> list[float | None].
@@ -142,8 +141,7 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
             hangs past it or returns a bad value fails those rollouts, not the run.
         max_new_tokens: Longest completion, in tokens (default: the built-in task's answer
             length; 64 with a dataset).
-        eval_every: Evaluate the validation prompts every N steps and after the run's last
-            (greedy decoding).
+        eval_every: Evaluate the validation prompts every N steps and after the last.
     """
 
     name: str = "reverse"

@@ -87,6 +87,21 @@ def _without_tokenizer_json(folder: Path) -> None:
     (folder / "tokenizer.json").unlink()
 
 
+def _drop_the_mlp_weights(folder: Path) -> None:
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
+
+    weights = load_file(folder / "model.safetensors")
+    kept = {name: tensor for name, tensor in weights.items() if ".mlp." not in name}
+    save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _narrow_the_config(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config["n_embd"] = 32
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
@@ -116,47 +131,8 @@ def _without_tokenizer_json(folder: Path) -> None:
             "cannot build the tokenizer in {folder}: tokenizer.json is not valid JSON",
         ),
         (_write("config.json", b"garbage"), "cannot load the model in {folder}: It looks like"),
-    ],
-    ids=[
-        "garbage-safetensors",
-        "empty-safetensors",
-        "garbage-bin",
-        "garbage-zip-bin",
-        "no-tokenizer-json",
-        "garbage-tokenizer-json",
-        "garbage-config",
-    ],
-)
-def test_a_damaged_file_is_one_line_naming_it(
-    hf_model: Path, tmp_path: Path, damage: Callable[[Path], None], message: str
-) -> None:
-    folder = tmp_path / "model"
-    shutil.copytree(hf_model, folder)
-    damage(folder)
-    with pytest.raises(ModelLoadError) as caught:
-        HFPolicy.load(folder)
-    assert message.format(folder=folder) in str(caught.value)
-    assert "\n" not in str(caught.value)
-
-
-def _drop_the_mlp_weights(folder: Path) -> None:
-    from safetensors.torch import load_file
-    from safetensors.torch import save_file
-
-    weights = load_file(folder / "model.safetensors")
-    kept = {name: tensor for name, tensor in weights.items() if ".mlp." not in name}
-    save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
-
-
-def _narrow_the_config(folder: Path) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    config["n_embd"] = 32
-    (folder / "config.json").write_text(json.dumps(config))
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
+        # transformers initialises what the file lacks at random and only warns (a warning
+        # trainbus keeps off the terminal); a shape mismatch it reports in a log "above".
         (
             _drop_the_mlp_weights,
             "the weights in {folder} do not fit its config.json: model.safetensors lacks 4 "
@@ -169,16 +145,24 @@ def _narrow_the_config(folder: Path) -> None:
             "[96] in the model, ",
         ),
     ],
-    ids=["missing-tensors", "other-shapes"],
+    ids=[
+        "garbage-safetensors",
+        "empty-safetensors",
+        "garbage-bin",
+        "garbage-zip-bin",
+        "no-tokenizer-json",
+        "garbage-tokenizer-json",
+        "garbage-config",
+        "missing-tensors",
+        "other-shapes",
+    ],
 )
-def test_weights_that_do_not_fit_the_config_are_one_line_not_a_random_init(
-    hf_model: Path, tmp_path: Path, change: Callable[[Path], None], message: str
+def test_a_damaged_file_is_one_line_naming_it(
+    hf_model: Path, tmp_path: Path, damage: Callable[[Path], None], message: str
 ) -> None:
-    # transformers initialises what the file lacks at random and only warns (a warning
-    # trainbus keeps off the terminal); a shape mismatch it reports in a log "above".
     folder = tmp_path / "model"
     shutil.copytree(hf_model, folder)
-    change(folder)
+    damage(folder)
     with pytest.raises(ModelLoadError) as caught:
         HFPolicy.load(folder)
     assert message.format(folder=folder) in str(caught.value)

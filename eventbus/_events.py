@@ -161,15 +161,16 @@ class SafePointOutcome(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A rollout tracker's account of one batch (see :meth:`replay.RolloutTracker.reconcile`).
 
-    Every rollout id registered for the batch is exactly one of succeeded, failed, timed out
-    or missing; every result that did not count is in ``dropped`` (by reason) or
-    ``duplicates``.
+    Every registered rollout id is exactly one of succeeded, failed, timed out or missing;
+    every result that did not count is in ``dropped`` (by reason) or ``duplicates``.
 
     Attributes:
         step: The trainer step of the batch.
         registered: Rollout ids registered for the batch.
         succeeded: Ids with a successful result.
         failed: Ids whose final result is a failure, by error kind.
+        errors: By kind in ``failed``, the first line of its first failure's message (a
+            reward function's exception, as the worker gave it), 200 characters at most.
         timed_out: Ids without a final result when the batch deadline passed.
         missing: Ids without a final result when the batch was finalized early.
         dropped: Results not admitted, by reason (``unregistered``, ``earlier_step``,
@@ -188,6 +189,7 @@ class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     registered: int
     succeeded: int
     failed: dict[str, int] = {}
+    errors: dict[str, str] = {}
     timed_out: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()
     dropped: dict[str, int] = {}
@@ -237,8 +239,7 @@ class FitFinished(Event, frozen=True):
         step: The last completed step.
         duration_s: Seconds ``fit()`` took: from ``FitStarted.start_s`` before that event
             (the workers' start included) to this one (workers stopped, ``AFTER_FIT``).
-        stopped_early: A STOP decision (or a stop request) ended the run before its last
-            step.
+        stopped_early: A STOP decision or a stop request ended the run before its last step.
         reason: Why it stopped early (a STOP decision's deciding votes, or the stop
             request's reason, such as ``SIGTERM received``), empty otherwise.
     """
@@ -253,8 +254,7 @@ class FitFailed(Event, frozen=True):
     """``fit()`` is raising ``error_type: message``.
 
     Attributes:
-        step: The step that failed (or the last completed one, when the failure came
-            between steps).
+        step: The step that failed (or the last completed one, failing between steps).
         error_type: The exception's type name.
         message: The exception's message.
         wait_s: Seconds the failed step spent waiting for its rollouts (a wait that ended

@@ -47,6 +47,15 @@ def _failure_kind(rollout: Rollout) -> str:
     return (result.error_kind if result is not None else "") or "error"
 
 
+ERROR_CHARS = 200
+"""The longest failure message a report carries (``BatchReport.errors``)."""
+
+
+def _first_line(error: str) -> str:
+    line = error.strip().split("\n", 1)[0]
+    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 3] + "..."
+
+
 def build_report(
     step: int,
     rollouts: Iterable[Rollout],
@@ -60,6 +69,7 @@ def build_report(
     timed out or missing (an open batch lists its in-flight ids as missing)."""
     succeeded = 0
     failed: dict[str, int] = {}
+    errors: dict[str, str] = {}
     timed_out: list[str] = []
     missing: list[str] = []
     registered = 0
@@ -75,11 +85,15 @@ def build_report(
         else:  # FAILED or PLACEHOLDER: a failure result is in hand
             kind = _failure_kind(rollout)
             failed[kind] = failed.get(kind, 0) + 1
+            error = rollout.result.error if rollout.result is not None else None
+            if error and kind not in errors:
+                errors[kind] = _first_line(error)
     return BatchReport(
         step=step,
         registered=registered,
         succeeded=succeeded,
         failed=failed,
+        errors=errors,
         timed_out=tuple(timed_out),
         missing=tuple(missing),
         dropped=counters.drops(),
@@ -170,16 +184,18 @@ class FailureRules:
         failures = report.registered - report.succeeded
         if not failures:
             return None
+        # What the failures said comes last: the run's last line names the cause.
+        said = "".join(f"; the first {kind}: {error}" for kind, error in report.errors.items())
         if self.policy is FailurePolicy.RAISE:
             return (
                 f"{failures} of {report.registered} rollouts did not succeed "
                 f"(failed {report.failed}, {len(report.timed_out)} timed out, "
-                f"{len(report.missing)} missing) under failure policy 'raise'"
+                f"{len(report.missing)} missing) under failure policy 'raise'{said}"
             )
         fraction = failures / report.registered
         if fraction > self.max_failed_fraction:
             return (
                 f"{failures} of {report.registered} rollouts did not succeed ({fraction:.1%}), "
-                f"above max_failed_fraction {self.max_failed_fraction:.1%}"
+                f"above max_failed_fraction {self.max_failed_fraction:.1%}{said}"
             )
         return None

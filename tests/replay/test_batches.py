@@ -169,10 +169,33 @@ def test_max_failed_fraction(make_tracker: MakeTracker, limit: float, raises: bo
     tracker = make_tracker(max_failed_fraction=limit)
     _mixed_batch(tracker)  # 3 of 6 did not succeed
     if raises:
-        with pytest.raises(BatchFailedError, match=r"3 of 6 .* above max_failed_fraction 40.0%"):
+        with pytest.raises(BatchFailedError) as caught:
             tracker.finalize()
+        # The message ends with what the failures said: the run's last line names the cause.
+        assert str(caught.value).endswith(
+            "3 of 6 rollouts did not succeed (50.0%), above max_failed_fraction 40.0%; "
+            "the first worker_crash: boom; the first context_length: too long"
+        )
     else:
         assert tracker.finalize().report.succeeded == 3
+
+
+def test_a_report_carries_the_first_line_of_each_kinds_first_failure(
+    make_tracker: MakeTracker,
+) -> None:
+    tracker = make_tracker()
+    groups = groups_for(1, count=2, n=2, prefix="g")
+    tracker.begin_batch(1, groups)
+    long = "x" * 300
+    tracker.record(groups[0].failure(0, "reward raised KeyError\nTraceback", kind="reward_error"))
+    tracker.record(groups[0].failure(1, "another", kind="reward_error", retryable=False))
+    tracker.record(groups[1].failure(0, long, kind="context_length", retryable=False))
+    report = tracker.reconcile()
+    assert report.failed == {"reward_error": 2, "context_length": 1}
+    assert report.errors == {
+        "reward_error": "reward raised KeyError",
+        "context_length": "x" * 197 + "...",
+    }
 
 
 # --- finalize, reconcile, leftovers ------------------------------------------------------

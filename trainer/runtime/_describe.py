@@ -209,7 +209,11 @@ def _rollout_rejected(e: RolloutRejected, context: Context) -> str:
 def _batch_reconciled(e: BatchReconciled, context: Context) -> str:
     r = e.report
     parts = [f"{r.succeeded}/{r.registered} rollouts succeeded"]
-    parts += [f"failed {_mapping(r.failed)}"] if r.failed else []
+    said = "; ".join(
+        f"the first: {error}" if len(r.errors) == 1 else f"the first {kind}: {error}"
+        for kind, error in r.errors.items()
+    )
+    parts += [f"failed {_mapping(r.failed)}" + (f" ({said})" if said else "")] if r.failed else []
     dropped = {reason: n for reason, n in r.dropped.items() if n}
     parts += [f"not admitted {_mapping(dropped)}"] if dropped else []
     counts = (

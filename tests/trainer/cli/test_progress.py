@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 
 from eventbus import BatchReconciled
@@ -101,13 +102,27 @@ def test_a_batch_gets_a_line_when_rollouts_failed_and_not_when_all_succeeded() -
     view.on_event(CONTEXT, FitStarted(run_id="r1", total_steps=4, mode="sync", backend="local"))
     whole = BatchReport(step=1, registered=8, succeeded=8)
     failed = BatchReport(
-        step=3, registered=8, succeeded=5, failed={"reward_error": 3}, removed=("a#0",)
+        step=3,
+        registered=8,
+        succeeded=5,
+        failed={"reward_error": 3},
+        errors={"reward_error": "exact raised KeyError: 'answer'"},
+        removed=("a#0",),
     )
-    for report in (whole, failed):
+    kinds = msgspec.structs.replace(
+        failed,
+        step=4,
+        failed={"reward_error": 2, "context_length": 1},
+        errors={"reward_error": "exact raised KeyError: 'answer'", "context_length": "too long"},
+    )
+    for report in (whole, failed, kinds):
         view.on_event(CONTEXT, BatchReconciled(report=report))
     assert out.getvalue().splitlines()[1:] == [
-        "  step 3/4: 5/8 rollouts succeeded, failed {reward_error: 3}, "
-        "1 removed by the failure policy, waited 0.00 s"
+        "  step 3/4: 5/8 rollouts succeeded, failed {reward_error: 3} (the first: exact raised "
+        "KeyError: 'answer'), 1 removed by the failure policy, waited 0.00 s",
+        "  step 4/4: 5/8 rollouts succeeded, failed {reward_error: 2, context_length: 1} (the "
+        "first reward_error: exact raised KeyError: 'answer'; the first context_length: too "
+        "long), 1 removed by the failure policy, waited 0.00 s",
     ]
 
 

@@ -8,7 +8,10 @@ the policy version that generates it, and results arrive through
 At every check (now, and after every wake-up) the buffer evicts what can no longer be
 used: failed groups (all rollouts settled, at least one failed for good) and finished
 groups that became too stale. Evicted groups go to the ``refill`` callback so the trainer
-can dispatch replacements. The strategy decides what happens to groups still in flight:
+can dispatch replacements. A wait in which at least as many groups failed as it waits for,
+and more than the tracker's ``max_failed_fraction`` of the groups it settled, raises
+:class:`~replay.BatchFailedError` naming the first failures: replacing them would go on
+until the deadline. The strategy decides what happens to groups still in flight:
 
 * ``drop``: never hold training; a group that finishes too stale is evicted and refilled.
 * ``wait``: hold sampling while an in-flight group has reached the limit
@@ -55,7 +58,7 @@ class AsyncReplayBuffer(BufferBase):
 
     Args:
         tracker: As for :class:`~replay.ReplayBuffer` (its batch deadline and failure
-            policy do not apply here).
+            policy do not apply here; its ``max_failed_fraction`` does, to each wait).
         interrupts: As for :class:`~replay.ReplayBuffer`.
         max_off_policy: How many policy versions old a sample may be (8 in the
             reference).
@@ -160,6 +163,7 @@ class AsyncReplayBuffer(BufferBase):
             raise ValueError(f"the number of groups must be an int >= 1, got {target!r}")
         current = step if policy_version is None else policy_version
         registry = self._tracker.registry
+        failed: list[Group] = []  # evicted as failed during this wait
 
         def check() -> Poll[int | list[Group]]:
             poll, evicted = registry.sweep(
@@ -172,6 +176,8 @@ class AsyncReplayBuffer(BufferBase):
             )
             if evicted:
                 self._handle_evictions(evicted)
+                failed.extend(g for g, why in evicted if why is EvictionReason.FAILED)
+                registry.check_failures(step, failed, ready=poll.available, target=target)
             return poll
 
         first = check()
@@ -193,9 +199,9 @@ class AsyncReplayBuffer(BufferBase):
             why=why,
         )
 
-    def _handle_evictions(self, evicted: list[tuple[PromptGroup, EvictionReason]]) -> None:
+    def _handle_evictions(self, evicted: list[tuple[Group, EvictionReason]]) -> None:
         for reason in (EvictionReason.FAILED, EvictionReason.STALE):
-            specs = tuple(spec for spec, why in evicted if why is reason)
+            specs = tuple(group.spec for group, why in evicted if why is reason)
             if not specs:
                 continue
             self._evicted(reason, len(specs))

@@ -22,12 +22,14 @@ from typing import TypeVar
 
 from eventbus import BatchReport
 
+from ._errors import BatchFailedError
 from ._model import Partition
 from ._model import PromptGroup
 from ._reasons import Admission
 from ._reasons import EvictionReason
 from ._records import Counters
 from ._records import Group
+from ._report import FailureRules
 from ._report import build_report
 from ._state import TrackerState
 from ._validate import check_groups
@@ -44,10 +46,12 @@ class AsyncRegistry:
 
     Args:
         state: The tracker's shared state.
+        failures: When too many failures fail a wait (:meth:`check_failures`).
     """
 
-    def __init__(self, state: TrackerState) -> None:
+    def __init__(self, state: TrackerState, failures: FailureRules) -> None:
         self._state = state
+        self._failures = failures
 
     def register(self, groups: Iterable[PromptGroup]) -> None:
         """Open groups one by one (see :meth:`replay.RolloutTracker.register`)."""
@@ -83,7 +87,7 @@ class AsyncRegistry:
         hold: bool,
         target: int,
         take: bool,
-    ) -> tuple[Poll[int | list[Group]], list[tuple[PromptGroup, EvictionReason]]]:
+    ) -> tuple[Poll[int | list[Group]], list[tuple[Group, EvictionReason]]]:
         """Look at the open async groups of ``partition`` at ``policy_version``.
 
         Advances the grace windows of its groups, evicts failed groups and finished
@@ -97,7 +101,7 @@ class AsyncRegistry:
             The poll, and the groups this sweep evicted, with the reason.
         """
         state = self._state
-        evicted: list[tuple[PromptGroup, EvictionReason]] = []
+        evicted: list[tuple[Group, EvictionReason]] = []
         pending = running = 0
         blocked = settled = False
         wake_at = math.inf
@@ -126,10 +130,10 @@ class AsyncRegistry:
                     if hold and behind >= max_off_policy:
                         blocked = True
                 elif group.failed:
-                    evicted.append((spec, EvictionReason.FAILED))
+                    evicted.append((group, EvictionReason.FAILED))
                     given_up.extend(state.retire_group(group, Admission.EVICTED))
                 elif behind > max_off_policy:
-                    evicted.append((spec, EvictionReason.STALE))
+                    evicted.append((group, EvictionReason.STALE))
                     given_up.extend(state.retire_group(group, Admission.STALE_POLICY))
                 else:
                     sampleable.append(group)
@@ -150,6 +154,24 @@ class AsyncRegistry:
             value, available=len(sampleable), pending=pending, running=running, wake_at=wake_at
         )
         return poll, evicted
+
+    def check_failures(
+        self, step: int, failed: Sequence[Group], *, ready: int, target: int
+    ) -> None:
+        """Fail a wait for ``target`` groups of ``step`` in which the groups ``failed``
+        failed while ``ready`` were sampleable, if too many did (``FailureRules.judge_wait``).
+
+        Raises:
+            BatchFailedError: Its report is the failed groups'; its message ends with what
+                the first failure of each kind said.
+        """
+        if len(failed) < target:
+            return
+        rollouts = (rollout for group in failed for rollout in group.rollouts)
+        report = build_report(step, rollouts, Counters(), policy="evict")
+        reason = self._failures.judge_wait(report, len(failed), ready=ready, target=target)
+        if reason is not None:
+            raise BatchFailedError(report, reason)
 
     async def wait(
         self,

@@ -120,12 +120,13 @@ def _fill(rollout: Rollout, index: int, spec: PromptGroup, reward: float) -> Rol
 
 @dataclass(frozen=True, slots=True)
 class FailureRules:
-    """What finalizing a sync batch does with the rollouts that did not succeed.
+    """What finalizing a sync batch does with the rollouts that did not succeed, and when
+    too many failures fail a sync batch or an async wait.
 
     Attributes:
         policy: Keep them as fills, drop them, drop their groups, or raise.
         max_failed_fraction: Above this fraction of failures the batch fails (see
-            :meth:`judge`).
+            :meth:`judge`), and so does an async wait (see :meth:`judge_wait`).
         fill_reward: The reward of a fill under the ``fill`` policy.
     """
 
@@ -184,8 +185,7 @@ class FailureRules:
         failures = report.registered - report.succeeded
         if not failures:
             return None
-        # What the failures said comes last: the run's last line names the cause.
-        said = "".join(f"; the first {kind}: {error}" for kind, error in report.errors.items())
+        said = _said(report)
         if self.policy is FailurePolicy.RAISE:
             return (
                 f"{failures} of {report.registered} rollouts did not succeed "
@@ -199,3 +199,26 @@ class FailureRules:
                 f"above max_failed_fraction {self.max_failed_fraction:.1%}{said}"
             )
         return None
+
+    def judge_wait(
+        self, report: BatchReport, failed: int, *, ready: int, target: int
+    ) -> str | None:
+        """Why an async wait for ``target`` groups must raise :class:`~replay.BatchFailedError`,
+        or None: while ``ready`` were sampleable, ``failed`` groups failed during it (they
+        are evicted and replaced, so without this a workload whose every group fails would
+        wait out its whole deadline), at least ``target`` of them and more than
+        ``max_failed_fraction`` of the groups it settled. ``report`` is the failed groups'.
+        """
+        if failed < target or failed / (failed + ready) <= self.max_failed_fraction:
+            return None
+        fraction = failed / (failed + ready)
+        return (
+            f"{failed} prompt groups failed while waiting for {target} ({ready} ready: "
+            f"{fraction:.1%} failed), above max_failed_fraction "
+            f"{self.max_failed_fraction:.1%}{_said(report)}"
+        )
+
+
+def _said(report: BatchReport) -> str:
+    """What the failures said, last in an error: the run's last line names the cause."""
+    return "".join(f"; the first {kind}: {error}" for kind, error in report.errors.items())

@@ -165,7 +165,7 @@ class RolloutTracker:
             FailurePolicy(failure_policy), float(max_failed_fraction), float(fill_reward)
         )
         self.batches = SyncBatches(state, failures)
-        self.registry = AsyncRegistry(state)
+        self.registry = AsyncRegistry(state, failures)
 
     @property
     def bus(self) -> EventBus | None:

@@ -14,6 +14,7 @@ from eventbus import SampleWait
 from eventbus.testing import record_events
 from replay import Admission
 from replay import AsyncReplayBuffer
+from replay import BatchFailedError
 from replay import EvictionReason
 from replay import PartitionCounts
 from replay import PromptGroup
@@ -151,6 +152,54 @@ async def test_failed_groups_are_evicted_and_refilled(fake_time: FakeTime) -> No
     assert [g.group_id for g in sampled] == ["g0.1", "g0.0-r"]
     assert buffer.add(bad.result(1)) is Admission.EVICTED
     assert buffer.statistics().evictions == {"failed": 1}
+
+
+@pytest.mark.parametrize("max_failed_fraction", [0.5, 1.0])
+async def test_a_wait_in_which_every_group_fails_fails_naming_the_first_failure(
+    fake_time: FakeTime, max_failed_fraction: float
+) -> None:
+    # Every group of this workload fails (a reward function that always raises): evicting
+    # and replacing them would go on until the wait's deadline, with nothing said of why.
+    tracker = RolloutTracker(
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        grace_s=0.0,
+        grace_polls=0,
+        max_failed_fraction=max_failed_fraction,
+    )
+    buffer: AsyncReplayBuffer
+    replaced = 0
+
+    def fail(groups: list[PromptGroup]) -> None:
+        for group in groups:
+            buffer.add(group.failure(0, "boom raised KeyError: 'answer'", kind="reward_error"))
+            buffer.add(group.failure(1, "boom raised KeyError: 'answer'", kind="reward_error"))
+
+    def refill(groups: tuple[PromptGroup, ...], reason: EvictionReason) -> None:
+        nonlocal replaced
+        replaced += len(groups)
+        fake_time.now += 0.25  # generating the replacements takes time
+        replacement = dispatched(0, count=len(groups), prefix=f"r{replaced}.")
+        buffer.register(replacement)
+        fail(replacement)
+
+    buffer = AsyncReplayBuffer(tracker, interrupts=interrupts, refill=refill, wait_timeout_s=2.0)
+    first = dispatched(0, count=3)
+    buffer.register(first)
+    fail(first[:1])
+    if max_failed_fraction == 1.0:  # failures never fail the wait: it waits out its deadline
+        with pytest.raises(SampleDeadlineExceeded):
+            await buffer.sample(0, 2)
+        return
+    with pytest.raises(BatchFailedError) as caught:
+        await buffer.sample(0, 2)
+    assert str(caught.value) == (
+        "batch of step 0 failed: 2 prompt groups failed while waiting for 2 (0 ready: 100.0% "
+        "failed), above max_failed_fraction 50.0%; the first reward_error: boom raised "
+        "KeyError: 'answer'"
+    )
+    assert caught.value.report.failed == {"reward_error": 4}
+    assert replaced == 2  # the first failed group and its replacement, then it stopped
 
 
 async def test_placeholder_holds_its_group_for_the_grace_window(fake_time: FakeTime) -> None:

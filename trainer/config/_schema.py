@@ -206,7 +206,7 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
             result; this bounds how often ``SampleWait`` is reported while nothing arrives).
         grace_s: How long a failed rollout waits for its retry.
         failure_policy: What a finished batch does with failed rollouts.
-        max_failed_fraction: More failed rollouts than this in a batch fail the run.
+        max_failed_fraction: More failed rollouts than this in a batch (async: groups) fail it.
         ray_address: ``ray`` backend: a cluster to join (``"auto"``, ``"HEAD_IP:6379"``);
             default: the ``RAY_ADDRESS`` environment variable, else a local instance.
         ray_actor_cpus: ``ray`` backend: CPUs each rollout actor reserves (0 lets any number

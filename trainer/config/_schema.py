@@ -33,6 +33,7 @@ from ..rl._hparams import PPOConfig
 from ..rl._tasks import make_task
 from ._export import ExportConfig
 from ._messages import readable
+from ._ray_address import check_ray_address
 
 __all__ = [
     "AutoscaleConfig",
@@ -373,11 +374,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         check_finite(self)
         self._check_workload()
         rollout = self.rollout
-        if rollout.ray_address is not None and rollout.backend != "ray":
-            raise ValueError(
-                f"rollout.ray_address is {rollout.ray_address!r} but rollout.backend is "
-                f"{rollout.backend!r}; the address needs the ray backend (--backend ray)"
-            )
+        check_ray_address(rollout.ray_address, rollout.backend)
         if rollout.standby and rollout.backend != "ray":
             raise ValueError(
                 f"rollout.standby is {rollout.standby} but rollout.backend is "

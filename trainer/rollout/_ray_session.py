@@ -16,10 +16,10 @@ import os
 import signal
 import socket
 import threading
-from urllib.parse import urlsplit
 
 import ray
 
+from ..config._ray_address import parse_ray_address
 from ._ray_leftovers import clean_leftovers
 from ._ray_leftovers import forget_local_instance
 from ._ray_leftovers import record_local_instance
@@ -33,10 +33,6 @@ logger = logging.getLogger("trainbus.ray")
 # version) are enough; Ray's defaults would size both to the whole machine.
 _LOCAL_MIN_CPUS = 2
 _LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
-# The ports Ray listens on when an address names none: the GCS of a `ray start --head`, and
-# the Ray Client server behind a ray:// address.
-_GCS_PORT = 6379
-_CLIENT_PORT = 10001
 
 
 def init_ray(address: str | None, cpus_needed: float, connect_timeout_s: float = 10.0) -> bool:
@@ -69,7 +65,7 @@ def init_ray(address: str | None, cpus_needed: float, connect_timeout_s: float =
     return True
 
 
-def check_reachable(address: str, timeout_s: float) -> None:
+def check_reachable(address: str, timeout_s: float, setting: str = "rollout.ray_address") -> None:
     """Raise at once when nothing accepts a connection at a cluster ``address``.
 
     ``ray.init`` retries an address it cannot reach for many minutes (about 20 attempts,
@@ -80,21 +76,13 @@ def check_reachable(address: str, timeout_s: float) -> None:
 
     Raises:
         ConnectionError: The address is refused, unreachable or does not resolve.
-        ValueError: The address has no host or a port that is not a number.
+        ValueError: The address is malformed (``setting`` names where it came from).
     """
-    if address in ("auto", "local"):
+    where = parse_ray_address(address, setting)
+    if where.host is None:
         return
-    scheme, _, rest = address.rpartition("://")
-    default_port = _CLIENT_PORT if scheme == "ray" else _GCS_PORT
-    where = urlsplit(f"//{rest}")
     try:
-        host, port = where.hostname, where.port or default_port
-    except ValueError:
-        host = None
-    if not host:
-        raise ValueError(f"rollout.ray_address {address!r}: expected HOST:PORT, auto or ray://")
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        socket.create_connection((where.host, where.port), timeout=timeout_s).close()
     except OSError as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise ConnectionError(
@@ -106,11 +94,13 @@ def check_reachable(address: str, timeout_s: float) -> None:
 def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # RAY_ADDRESS is how Ray users point every driver at their cluster.
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    setting = "rollout.ray_address"
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address, setting = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
     # On this loop's thread: ray.init is a one-off of a few seconds before any work
     # exists, and Ray only installs its signal handling from the main thread.
     if address is not None:
-        check_reachable(address, connect_timeout_s)
+        check_reachable(address, connect_timeout_s, setting)
         logger.info("joining the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         return

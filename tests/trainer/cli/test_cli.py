@@ -142,6 +142,15 @@ def test_a_user_extension_is_loaded_from_module_attr(tmp_path: Path) -> None:
         (["train", "--autoscale", "4"], "--autoscale '4': expected MIN:MAX, e.g. 2:8"),
         (["train", "--autoscale", "5:2"], "autoscale.min_workers (5) is above"),
         (["train", "--ray-address", "auto"], "the address needs the ray backend"),
+        (
+            ["train", "--backend", "ray", "--ray-address", "10.0.0.5:port"],
+            "rollout.ray_address '10.0.0.5:port': expected HOST:PORT, auto, local or ray://",
+        ),
+        (["train", "--backend", "ray", "--ray-address", ""], "rollout.ray_address '': expected"),
+        (
+            ["train", "--backend", "ray", "--ray-address", "http://10.0.0.5:8265"],
+            "is a dashboard (job submission) address; a driver joins the head's GCS",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_status_2_and_writes_nothing(

@@ -103,3 +103,24 @@ def test_train_with_an_unreachable_address_fails_at_once_with_one_line(
     assert done.returncode == 1
     assert f"failed: ConnectionError: no Ray cluster answers at {address}" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["", "10.0.0.5:99999", "10.0.0.5:0", "10.0.0.5:6379/x", "gcs://10.0.0.5", "https://h:8265"],
+)
+def test_the_configuration_refuses_what_the_backend_could_not_join(address: str) -> None:
+    from trainer import load_config
+
+    with pytest.raises(ValueError, match=r"^rollout\.ray_address '.*'"):
+        load_config(overrides={"rollout.backend": "ray", "rollout.ray_address": address})
+
+
+def test_a_malformed_ray_address_variable_is_named_as_such(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init called"))
+    monkeypatch.setenv("RAY_ADDRESS", "head:port")
+    with pytest.raises(ValueError, match=r"^RAY_ADDRESS 'head:port': expected HOST:PORT"):
+        _ray_session.init_ray(None, 1.0, connect_timeout_s=1.0)

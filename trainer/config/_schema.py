@@ -208,8 +208,9 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         grace_s: How long a failed rollout waits for its retry.
         failure_policy: What a finished batch does with failed rollouts.
         max_failed_fraction: More failed rollouts than this in a batch (async: groups) fail it.
-        ray_address: ``ray`` backend: a cluster to join (``"auto"``, ``"HEAD_IP:6379"``);
-            default: the ``RAY_ADDRESS`` environment variable, else a local instance.
+        ray_address: ``ray`` backend: a cluster to join (``"auto"``, ``"HEAD_IP:6379"``;
+            ``"local"``: this run's own local instance); unset: the ``RAY_ADDRESS``
+            environment variable, else a local instance.
         ray_actor_cpus: ``ray`` backend: CPUs each rollout actor reserves (0 lets any number
             share a node; actors are spread over the cluster's nodes either way).
         standby: ``ray`` backend: warm actors kept besides the workers (started, torch

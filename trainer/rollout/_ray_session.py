@@ -99,11 +99,14 @@ def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) ->
         address, setting = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
     # On this loop's thread: ray.init is a one-off of a few seconds before any work
     # exists, and Ray only installs its signal handling from the main thread.
-    if address is not None:
+    if address is not None and not parse_ray_address(address, setting).local:
         check_reachable(address, connect_timeout_s, setting)
         logger.info("joining the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         return
+    # Here too for "local" (a new instance, as Ray means it): handed to ray.init, it would
+    # start one sized to the machine, with a dashboard, on the machine's network address,
+    # and unrecorded, so a killed run's leftovers would never be stopped.
     cpus = max(_LOCAL_MIN_CPUS, math.ceil(cpus_needed))
     clean_leftovers()
     logger.info("starting a local Ray instance (%d CPUs)", cpus)

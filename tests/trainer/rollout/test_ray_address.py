@@ -124,3 +124,27 @@ def test_a_malformed_ray_address_variable_is_named_as_such(
     monkeypatch.setenv("RAY_ADDRESS", "head:port")
     with pytest.raises(ValueError, match=r"^RAY_ADDRESS 'head:port': expected HOST:PORT"):
         _ray_session.init_ray(None, 1.0, connect_timeout_s=1.0)
+
+
+@pytest.mark.parametrize(("address", "variable"), [("local", None), (None, "local")])
+def test_local_starts_the_confined_local_instance_not_rays_default(
+    address: str | None, variable: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict[str, object]] = []
+    cleaned: list[str] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(_ray_session, "clean_leftovers", lambda: cleaned.append("clean"))
+    monkeypatch.setattr(_ray_session, "record_local_instance", lambda: cleaned.append("record"))
+    monkeypatch.setattr(_ray_session, "_local_instance", False)
+    if variable is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", variable)
+    assert _ray_session.init_ray(address, 1.0, connect_timeout_s=1.0)
+    (kwargs,) = calls
+    assert kwargs["address"] == "local"
+    assert kwargs["_node_ip_address"] == "127.0.0.1"
+    assert kwargs["include_dashboard"] is False
+    assert kwargs["num_cpus"] == 2
+    assert cleaned == ["clean", "record"]  # a killed run's leftovers are stopped next time

@@ -120,8 +120,10 @@ class ActorPool:
                     f"{self.start_timeout_s:g} s (rollout.start_timeout_s; can the cluster "
                     f"place them? each asks for {self.actor_cpus} CPUs)"
                 ) from None
-            if isinstance(exc, RayError):
-                raise RuntimeError(f"ray rollout actors failed to start: {exc}") from exc
+            if isinstance(exc, RayError):  # its first line, as WorkerLost says it
+                raise RuntimeError(
+                    f"ray rollout actors failed to start: {type(exc).__name__}: {first_line(exc)}"
+                ) from exc
             raise
         logger.info(
             "ray rollout actors started: %s",

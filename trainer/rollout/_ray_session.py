@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import threading
+from typing import Any
 
 import ray
 
@@ -102,7 +103,7 @@ def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) ->
     if address is not None and not parse_ray_address(address, setting).local:
         check_reachable(address, connect_timeout_s, setting)
         logger.info("joining the Ray cluster at %s", address)
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        _ray_init(address=address)
         return
     # Here too for "local" (a new instance, as Ray means it): handed to ray.init, it would
     # start one sized to the machine, with a dashboard, on the machine's network address,
@@ -111,15 +112,13 @@ def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) ->
     clean_leftovers()
     logger.info("starting a local Ray instance (%d CPUs)", cpus)
     global _local_instance
-    ray.init(
+    _ray_init(
         # "local": a new instance, even when a `ray start` cluster runs on this machine
         # (without it Ray would join that one, and refuse num_cpus).
         address="local",
         num_cpus=cpus,
         include_dashboard=False,
         object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
         # A local instance serves this process only: keep it off the network.
         _node_ip_address="127.0.0.1",
     )
@@ -128,6 +127,16 @@ def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) ->
 
 
 _local_instance = False  # this process started a local Ray instance (and records it)
+
+
+def _ray_init(**options: Any) -> None:
+    # Ray gives its "ray" logger a handler of its own that does not propagate, so its
+    # warnings (token authentication at every start, ...) bypassed the command line's
+    # table of what it shows (trainer/cli/_logging.py: another library's records from
+    # ERROR up, every one with -v). Through the root logger they follow it like any
+    # library's. The actors' output stays in their own logs (log_to_driver=False).
+    logging.getLogger("ray").propagate = True
+    ray.init(configure_logging=False, log_to_driver=False, **options)
 
 
 def note_local_processes() -> None:

@@ -1,5 +1,7 @@
-"""A cluster address that nothing answers at fails the start at once, naming the address,
-instead of leaving ``ray.init`` to retry it for many minutes with nothing on screen."""
+"""How the backend reaches Ray: a cluster address that nothing answers at fails the start at
+once, naming the address, instead of leaving ``ray.init`` to retry it for many minutes with
+nothing on screen; a malformed one is refused by the configuration; ``local`` is the run's own
+confined instance; and Ray's own log records follow the command line's table."""
 
 from __future__ import annotations
 
@@ -148,3 +150,29 @@ def test_local_starts_the_confined_local_instance_not_rays_default(
     assert kwargs["include_dashboard"] is False
     assert kwargs["num_cpus"] == 2
     assert cleaned == ["clean", "record"]  # a killed run's leftovers are stopped next time
+
+
+def test_rays_own_records_go_through_the_command_lines_table(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    # Ray's import leaves its logger with a handler of its own that does not propagate.
+    monkeypatch.setattr(logging.getLogger("ray"), "propagate", False)
+
+    def init(**kwargs: object) -> None:
+        assert kwargs["configure_logging"] is False  # no handler of Ray's own either
+        logging.getLogger("ray._private.authentication").warning("Token authentication is on")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(_ray_session, "clean_leftovers", lambda: 0)
+    monkeypatch.setattr(_ray_session, "record_local_instance", lambda: None)
+    monkeypatch.setattr(_ray_session, "_local_instance", False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with caplog.at_level(logging.INFO):
+        _ray_session.init_ray(None, 1.0)
+    # The root logger's handlers (the command line's, with its thresholds) get it.
+    assert [r.name for r in caplog.records if "Token" in r.message] == [
+        "ray._private.authentication"
+    ]

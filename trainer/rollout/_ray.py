@@ -65,7 +65,6 @@ from ..config._schema import RolloutConfig
 from ..config._schema import Seconds
 from ..config._schema import StandbyActors
 from ..config._schema import within
-from ._backend import Leave
 from ._backend import ResultSink
 from ._faults import FaultInjector
 from ._logs import ALSO_AN_EVENT
@@ -231,6 +230,7 @@ class RayBackend(ServingActors):
         # Announced by the restart's own event (RolloutRestarted, CheckpointRestored).
         logger.warning("restarting the ray rollout side: %s", reason, extra=ALSO_AN_EVENT)
         self._queue = asyncio.Queue()  # queued work is dropped: the trainer reissues it
+        self._leaving = 0  # and the leave tokens with it: queued again below
         self._epoch.stop.set()  # slow-fault waits of superseded work end now
         self._epoch = Epoch(self._epoch.number + 1)
         self._counts.restarts += 1
@@ -249,8 +249,7 @@ class RayBackend(ServingActors):
                 self._serve(actor)
         self._vacancies += replaced
         self._trim_to_target()
-        for _ in range(len(self._actors) - self.workers):  # leave tokens were in the old queue
-            self._queue.put_nowait(Leave("fewer workers asked for"))
+        self._leave(len(self._actors) - self.workers, "fewer workers asked for")
         self._promote_standby(reason)
         if self._vacancies and not any(a.alive for a in self._actors):
             # Nobody is left to take the reissued work. (A busy actor will: its superseded
@@ -275,8 +274,7 @@ class RayBackend(ServingActors):
             self._serve(actor)
             if self._sink is not None:
                 self._sink.worker_joined(actor.worker_id, actor.node, reason)
-        for _ in range(-change):
-            queue.put_nowait(Leave(reason))
+        self._leave(-change, reason)
         self._wake.set()
 
     async def close(self) -> None:

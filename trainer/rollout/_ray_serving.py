@@ -93,6 +93,7 @@ class ServingActors(BackendBase):
         self._slots: dict[str, asyncio.Task[None]] = {}
         self._vacancies: list[str] = []  # ids of replaced actors whose successor is to come
         self._displaced: list[ActorView] = []  # busy at a restart; a standby took the place
+        self._leaving = 0  # leave tokens in the queue: actors that serve until they take one
         self._wake = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []  # the supervisor, the collector
         self._events_wanted: EventRequest | None = None  # as the last work asked
@@ -146,9 +147,25 @@ class ServingActors(BackendBase):
             extra=ALSO_AN_EVENT,
         )
 
+    def _staying(self) -> int:
+        """Serving actors that will stay: the ones a queued leave token will retire are
+        surplus already, so a vacancy is not given up, or a new actor turned away, for them."""
+        return len(self._actors) - self._leaving
+
+    def _leave(self, count: int, reason: str) -> None:
+        """Let ``count`` actors leave: an unfilled place goes first (a token would retire a
+        serving actor, and its place be filled again), then one leave token each."""
+        assert self._queue is not None
+        for _ in range(count):
+            if self._vacancies:
+                self._vacancies.pop()
+            else:
+                self._queue.put_nowait(Leave(reason))
+                self._leaving += 1
+
     def _trim_to_target(self) -> None:
         """Vacancies beyond the target (workers left, the target fell) are not filled."""
-        room = max(0, self.workers - len(self._actors))
+        room = max(0, self.workers - self._staying())
         del self._vacancies[room:]
 
     def _promote_standby(self, reason: str) -> None:
@@ -179,7 +196,7 @@ class ServingActors(BackendBase):
             self._vacancies = olds + self._vacancies  # retried by the supervisor
             raise
         for old, actor in zip(olds, actors, strict=True):
-            if len(self._actors) < self.workers:
+            if self._staying() < self.workers:
                 self._serve(actor)
                 self._report_replaced([old], [actor.worker_id], reason)
             elif not self._pool.keep_as_standby(actor):  # the target fell while it started
@@ -283,6 +300,7 @@ class ServingActors(BackendBase):
             assert queue is not None
             work = await queue.get()
             if isinstance(work, Leave):
+                self._leaving -= 1
                 self._slots.pop(actor.worker_id, None)
                 self._retire(actor, f"left: {work.reason}")
                 sink.worker_left(actor.worker_id, actor.node, work.reason)

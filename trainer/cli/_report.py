@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -22,6 +23,7 @@ from eventbus import Decision
 from ..runtime._describe import describe
 from ..runtime._fold import REWARD_METRIC
 from ..runtime._fold import FitSummary
+from ..runtime._runlock import last_owner
 from ._plots import write_plots
 from ._rundata import RunData
 from ._rundata import load_run
@@ -138,8 +140,21 @@ def _status(run: RunData) -> str:
     text = s.status + (f": {s.error}" if s.error else "")
     text += f": {s.stop_reason}" if s.stop_reason else ""
     if s.status == "running":
-        text += "\nno end in the log yet: still going, or killed"
+        text += f"\nno end in the log yet: {_still_going(run.folder)}"
     return text + (f"\nrun id {s.run_id}" if s.run_id else "")
+
+
+def _still_going(folder: Path) -> str:
+    """Whether the trainer of a run whose log has no end still runs, as far as this
+    machine can tell from the folder's lock file (:func:`last_owner`)."""
+    owner = last_owner(folder)
+    if owner is None:
+        return "still going, or killed"
+    if owner.alive is None:
+        return f"still going on {owner.host} (pid {owner.pid}), or killed"
+    if owner.alive:
+        return f"still going (pid {owner.pid})"
+    return f"killed or crashed (its trainer, pid {owner.pid}, has ended); the same --out resumes"
 
 
 def _steps(s: FitSummary) -> str:

@@ -4,22 +4,34 @@
 A second trainer appending to a live run's folder would interleave two attempts in one
 event log and duplicate its metrics, so a trainer takes ``fcntl.flock`` on ``DIR/.lock``
 for as long as it trains there and a second one is refused at once, before it writes
-anything. The lock file holds the owner's pid (for the refusal's message) while it is held.
+anything. The lock file names the owner, ``PID HOST``, while it is held (for the refusal's
+message); a clean end empties it, a killed trainer leaves its name there.
 
 The lock belongs to the open file, so the operating system drops it when its process ends,
 however it ends: a killed run never leaves a stale lock, and the file itself is never
 removed (removing it would let two processes lock two different files of the same name).
-Readers (``report``, ``events --follow``, ``runs``) never take it.
+Readers (``report``, ``events --follow``, ``runs``) never take it: :func:`last_owner` reads
+the name and asks the operating system whether that process still runs.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import socket
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["LOCK_FILE", "RunFolderError", "RunFolderInUse", "RunFolderLock", "check_unowned"]
+__all__ = [
+    "LOCK_FILE",
+    "Owner",
+    "RunFolderError",
+    "RunFolderInUse",
+    "RunFolderLock",
+    "check_unowned",
+    "last_owner",
+]
 
 LOCK_FILE = ".lock"
 
@@ -84,7 +96,7 @@ class RunFolderLock:
             os.close(fd)
             raise
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
@@ -131,7 +143,53 @@ def check_unowned(folder: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The trainer a run folder's lock file names.
+
+    Attributes:
+        pid: Its process id.
+        host: The machine it ran on.
+        alive: Whether that process still runs; None when it ran on another machine (a
+            shared file system), where this one cannot tell.
+    """
+
+    pid: int
+    host: str
+    alive: bool | None
+
+
+def last_owner(folder: Path) -> Owner | None:
+    """The trainer that owns ``folder``, or the one that did when it was killed (a clean
+    end empties the lock file), read without taking the lock; None when none is named."""
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        pid, host = _read_owner(fd)
+    finally:
+        os.close(fd)
+    if pid is None:
+        return None
+    if host and host != socket.gethostname():
+        return Owner(pid, host, None)
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists
+    except ProcessLookupError:
+        return Owner(pid, host, False)
+    except PermissionError:
+        pass  # it exists, as another user's
+    return Owner(pid, host, True)
+
+
+def _read_owner(fd: int) -> tuple[int | None, str]:
+    """The pid and host in the lock file (None and "": empty, or being written this
+    instant; a file written before hosts were named holds the pid alone)."""
+    words = os.pread(fd, 300, 0).decode(errors="replace").split()
+    pid = int(words[0]) if words and words[0].isdigit() else None
+    return pid, words[1] if len(words) > 1 else ""
+
+
 def _read_pid(fd: int) -> int | None:
-    """The pid in the lock file (None: empty, or being written this instant)."""
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    return int(text) if text.isdigit() else None
+    return _read_owner(fd)[0]

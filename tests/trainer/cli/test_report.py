@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,7 +163,24 @@ def test_a_run_without_summary_is_reported_from_its_logs(
     assert report(folder) == 0
     out = capsys.readouterr().out
     assert "status                 running" in out
-    assert "still going, or killed" in out
+    assert "still going, or killed" in out  # a copied folder: its lock file names no one
+    # A trainer that was killed left its name in the lock file: it has ended.
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(ended.stdout)
+    (folder / ".lock").write_text(f"{pid} {socket.gethostname()}\n")
+    assert report(folder) == 0
+    assert (
+        f"killed or crashed (its trainer, pid {pid}, has ended); the same --out resumes"
+        in capsys.readouterr().out
+    )
+    (folder / ".lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    assert report(folder) == 0
+    assert f"still going (pid {os.getpid()})" in capsys.readouterr().out
     assert "steps                  3 of 3" in out
     assert "step 2: rollout side restarted" in out
     assert "so far" in out

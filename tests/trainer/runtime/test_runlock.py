@@ -4,6 +4,7 @@ anything, and the owner lets go on every exit path."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,10 @@ from trainer import InjectedFault
 from trainer import PPOTrainer
 from trainer import RunFolderInUse
 from trainer.runtime._runlock import LOCK_FILE
+from trainer.runtime._runlock import Owner
 from trainer.runtime._runlock import RunFolderLock
 from trainer.runtime._runlock import check_unowned
+from trainer.runtime._runlock import last_owner
 
 from ..helpers import tiny_config
 
@@ -38,7 +41,9 @@ def test_a_trainer_on_a_folder_another_owns_is_refused_before_writing_anything(
         with pytest.raises(RunFolderInUse) as refused:
             trainer.run()
         assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
-        assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"  # the owner's, untouched
+        assert (
+            out / LOCK_FILE
+        ).read_text() == f"{os.getpid()} {socket.gethostname()}\n"  # the owner's, untouched
     assert refused.value.folder == out and refused.value.pid == os.getpid()
     assert str(refused.value) == (
         f"run folder {out} is in use by another trainbus run (pid {os.getpid()}); "
@@ -118,9 +123,30 @@ def test_the_lock_of_another_process_is_seen_and_dropped_when_it_is_killed(
         assert refused.value.pid == holder.pid
         with pytest.raises(RunFolderInUse):
             check_unowned(out)
+        # A reader (trainbus report) asks without taking the lock.
+        assert last_owner(out) == Owner(holder.pid, socket.gethostname(), alive=True)
     finally:
         holder.kill()
         holder.wait(timeout=30)
+    # Its name stays in the file, and a reader can tell that it no longer runs.
+    assert last_owner(out) == Owner(holder.pid, socket.gethostname(), alive=False)
     # Killed, the process holds nothing: no stale lock (its pid is still in the file).
     with RunFolderLock(out):
-        assert (out / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        assert (out / LOCK_FILE).read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "owner"),
+    [
+        ("", None),  # a clean end empties the file
+        ("12 other-host\n", Owner(12, "other-host", alive=None)),  # a shared file system
+        (f"{os.getpid()}\n", Owner(os.getpid(), "", alive=True)),  # an older trainbus's
+    ],
+    ids=["empty", "another-machine", "pid-only"],
+)
+def test_last_owner_says_only_what_this_machine_can_tell(
+    tmp_path: Path, text: str, owner: Owner | None
+) -> None:
+    assert last_owner(tmp_path) is None  # no lock file
+    (tmp_path / LOCK_FILE).write_text(text)
+    assert last_owner(tmp_path) == owner

@@ -163,9 +163,13 @@ class AsyncReplayBuffer(BufferBase):
             raise ValueError(f"the number of groups must be an int >= 1, got {target!r}")
         current = step if policy_version is None else policy_version
         registry = self._tracker.registry
-        failed: list[Group] = []  # evicted as failed during this wait
+        # Groups evicted as failed during this wait: their number, and the first ``target``
+        # of them for a report (no more: a long wait must not hold every failed payload).
+        failed = 0
+        kept: list[Group] = []
 
         def check() -> Poll[int | list[Group]]:
+            nonlocal failed
             poll, evicted = registry.sweep(
                 part,
                 policy_version=current,
@@ -176,8 +180,10 @@ class AsyncReplayBuffer(BufferBase):
             )
             if evicted:
                 self._handle_evictions(evicted)
-                failed.extend(g for g, why in evicted if why is EvictionReason.FAILED)
-                registry.check_failures(step, failed, ready=poll.available, target=target)
+                now_failed = [g for g, why in evicted if why is EvictionReason.FAILED]
+                failed += len(now_failed)
+                kept.extend(now_failed[: target - len(kept)])
+                registry.check_failures(step, failed, kept, ready=poll.available, target=target)
             return poll
 
         first = check()

@@ -31,6 +31,7 @@ from ._records import Counters
 from ._records import Group
 from ._report import FailureRules
 from ._report import build_report
+from ._report import failures_said
 from ._state import TrackerState
 from ._validate import check_groups
 from ._waiting import Poll
@@ -156,22 +157,22 @@ class AsyncRegistry:
         return poll, evicted
 
     def check_failures(
-        self, step: int, failed: Sequence[Group], *, ready: int, target: int
+        self, step: int, failed: int, kept: Sequence[Group], *, ready: int, target: int
     ) -> None:
-        """Fail a wait for ``target`` groups of ``step`` in which the groups ``failed``
-        failed while ``ready`` were sampleable, if too many did (``FailureRules.judge_wait``).
+        """Fail a wait for ``target`` groups of ``step`` in which ``failed`` groups failed
+        while ``ready`` were sampleable, if too many did (``FailureRules.judge_wait``).
 
         Raises:
-            BatchFailedError: Its report is the failed groups'; its message ends with what
-                the first failure of each kind said.
+            BatchFailedError: Its report is that of ``kept``, the first failed groups (the
+                wait keeps no more than ``target``); its message ends with what the first
+                failure of each kind said.
         """
-        if len(failed) < target:
+        reason = self._failures.judge_wait(failed, ready=ready, target=target)
+        if reason is None:
             return
-        rollouts = (rollout for group in failed for rollout in group.rollouts)
+        rollouts = (rollout for group in kept for rollout in group.rollouts)
         report = build_report(step, rollouts, Counters(), policy="evict")
-        reason = self._failures.judge_wait(report, len(failed), ready=ready, target=target)
-        if reason is not None:
-            raise BatchFailedError(report, reason)
+        raise BatchFailedError(report, reason + failures_said(report))
 
     async def wait(
         self,

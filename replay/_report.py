@@ -26,7 +26,7 @@ from ._records import Counters
 from ._records import Group
 from ._records import Rollout
 
-__all__ = ["FailureRules", "build_report", "repeats_the_report"]
+__all__ = ["FailureRules", "build_report", "failures_said", "repeats_the_report"]
 
 
 def repeats_the_report(published: bool) -> dict[str, object]:
@@ -185,7 +185,7 @@ class FailureRules:
         failures = report.registered - report.succeeded
         if not failures:
             return None
-        said = _said(report)
+        said = failures_said(report)
         if self.policy is FailurePolicy.RAISE:
             return (
                 f"{failures} of {report.registered} rollouts did not succeed "
@@ -200,25 +200,23 @@ class FailureRules:
             )
         return None
 
-    def judge_wait(
-        self, report: BatchReport, failed: int, *, ready: int, target: int
-    ) -> str | None:
+    def judge_wait(self, failed: int, *, ready: int, target: int) -> str | None:
         """Why an async wait for ``target`` groups must raise :class:`~replay.BatchFailedError`,
         or None: while ``ready`` were sampleable, ``failed`` groups failed during it (they
         are evicted and replaced, so without this a workload whose every group fails would
         wait out its whole deadline), at least ``target`` of them and more than
-        ``max_failed_fraction`` of the groups it settled. ``report`` is the failed groups'.
+        ``max_failed_fraction`` of the groups it settled. Counts only: the caller builds
+        the failed groups' report (and adds :func:`failures_said`) only when it raises.
         """
         if failed < target or failed / (failed + ready) <= self.max_failed_fraction:
             return None
         fraction = failed / (failed + ready)
         return (
             f"{failed} prompt groups failed while waiting for {target} ({ready} ready: "
-            f"{fraction:.1%} failed), above max_failed_fraction "
-            f"{self.max_failed_fraction:.1%}{_said(report)}"
+            f"{fraction:.1%} failed), above max_failed_fraction {self.max_failed_fraction:.1%}"
         )
 
 
-def _said(report: BatchReport) -> str:
+def failures_said(report: BatchReport) -> str:
     """What the failures said, last in an error: the run's last line names the cause."""
     return "".join(f"; the first {kind}: {error}" for kind, error in report.errors.items())

@@ -133,8 +133,9 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
             other column goes to the reward functions.
         val_dataset: Validation prompts, evaluated every eval_every steps and at the last.
         prompt_column: The dataset column holding the prompts.
-        rewards: Reward functions as MODULE:FUNC (or path/to/file.py:FUNC) with TRL's
-            signature, reward(prompts, completions, **columns) -> list[float | None].
+        rewards: Reward functions as MODULE:FUNC (or path/to/file.py:FUNC), called as TRL
+            calls them: reward(prompts=, completions=, completion_ids=, trainer_state=,
+            **columns) -> list[float | None].
             Default with a built-in task: its own reward (trainer:task_reward).
         reward_weights: One weight per reward function (default: 1 each); a rollout's reward
             is the weighted sum of the functions that scored it.

@@ -87,6 +87,11 @@ class PromptTable:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns besides the prompts (what reward functions get by name)."""
+        return tuple(self.rows[0][1]) if self.rows else ()
+
     def texts(self) -> list[str]:
         """Every string in the table (what a tokenizer's vocabulary must cover)."""
         out: list[str] = []

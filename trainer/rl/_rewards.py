@@ -1,9 +1,15 @@
-"""Reward functions with TRL's signature: loading, checking what they return, combining.
+"""Reward functions with TRL's signature: loading, checking their calls and answers, combining.
 
-A reward function is ``reward(prompts, completions, **columns) -> list[float | None]``, sync
-or async, named ``MODULE:FUNC`` (an importable module) or ``path/to/file.py:FUNC``, so a
-user's existing TRL reward functions work unchanged. ``None`` means "not scored by this
-function"; several functions combine as the weighted sum of those that scored a rollout.
+A reward function is called the way TRL's ``GRPOTrainer`` calls it, every argument by
+keyword: ``reward(prompts=..., completions=..., completion_ids=..., trainer_state=...,
+**columns) -> list[float | None]``, sync or async, named ``MODULE:FUNC`` (an importable
+module) or ``path/to/file.py:FUNC``, so the functions of TRL's documentation
+(``reward_len(completions, **kwargs)``, ``accuracy(completions, solution, **kwargs)``) work
+unchanged. A function is checked once, before the run: a parameter that no keyword fills
+(not a dataset column, not one of :data:`TRL_KEYWORDS`) is one line naming the function and
+the parameter. A function without ``**kwargs`` gets only the keywords it names. ``None``
+means "not scored by this function"; several functions combine as the weighted sum of those
+that scored a rollout.
 
 This module only loads and judges; calling with a deadline happens where the rollouts are
 (``trainer.rollout._scoring``).
@@ -27,10 +33,14 @@ from typing import Any
 from ._hparams import WorkloadError
 
 __all__ = [
+    "NOT_PASSED_COLUMNS",
     "TASK_REWARD",
+    "TRL_KEYWORDS",
     "RewardError",
     "RewardFailure",
     "RewardFunction",
+    "TrainerState",
+    "check_columns",
     "combine",
     "judge",
     "load_rewards",
@@ -38,6 +48,15 @@ __all__ = [
 
 TASK_REWARD = "trainer:task_reward"
 """The built-in tasks' reward as text (the default for a built-in task on a HF model)."""
+
+TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")
+"""The keywords every reward function is called with besides the dataset's columns, as TRL
+passes them (TRL's ``log_extra`` and ``log_metric`` callbacks are not passed: a function
+that needs them is refused before the run)."""
+
+NOT_PASSED_COLUMNS = ("prompt", "completion", "completion_ids")
+"""Dataset columns TRL does not pass to reward functions (the prompt, a reference
+completion); trainbus leaves them out the same way."""
 
 
 class RewardError(WorkloadError):
@@ -56,6 +75,23 @@ class RewardFailure:
 
     kind: str
     message: str
+    traceback: str = ""
+    """For ``reward_error``: where the function raised (its frames only), for ``-v``."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerState:
+    """What a reward function's ``trainer_state`` keyword holds, as TRL's ``TrainerState``
+    names it, for rewards shaped by training progress
+    (``trainer_state.global_step / trainer_state.max_steps``).
+
+    Attributes:
+        global_step: Training steps completed when the rollout was dispatched.
+        max_steps: The step the run trains up to (``run.steps``).
+    """
+
+    global_step: int = 0
+    max_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +103,23 @@ class RewardFunction:
         name: Its short name (the attribute).
         fn: The callable.
         weight: Its weight in the combined reward.
+        accepts: The keywords it takes; None: any (it has ``**kwargs``).
+        required: Its parameters without a default (each must be given by keyword).
     """
 
     spec: str
     name: str
     fn: Callable[..., Any]
     weight: float = 1.0
+    accepts: frozenset[str] | None = None
+    required: frozenset[str] = frozenset()
+
+    def keywords(self, offered: dict[str, Any]) -> dict[str, Any]:
+        """Of the keywords ``offered``, those it takes."""
+        accepts = self.accepts
+        if accepts is None:
+            return offered
+        return {key: value for key, value in offered.items() if key in accepts}
 
 
 def _import(module: str) -> Any:
@@ -123,7 +170,66 @@ def load_reward(spec: str, weight: float = 1.0) -> RewardFunction:
         raise RewardError(f"rewards: module {module!r} has no attribute {attr!r}")
     if not callable(fn):
         raise RewardError(f"rewards: {spec} is not callable (it is a {type(fn).__name__})")
-    return RewardFunction(spec, attr, fn, weight)
+    accepts, required = _parameters(spec, fn)
+    return RewardFunction(spec, attr, fn, weight, accepts, required)
+
+
+def _parameters(spec: str, fn: Callable[..., Any]) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """``(keywords fn takes, or None for any; its parameters without a default)``.
+
+    Raises:
+        RewardError: A parameter without a default cannot be passed by keyword.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: call it and see
+        return None, frozenset()
+    accepts: set[str] | None = set()
+    required = set()
+    for parameter in signature.parameters.values():
+        kind, empty = parameter.kind, parameter.default is inspect.Parameter.empty
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            accepts = None
+        elif kind is inspect.Parameter.POSITIONAL_ONLY:
+            if empty:
+                raise RewardError(
+                    f"rewards: {spec}: parameter {parameter.name!r} is positional-only; reward "
+                    "functions are called with keywords, as TRL calls them "
+                    f"({', '.join(f'{k}=' for k in TRL_KEYWORDS)}, one per dataset column)"
+                )
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            if accepts is not None:
+                accepts.add(parameter.name)
+            if empty:
+                required.add(parameter.name)
+    return (None if accepts is None else frozenset(accepts)), frozenset(required)
+
+
+def check_columns(functions: Sequence[RewardFunction], columns: Sequence[str], source: str) -> None:
+    """Check that every function can be called with TRL's keywords and ``columns`` (the
+    columns of the dataset ``source`` passed to reward functions).
+
+    Raises:
+        RewardError: A function needs a parameter that no keyword fills, or a column would
+            take the name of one of TRL's keywords (one line naming it).
+    """
+    columns = [column for column in columns if column not in NOT_PASSED_COLUMNS]
+    clash = [column for column in columns if column in TRL_KEYWORDS]
+    if clash:
+        raise RewardError(
+            f"rewards: {source} has a column {clash[0]!r}, the name of a keyword every reward "
+            "function already gets; rename the column"
+        )
+    offered = {*TRL_KEYWORDS, *columns}
+    for function in functions:
+        missing = sorted(function.required - offered)
+        if missing:
+            listed = ", ".join(columns) or "none"
+            raise RewardError(
+                f"rewards: {function.spec} needs {missing[0]!r}, which is neither a column of "
+                f"{source} (columns: {listed}) nor one of the keywords TRL passes "
+                f"({', '.join(TRL_KEYWORDS)})"
+            )
 
 
 def load_rewards(
@@ -147,18 +253,22 @@ def is_async(function: RewardFunction) -> bool:
     )
 
 
-def judge(function: RewardFunction, values: Any, n: int) -> list[float | RewardFailure | None]:
+def judge(
+    function: RewardFunction, values: Any, n: int
+) -> list[float | RewardFailure | None] | RewardFailure:
     """Check one function's answer for ``n`` completions: a number, None, or why not.
 
-    The wrong type or length fails every rollout of the call; a value that is not a
-    finite number fails its own rollout.
+    Returns:
+        One value per completion (a value that is not a finite number fails its own
+        rollout), or, for an answer of the wrong type or length, why the whole answer is
+        unusable (the caller may ask again about fewer completions).
     """
     not_a_list = RewardFailure(
         "reward_invalid",
         f"{function.name} returned a {type(values).__name__}, not a list of rewards",
     )
     if isinstance(values, str | bytes | dict):
-        return [not_a_list] * n
+        return not_a_list
     if callable(getattr(values, "tolist", None)):
         # A tensor or an array: its items would be 0-d tensors (not numbers) and numpy
         # scalars; tolist() gives Python numbers (and a 0-d one a number, not a list).
@@ -167,12 +277,11 @@ def judge(function: RewardFunction, values: Any, n: int) -> list[float | RewardF
         try:
             values = list(values)  # generators, other iterables
         except TypeError:
-            return [not_a_list] * n
+            return not_a_list
     if len(values) != n:
-        failure = RewardFailure(
+        return RewardFailure(
             "reward_invalid", f"{function.name} returned {len(values)} rewards for {n} completions"
         )
-        return [failure] * n
     out: list[float | RewardFailure | None] = []
     for value in values:
         if value is None:

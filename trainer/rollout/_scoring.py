@@ -10,8 +10,9 @@ once), so a function that stays hung cannot pile up a thread per call.
 
 Nothing a reward function does (raise, hang, return the wrong length or a non-number)
 escapes as an exception: every rollout gets a reward or a
-:class:`~trainer.rl._rewards.RewardFailure` saying why, and every failure is logged (the
-first of each kind per function at ERROR) and counted.
+:class:`~trainer.rl._rewards.RewardFailure` saying why, and every failure is counted. A
+call that raised or answered unusably is asked again about smaller parts, so only the
+completions the function cannot score fail.
 
 The helper thread works on its caller's behalf (:func:`~trainer.rollout._stacks.helping`):
 a stall diagnosis of the worker shows where the reward function is, not only that the
@@ -24,11 +25,14 @@ import asyncio
 import inspect
 import logging
 import threading
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..rl._rewards import RewardFailure
 from ..rl._rewards import RewardFunction
+from ..rl._rewards import TrainerState
 from ..rl._rewards import combine
 from ..rl._rewards import judge
 from ._stacks import helping
@@ -109,7 +113,7 @@ class _RewardThread(threading.Thread):
         self.abandoned = threading.Event()
 
 
-def _hang_until_abandoned(prompts: list[Any], completions: list[Any], **columns: Any) -> None:
+def _hang_until_abandoned(**keywords: Any) -> None:
     """The ``reward-hang`` fault's reward function: it does not return before its call's
     deadline. (Unlike a real hang it then returns, so the fault leaves no thread behind.)"""
     thread = threading.current_thread()
@@ -129,7 +133,14 @@ async def _bounded(awaitable: Any, timeout_s: float) -> Any:
 
 
 class RewardScorer:
-    """Scores text completions with reward functions (TRL's calling convention).
+    """Scores text completions with reward functions, called as TRL calls them.
+
+    Each function is called once for the whole batch, every argument by keyword
+    (``prompts``, ``completions``, ``completion_ids``, ``trainer_state`` and the dataset's
+    columns). A call that raises or answers with the wrong type or length is asked again
+    about each half of its completions, down to single ones, so a completion the function
+    cannot score fails alone, not its whole batch. A call past its deadline is not asked
+    again: its completions fail as ``reward_timeout``.
 
     Args:
         functions: The reward functions and weights.
@@ -143,7 +154,6 @@ class RewardScorer:
         self.functions = tuple(functions)
         self.timeout_s = timeout_s
         self.failures: dict[str, int] = {}
-        self._reported: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def score(
@@ -151,47 +161,103 @@ class RewardScorer:
         prompts: Sequence[Any],
         completions: Sequence[Any],
         columns: dict[str, list[Any]],
+        *,
+        completion_ids: Sequence[Sequence[int]] = (),
+        state: TrainerState | None = None,
     ) -> list[float | RewardFailure]:
         """One reward (or failure) per completion.
 
         Args:
             prompts: The prompts as the dataset holds them, one per completion.
             completions: The completions (strings, or TRL's conversational form).
-            columns: The other dataset columns, one value per completion each (plus
-                ``completion_ids``, as TRL passes them).
+            columns: The other dataset columns, one value per completion each.
+            completion_ids: The completions' token ids (TRL's ``completion_ids``).
+            state: Training progress (TRL's ``trainer_state``).
         """
         n = len(completions)
-        judged: list[list[float | RewardFailure | None]] = []
-        for function in self.functions:
-            try:
-                values = call_with_deadline(
-                    function.fn, (list(prompts), list(completions)), columns, self.timeout_s
-                )
-            except TimeoutError as exc:
-                judged.append([RewardFailure("reward_timeout", f"{function.name} {exc}")] * n)
-                continue
-            except Exception as exc:  # noqa: BLE001  (the rollouts fail with it, logged below)
-                message = f"{function.name} raised {type(exc).__name__}: {exc}"
-                judged.append([RewardFailure("reward_error", message)] * n)
-                continue
-            judged.append(judge(function, values, n))
+        rows: dict[str, list[Any]] = {
+            "prompts": list(prompts),
+            "completions": list(completions),
+            "completion_ids": [list(ids) for ids in completion_ids] or [[] for _ in range(n)],
+            **columns,
+        }
+        common = {"trainer_state": state or TrainerState()}
+        judged = [self._judged(function, rows, common, n) for function in self.functions]
         out = combine(self.functions, judged)
-        self._report(out)
+        self._count(out)
         return out
 
-    def _report(self, scores: Sequence[float | RewardFailure]) -> None:
-        """Count every failed rollout; log each distinct failure once per call (at ERROR the
-        first time a function fails that way, then at INFO)."""
+    def _judged(
+        self,
+        function: RewardFunction,
+        rows: dict[str, list[Any]],
+        common: dict[str, Any],
+        n: int,
+    ) -> list[float | RewardFailure | None]:
+        """``function``'s verdict on the ``n`` completions of ``rows``; a call that raised or
+        answered unusably is asked again about each half."""
+        try:
+            values = call_with_deadline(
+                function.fn, (), function.keywords({**rows, **common}), self.timeout_s
+            )
+        except TimeoutError as exc:
+            return [RewardFailure("reward_timeout", f"{function.name} {exc}")] * n
+        except Exception as exc:  # noqa: BLE001  (the rollouts fail with it, counted in _count)
+            if n == 1:
+                message = f"{function.name} raised {type(exc).__name__}: {exc}"
+                return [RewardFailure("reward_error", message, _first_traceback(function, exc))]
+        else:
+            verdict = judge(function, values, n)
+            if isinstance(verdict, list):
+                return verdict
+            if n == 1:
+                return [verdict]
+        half = n // 2
+        return self._judged(function, _rows(rows, 0, half), common, half) + self._judged(
+            function, _rows(rows, half, n), common, n - half
+        )
+
+    def _count(self, scores: Sequence[float | RewardFailure]) -> None:
+        """Count every failed rollout and log each distinct failure (at DEBUG: the trainer
+        says each kind once per run, from the batch's report, however many workers saw it)."""
         seen: dict[tuple[str, str], int] = {}
         for score in scores:
             if isinstance(score, RewardFailure):
                 key = (score.kind, score.message)
                 seen[key] = seen.get(key, 0) + 1
         for (kind, message), count in seen.items():
-            origin = (kind, message.split(" ", 1)[0])  # the function's name
             with self._lock:
                 self.failures[kind] = self.failures.get(kind, 0) + count
-                first = origin not in self._reported
-                self._reported.add(origin)
-            level = logging.ERROR if first else logging.INFO
-            logger.log(level, "%d rollouts failed (%s): %s", count, kind, message)
+            logger.debug("%d rollouts failed (%s): %s", count, kind, message)
+
+
+def _rows(rows: dict[str, list[Any]], start: int, end: int) -> dict[str, list[Any]]:
+    """The completions ``start`` to ``end`` of ``rows``, each column cut alike."""
+    return {key: values[start:end] for key, values in rows.items()}
+
+
+_traced: set[tuple[str, str]] = set()  # (function, error type) whose traceback was given
+_traced_lock = threading.Lock()
+
+
+def _first_traceback(function: RewardFunction, error: BaseException) -> str:
+    """Where ``error`` was raised, in the reward function's own frames (the frames of this
+    module and of asyncio's runner left out), for the first error of its type that
+    ``function`` raises in this process; empty after that, so a run's event log holds one
+    traceback per kind of failure, not one per rollout."""
+    key = (function.spec, type(error).__name__)
+    with _traced_lock:
+        if key in _traced:
+            return ""
+        _traced.add(key)
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if frame.filename != __file__ and not frame.filename.startswith(_ASYNCIO)
+    ]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines.extend(traceback.format_exception_only(error))
+    return "".join(lines).rstrip("\n")
+
+
+_ASYNCIO = str(Path(asyncio.__file__).parent)

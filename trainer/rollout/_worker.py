@@ -105,15 +105,24 @@ class RolloutWorker:
         # Groups of one call share the batch: sample max(n) per prompt, keep what is needed.
         n = max(len(group.rollout_ids) for group in work.groups)
         hang_reward = "reward-hang" in work.faults
-        outcomes = self.workload.rollouts(prompts, n, generator, hang_reward=hang_reward)
+        outcomes = self.workload.rollouts(
+            prompts, n, generator, hang_reward=hang_reward, step=work.step
+        )
         results: list[RolloutResult] = []
         for group, samples in zip(work.groups, outcomes, strict=True):
             for index, (completion, reward) in zip(
                 range(len(group.rollout_ids)), samples, strict=False
             ):
                 if isinstance(reward, RewardFailure):
-                    # Nothing retries a reward call or shortens a prompt: settle at once.
-                    result = group.failure(index, reward.message, kind=reward.kind, retryable=False)
+                    # Nothing retries a reward call or shortens a prompt: settle at once. The
+                    # message's first line is what reports show; a traceback (the first of
+                    # its kind in this process) follows it for -v.
+                    error = (
+                        f"{reward.message}\n{reward.traceback}"
+                        if reward.traceback
+                        else reward.message
+                    )
+                    result = group.failure(index, error, kind=reward.kind, retryable=False)
                     version = result.policy_version
                 else:
                     result = group.result(index, reward=reward, payload=completion)

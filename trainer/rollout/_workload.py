@@ -23,8 +23,10 @@ from ..rl._hparams import Completion
 from ..rl._hparams import PolicyConfig
 from ..rl._policy import build_policy
 from ..rl._policy import generate
+from ..rl._rewards import NOT_PASSED_COLUMNS
 from ..rl._rewards import RewardFailure
 from ..rl._rewards import RewardFunction
+from ..rl._rewards import TrainerState
 from ..rl._rewards import load_rewards
 from ..rl._tasks import Prompt
 from ..rl._tasks import Task
@@ -55,6 +57,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
         rewards: Reward functions (``MODULE:FUNC``); empty: the built-in task's, as text.
         reward_weights: Their weights (None: 1 each).
         reward_timeout_s: Deadline of each reward call.
+        max_steps: The step the run trains up to (reward functions' ``trainer_state``).
         device: Where a Hugging Face model samples (``auto``, ``cpu``, ``cuda``).
         torch_threads: Intra-op threads per worker (1: small models, busy event loop).
     """
@@ -68,6 +71,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     rewards: tuple[str, ...] = ()
     reward_weights: tuple[float, ...] | None = None
     reward_timeout_s: float = 30.0
+    max_steps: int = 0
     device: str = "cpu"
     torch_threads: int = 1
 
@@ -101,8 +105,10 @@ class Workload:
         *,
         greedy: bool = False,
         hang_reward: bool = False,
+        step: int = 0,
     ) -> list[list[Outcome]]:
-        """``n`` scored rollouts per prompt (greedy: at temperature 0).
+        """``n`` scored rollouts per prompt (greedy: at temperature 0), for training step
+        ``step`` (reward functions see ``step - 1`` steps done as ``trainer_state``).
 
         With ``hang_reward`` (the ``reward-hang`` fault) the scoring also calls a reward
         function that hangs past ``reward_timeout_s``: the rollouts fail as
@@ -123,7 +129,8 @@ class Workload:
         with self.phase("generate"):
             groups = self._sample(taken, n, generator, temperature)
         with self.phase("reward", sum(map(len, groups))):
-            scores = iter(self._score(taken, groups, hang_reward))
+            state = TrainerState(global_step=max(0, step - 1), max_steps=self.spec.max_steps)
+            scores = iter(self._score(taken, groups, hang_reward, state))
         for i, group in zip(fits, groups, strict=True):
             out[i] = [(completion, next(scores)) for completion in group]
         return out
@@ -139,7 +146,11 @@ class Workload:
         raise NotImplementedError
 
     def _score(
-        self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
+        self,
+        prompts: Sequence[Prompt],
+        groups: list[list[Completion]],
+        hang_reward: bool,
+        state: TrainerState,
     ) -> list[float | RewardFailure]:
         """A reward (or why there is none) per completion, group after group."""
         raise NotImplementedError
@@ -169,11 +180,15 @@ class _Builtin(Workload):
         )
 
     def _score(
-        self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
+        self,
+        prompts: Sequence[Prompt],
+        groups: list[list[Completion]],
+        hang_reward: bool,
+        state: TrainerState,
     ) -> list[float | RewardFailure]:
         if hang_reward:  # the task's own reward cannot hang: only the injected one does
             count = sum(map(len, groups))
-            return self._scorer((), True).score([""] * count, [""] * count, {})
+            return self._scorer((), True).score([""] * count, [""] * count, {}, state=state)
         return [
             self.task.reward(prompt, completion.tokens)
             for prompt, group in zip(prompts, groups, strict=True)
@@ -215,7 +230,11 @@ class _HuggingFace(Workload):
         )
 
     def _score(
-        self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
+        self,
+        prompts: Sequence[Prompt],
+        groups: list[list[Completion]],
+        hang_reward: bool,
+        state: TrainerState,
     ) -> list[float | RewardFailure]:
         from ..rl._datasets import TextPrompt
 
@@ -234,13 +253,12 @@ class _HuggingFace(Workload):
                 contents.append(content)
                 rows.append(columns)
                 ids.append(list(completion.tokens))
-        names = sorted({name for row in rows for name in row})
+        names = sorted({name for row in rows for name in row} - set(NOT_PASSED_COLUMNS))
         columns_arg: dict[str, list[Any]] = {
             name: [row.get(name) for row in rows] for name in names
         }
-        columns_arg["completion_ids"] = ids
         scorer = self._scorer(self.scorer.functions, True) if hang_reward else self.scorer
-        return scorer.score(contents, texts, columns_arg)
+        return scorer.score(contents, texts, columns_arg, completion_ids=ids, state=state)
 
 
 def worker_spec(config: TrainerConfig) -> WorkerSpec:
@@ -263,6 +281,7 @@ def worker_spec(config: TrainerConfig) -> WorkerSpec:
         rewards=tuple(task.rewards),
         reward_weights=tuple(task.reward_weights) if task.reward_weights else None,
         reward_timeout_s=task.reward_timeout_s,
+        max_steps=config.run.steps,
         device=device,
     )
 

@@ -443,7 +443,7 @@ class PPOTrainer:
             eval_began = time.perf_counter()
             with self.stages.stage("validation", step):
                 evaluate = self.stages.in_thread(self.workload.evaluate)
-                metrics.update(await anyio.to_thread.run_sync(evaluate))
+                metrics.update(await anyio.to_thread.run_sync(evaluate, step))
             metrics["eval_time_s"] = time.perf_counter() - eval_began
         duration = time.perf_counter() - began
         busy = self.backend.statistics().busy_s - busy_before

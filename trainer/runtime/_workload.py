@@ -25,10 +25,12 @@ from ..config._schema import TrainerConfig
 from ..rl._policy import Policy
 from ..rl._policy import build_policy
 from ..rl._rewards import RewardFailure
+from ..rl._rewards import check_columns
 from ..rl._rewards import load_rewards
 from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
 from ..rl._tasks import PromptStream
+from ..rl._tasks import Task
 from ..rl._tasks import make_task
 from ..rollout._logs import ALSO_AN_EVENT
 from ..rollout._workload import Workload
@@ -36,6 +38,7 @@ from ..rollout._workload import build_workload
 from ..rollout._workload import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
+    from ..rl._datasets import PromptTable
     from ..rl._hf_policy import HFPolicy
 
 __all__ = ["RunWorkload", "export_model"]
@@ -80,17 +83,23 @@ class RunWorkload:
             for notice in self.notices:
                 # The command line prints the notices itself (notice: ...): marked, said once.
                 logger.warning("%s", notice, extra=ALSO_AN_EVENT)
-            source = builtin if task.dataset is None else load_prompt_table(
-                task.dataset, task.prompt_column
-            )  # fmt: skip
+            # Everything fails now, not in the workers: reward functions that cannot be
+            # loaded or called with the datasets' columns, prompts that cannot be rendered.
+            rewards = load_rewards(task.rewards, task.reward_weights)
+            if task.dataset is None:
+                source: PromptTable | Task = builtin
+                check_columns(rewards, ("target",), f"the task {task.name!r} as text")
+            else:
+                source = load_prompt_table(task.dataset, task.prompt_column)
+                check_columns(rewards, source.columns, source.source)
             stream = TextPromptStream(source, hf.encode, seed)
             stream.check()  # a prompt the tokenizer cannot render fails now
             self.stream = stream
             if task.val_dataset is not None:
                 table = load_prompt_table(task.val_dataset, task.prompt_column)
+                check_columns(rewards, table.columns, table.source)
                 val = TextPromptStream(table, hf.encode, seed, prefix="val", shuffle=False)
                 self.val_prompts = [val.prompt_at(i) for i in range(len(table))]
-            load_rewards(task.rewards, task.reward_weights)  # fail now, not in the workers
         self._evaluator: Workload | None = None
 
     @property
@@ -106,8 +115,9 @@ class RunWorkload:
             return False
         return step % self.config.task.eval_every == 0 or step == self.config.run.steps
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy completions of every validation prompt, scored like training rollouts.
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy completions of every validation prompt after ``step``, scored like
+        training rollouts.
 
         Runs on the learner's policy in the trainer process (call it off the event loop).
 
@@ -118,7 +128,9 @@ class RunWorkload:
         if self._evaluator is None:
             self._evaluator = build_workload(worker_spec(self.config), self.policy)
         generator = torch.Generator(device=next(self.policy.parameters()).device)
-        outcomes = self._evaluator.rollouts(self.val_prompts, 1, generator, greedy=True)
+        outcomes = self._evaluator.rollouts(
+            self.val_prompts, 1, generator, greedy=True, step=step + 1
+        )
         rewards = [r for group in outcomes for _, r in group if not isinstance(r, RewardFailure)]
         failed = sum(isinstance(r, RewardFailure) for group in outcomes for _, r in group)
         return {

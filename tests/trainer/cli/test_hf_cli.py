@@ -14,6 +14,12 @@ REWARD = """
 def exact(prompts, completions, target, **kw):
     return [float(c == t) for c, t in zip(completions, target)]
 
+def reward_len(completions, **kwargs):  # TRL's README, as it is
+    return [-abs(3 - len(completion)) for completion in completions]
+
+def needs_answer(completions, answer, **kwargs):  # TRL's accuracy_reward, on another column
+    return [float(c == a) for c, a in zip(completions, answer)]
+
 not_a_function = 1
 """
 
@@ -35,6 +41,7 @@ def test_a_new_user_trains_a_tiny_hf_model_on_exported_prompts(tmp_path: Path) -
     trained = trainbus(
         "train", "--model", "tiny", "--dataset", "rev.jsonl", "--val-dataset", "rev.jsonl",
         "--reward", "reward.py:exact", "--reward", "trainer:task_reward",
+        "--reward", "reward.py:reward_len",
         "--config", str(config), "--steps", "2", "--no-progress", "--out", "run",
         cwd=tmp_path,
     )  # fmt: skip
@@ -54,6 +61,11 @@ EXACT = ["--reward", "reward.py:exact"]
         ([*DATA, "--reward", "nomodule_xyz:f"], "cannot import module 'nomodule_xyz'"),
         ([*DATA, "--reward", "reward.py:missing"], "has no attribute 'missing'"),
         ([*DATA, "--reward", "reward.py:not_a_function"], "is not callable"),
+        (
+            [*DATA, "--reward", "reward.py:needs_answer"],
+            "rewards: reward.py:needs_answer needs 'answer', which is neither a column of "
+            "data.jsonl (columns: target) nor one of the keywords TRL passes",
+        ),
         (DATA, "task.rewards: a dataset needs at least one reward function"),
         (["--dataset", "question.jsonl", *EXACT], "no column 'prompt'"),
         (["--dataset", "nothing.jsonl", *EXACT], "task.dataset: nothing.jsonl does not exist"),

@@ -15,6 +15,9 @@ import pytest
 from trainer.rl._rewards import RewardError
 from trainer.rl._rewards import RewardFailure
 from trainer.rl._rewards import RewardFunction
+from trainer.rl._rewards import TrainerState
+from trainer.rl._rewards import _parameters
+from trainer.rl._rewards import check_columns
 from trainer.rl._rewards import combine
 from trainer.rl._rewards import judge
 from trainer.rl._rewards import load_reward
@@ -85,13 +88,13 @@ def _fn(name: str = "f", weight: float = 1.0) -> RewardFunction:
 
 def test_judge_accepts_numbers_and_none_and_names_everything_else() -> None:
     assert judge(_fn(), [1, 0.5, None], 3) == [1.0, 0.5, None]
-    wrong_length = judge(_fn(), [1.0], 3)
-    assert all(isinstance(v, RewardFailure) for v in wrong_length)
-    assert "returned 1 rewards for 3 completions" in wrong_length[0].message  # type: ignore[union-attr]
-    not_a_list = judge(_fn(), "1.0", 1)[0]
+    wrong_length = judge(_fn(), [1.0], 3)  # the whole answer is unusable
+    assert isinstance(wrong_length, RewardFailure) and wrong_length.kind == "reward_invalid"
+    assert "returned 1 rewards for 3 completions" in wrong_length.message
+    not_a_list = judge(_fn(), "1.0", 1)
     assert isinstance(not_a_list, RewardFailure) and not_a_list.kind == "reward_invalid"
-    mixed = judge(_fn(), [1.0, "high", math.nan, math.inf], 4)
-    assert mixed[0] == 1.0
+    mixed = judge(_fn(), [1.0, "high", math.nan, math.inf], 4)  # each value on its own
+    assert isinstance(mixed, list) and mixed[0] == 1.0
     assert [v.kind for v in mixed[1:]] == ["reward_invalid"] * 3  # type: ignore[union-attr]
 
 
@@ -102,9 +105,9 @@ def test_judge_takes_a_tensor_or_an_array_of_rewards() -> None:
     assert judge(_fn(), torch.tensor([1.0, 0.5]), 2) == [1.0, 0.5]
     assert judge(_fn(), np.array([1.0, 0.5], dtype=np.float32), 2) == [1.0, 0.5]
     nan = judge(_fn(), torch.tensor([1.0, math.nan]), 2)
-    assert nan[0] == 1.0 and isinstance(nan[1], RewardFailure)
+    assert isinstance(nan, list) and nan[0] == 1.0 and isinstance(nan[1], RewardFailure)
     assert "returned nan, not a finite number" in nan[1].message
-    not_a_list = judge(_fn(), torch.tensor(1.0), 1)[0]
+    not_a_list = judge(_fn(), torch.tensor(1.0), 1)
     assert isinstance(not_a_list, RewardFailure) and "not a list of rewards" in not_a_list.message
 
 
@@ -128,24 +131,224 @@ def test_task_reward_gives_the_builtin_partial_credit() -> None:
 
 
 def _scorer(fn: object, timeout_s: float = 5.0) -> RewardScorer:
-    return RewardScorer([RewardFunction("m:f", "f", fn)], timeout_s)  # type: ignore[arg-type]
+    accepts, required = _parameters("m:f", fn)  # type: ignore[arg-type]
+    function = RewardFunction("m:f", "f", fn, 1.0, accepts, required)  # type: ignore[arg-type]
+    return RewardScorer([function], timeout_s)
 
 
-def test_the_scorer_passes_trl_arguments_and_awaits_async_functions() -> None:
+def test_the_scorer_passes_trl_keywords_and_awaits_async_functions() -> None:
     seen: dict[str, object] = {}
 
-    def sync(prompts: list[str], completions: list[str], **columns: object) -> list[float]:
-        seen.update(prompts=prompts, completions=completions, **columns)
-        return [1.0] * len(completions)
+    def sync(**keywords: object) -> list[float]:
+        seen.update(keywords)
+        return [1.0] * 2
 
     async def asynchronous(prompts: list[str], completions: list[str], **_: object) -> list[float]:
         await asyncio.sleep(0)
         return [0.25] * len(completions)
 
-    columns = {"target": ["1", "2"], "completion_ids": [[1], [2]]}
-    assert _scorer(sync).score(["a=", "b="], ["x", "y"], columns) == [1.0, 1.0]
-    assert seen == {"prompts": ["a=", "b="], "completions": ["x", "y"], **columns}
+    state = TrainerState(global_step=3, max_steps=10)
+    scored = _scorer(sync).score(
+        ["a=", "b="], ["x", "y"], {"target": ["1", "2"]}, completion_ids=[(1,), (2,)], state=state
+    )
+    assert scored == [1.0, 1.0]
+    assert seen == {
+        "prompts": ["a=", "b="],
+        "completions": ["x", "y"],
+        "completion_ids": [[1], [2]],
+        "trainer_state": state,
+        "target": ["1", "2"],
+    }
     assert _scorer(asynchronous).score(["a="], ["x"], {}) == [0.25]
+
+
+# Reward functions in the shapes of TRL's documentation (its README, the GRPO trainer's
+# docs and trl.rewards), each called exactly as GRPOTrainer calls it.
+TRL_SHAPES = """
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+def format_reward_func(completions, **kwargs):
+    import re
+    pattern = r"^<think>.*?</think><answer>.*?</answer>$"
+    contents = [completion[0]["content"] for completion in completions]
+    return [1.0 if re.match(pattern, content) else 0.0 for content in contents]
+
+def accuracy_reward(completions, solution, log_extra=None, **kwargs):
+    contents = [completion[0]["content"] for completion in completions]
+    return [float(c == s) if s else None for c, s in zip(contents, solution)]
+
+def prompts_after_completions(completions, prompts, **kwargs):
+    return [float(c[0]["content"] == p[-1]["content"]) for c, p in zip(completions, prompts)]
+
+def progress(completions, trainer_state, **kwargs):
+    return [trainer_state.global_step / trainer_state.max_steps] * len(completions)
+
+class _SoftOverlongPunishment:
+    def __init__(self, max_completion_len, soft_punish_cache):
+        self.max_completion_len = max_completion_len
+        self.soft_punish_cache = soft_punish_cache
+
+    def __call__(self, completion_ids, **kwargs):
+        limit = self.max_completion_len - self.soft_punish_cache
+        return [
+            0.0 if len(ids) <= limit
+            else (limit - len(ids)) / self.soft_punish_cache if len(ids) <= self.max_completion_len
+            else -1.0
+            for ids in completion_ids
+        ]
+
+soft_overlong_punishment = _SoftOverlongPunishment(4, 2)
+
+def no_kwargs(completions, solution):
+    return [float(len(c) > 0) for c in completions]
+"""
+
+
+@pytest.fixture
+def trl_shapes(tmp_path: Path) -> Path:
+    path = tmp_path / "trl_shapes.py"
+    path.write_text(TRL_SHAPES)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "chat", "expected"),
+    [
+        ("reward_len", False, [-19.0, -14.0]),
+        ("format_reward_func", True, [0.0, 1.0]),
+        ("accuracy_reward", True, [1.0, 0.0]),
+        ("prompts_after_completions", True, [1.0, 0.0]),
+        ("progress", False, [0.3, 0.3]),
+        ("soft_overlong_punishment", False, [0.0, -0.5]),
+        ("no_kwargs", False, [1.0, 1.0]),
+    ],
+)
+def test_reward_functions_shaped_as_trl_documents_them_score_unchanged(
+    trl_shapes: Path, name: str, chat: bool, expected: list[float]
+) -> None:
+    function = load_reward(f"{trl_shapes}:{name}")
+    check_columns([function], ["solution"], "data.jsonl")
+    contents = ["x", "<think>a</think><answer>y</answer>"]
+    prompts: list[object] = ["x", "y"]
+    completions: list[object] = list(contents)
+    if chat:  # TRL's conversational format
+        prompts = [[{"role": "user", "content": p}] for p in ["x", "y"]]
+        completions = [[{"role": "assistant", "content": c}] for c in contents]
+    scored = RewardScorer([function], 5.0).score(
+        prompts,
+        completions,
+        {"solution": ["x", "z"]},
+        completion_ids=[(1, 2), (1, 2, 3)],  # 3 tokens of at most 4, 2 in the cache: -0.5
+        state=TrainerState(global_step=3, max_steps=10),
+    )
+    assert scored == pytest.approx(expected)
+
+
+def test_a_function_that_no_keyword_can_call_is_refused_naming_the_parameter(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "bad.py"
+    path.write_text(
+        "def needs_answer(completions, answer, **kwargs):\n    return [0.0] * len(completions)\n"
+        "def positional(completions, /, **kwargs):\n    return [0.0] * len(completions)\n"
+        "def fine(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
+    needs_answer = load_reward(f"{path}:needs_answer")
+    with pytest.raises(RewardError) as missing:
+        check_columns([needs_answer], ["target"], "rev.jsonl")
+    message = str(missing.value)
+    assert "needs_answer needs 'answer'" in message and "rev.jsonl (columns: target)" in message
+    assert "\n" not in message
+    check_columns([needs_answer], ["answer"], "rev.jsonl")  # a column of that name fills it
+    with pytest.raises(RewardError, match="parameter 'completions' is positional-only"):
+        load_reward(f"{path}:positional")
+    with pytest.raises(RewardError, match="has a column 'completions'"):
+        check_columns([load_reward(f"{path}:fine")], ["completions"], "rev.jsonl")
+    # The columns TRL leaves out are left out here too: no clash, and nobody needs them.
+    check_columns([load_reward(f"{path}:fine")], ["completion", "completion_ids"], "rev.jsonl")
+
+
+def test_a_call_that_raises_is_asked_again_about_halves_so_only_bad_completions_fail() -> None:
+    calls: list[int] = []
+
+    def picky(completions: list[str], **_: object) -> list[float]:
+        calls.append(len(completions))
+        if "bad" in completions:
+            raise ValueError("cannot score 'bad'")
+        return [1.0] * len(completions)
+
+    completions = ["ok"] * 16
+    completions[5] = "bad"
+    scorer = _scorer(picky)
+    out = scorer.score(["p"] * 16, completions, {})
+    assert [isinstance(v, RewardFailure) for v in out] == [i == 5 for i in range(16)]
+    failure = out[5]
+    assert isinstance(failure, RewardFailure) and failure.kind == "reward_error"
+    assert failure.message == "f raised ValueError: cannot score 'bad'"
+    assert scorer.failures == {"reward_error": 1}
+    # One call for the batch, then the two halves of each part that raised, down to the
+    # single bad completion: 1 + 2 log2(16) calls, not one per completion.
+    assert calls == [16, 8, 4, 4, 2, 1, 1, 2, 8]
+
+
+def test_a_wrong_length_or_a_non_list_is_asked_again_about_halves() -> None:
+    def drops_bad(completions: list[str], **_: object) -> list[float]:
+        return [1.0 for c in completions if c != "bad"]  # skips what it cannot score
+
+    out = _scorer(drops_bad).score(["p"] * 4, ["ok", "bad", "ok", "ok"], {})
+    assert out[0] == out[2] == out[3] == 1.0
+    assert isinstance(out[1], RewardFailure) and out[1].kind == "reward_invalid"
+    assert out[1].message == "f returned 0 rewards for 1 completions"
+
+    def a_number(completions: list[str], **_: object) -> float:
+        return 1.0
+
+    out = _scorer(a_number).score(["p"] * 2, ["a", "b"], {})
+    assert [getattr(v, "message", v) for v in out] == [
+        "f returned a float, not a list of rewards"
+    ] * 2
+
+
+def test_a_call_past_its_deadline_is_not_asked_again() -> None:
+    release = threading.Event()
+    calls: list[int] = []
+
+    def hangs(completions: list[str], **_: object) -> list[float]:
+        calls.append(len(completions))
+        release.wait(30)
+        return [0.0] * len(completions)
+
+    try:
+        out = _scorer(hangs, timeout_s=0.1).score(["p"] * 4, ["c"] * 4, {})
+    finally:
+        release.set()
+    assert all(isinstance(v, RewardFailure) and v.kind == "reward_timeout" for v in out)
+    assert calls == [4]
+
+
+def test_the_first_error_of_a_kind_carries_its_traceback_in_the_users_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tb_rewards.py"
+    path.write_text(
+        "def parse(text):\n"
+        "    return int(text)\n"
+        "\n"
+        "def numeric(completions, **kwargs):\n"
+        "    return [float(parse(c)) for c in completions]\n"
+    )
+    function = load_reward(f"{path}:numeric")
+    scorer = RewardScorer([function], 5.0)
+    first, second = scorer.score(["p"] * 2, ["x", "y"], {})
+    assert isinstance(first, RewardFailure) and isinstance(second, RewardFailure)
+    lines = first.traceback.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert f'File "{path}", line 5, in numeric' in first.traceback
+    assert f'File "{path}", line 2, in parse' in first.traceback
+    assert lines[-1].startswith("ValueError: invalid literal for int()")
+    assert "_scoring.py" not in first.traceback  # only the function's own frames
+    assert second.traceback == ""  # once per function and error type
 
 
 def test_a_raising_hanging_or_lying_reward_fails_its_rollouts_with_the_reason(
@@ -161,14 +364,14 @@ def test_a_raising_hanging_or_lying_reward_fails_its_rollouts_with_the_reason(
         return [0.0] * len(completions)
 
     def short(prompts: object, completions: list[str], **_: object) -> list[float]:
-        return [1.0]
+        return []
 
     try:
         cases = [
             (raises, "reward_error", "f raised KeyError"),
             (hangs, "reward_timeout", "did not return within 0.2 s"),
             (load_reward(f"{module_file}:slow_async").fn, "reward_timeout", "within 0.2 s"),
-            (short, "reward_invalid", "returned 1 rewards for 3 completions"),
+            (short, "reward_invalid", "returned 0 rewards for 1 completions"),
         ]
         for fn, kind, message in cases:
             scorer = _scorer(fn, timeout_s=0.2)

@@ -34,16 +34,20 @@ def exact(prompts, completions, target, **columns):
     seen.append((prompts[0], completions[0], sorted(columns)))
     return [float(c == t) for c, t in zip(completions, target)]
 
-def misbehaves(prompts, completions, target, **columns):
+bad = {}  # step: the one prompt this function cannot score at that step
+
+def misbehaves(prompts, completions, target, trainer_state, **columns):
+    step = trainer_state.global_step + 1
     with _lock:
         calls.append(len(completions))
-        n = len(calls)
-    if n == 1:
-        raise ZeroDivisionError("the first call")
-    if n == 3:
+        first = step not in bad
+        bad.setdefault(step, prompts[0])  # the first call of the step picks it
+    if step == 2 and first:
         release.wait(30)  # past the deadline: abandoned, released at the end of the test
-    if n == 5:
-        return [1.0]
+    if step == 1 and bad[1] in prompts:
+        raise ZeroDivisionError("cannot score " + bad[1])
+    if step == 3:
+        return [0.5 for p in prompts if p != bad[3]]  # leaves it out: the wrong length
     return [0.5] * len(completions)
 """
 
@@ -120,7 +124,8 @@ async def test_validation_reward_is_a_metric_every_eval_every_steps_and_at_the_l
     )
     prompt, completion, columns = rewards["seen"][0]
     assert prompt.endswith("=") and isinstance(completion, str)
-    assert columns == ["completion_ids"]  # target is a named parameter; nothing else is left
+    # target is a named parameter; what is left are the keywords TRL passes too
+    assert columns == ["completion_ids", "trainer_state"]
 
 
 async def test_a_reward_that_raises_hangs_or_miscounts_fails_only_its_rollouts(
@@ -137,9 +142,11 @@ async def test_a_reward_that_raises_hangs_or_miscounts_fails_only_its_rollouts(
     finally:
         rewards["release"].set()
     assert summary.status == "finished" and summary.steps == 3
-    # Two pieces of work a step (two workers): calls 1, 3 and 5 fail, one in each step.
+    # Two pieces of work a step (two workers, four groups of 4 each). A call that raises or
+    # answers with the wrong length is asked again about halves: only the one prompt's 4
+    # rollouts fail. A call that hangs is not asked again: its whole piece fails.
     failed = [_reports(tmp_path / "run")[step].failed for step in (1, 2, 3)]
-    assert failed == [{"reward_error": 16}, {"reward_timeout": 16}, {"reward_invalid": 16}]
+    assert failed == [{"reward_error": 4}, {"reward_timeout": 16}, {"reward_invalid": 4}]
 
 
 async def test_a_prompt_longer_than_the_context_fails_at_once_without_a_grace_wait(

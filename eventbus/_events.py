@@ -169,8 +169,9 @@ class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         registered: Rollout ids registered for the batch.
         succeeded: Ids with a successful result.
         failed: Ids whose final result is a failure, by error kind.
-        errors: By kind in ``failed``, the first line of its first failure's message (a
-            reward function's exception, as the worker gave it), 200 characters at most.
+        errors: By kind in ``failed``, the first line of the message of its failure that
+            arrived first (a reward function's exception, as the worker gave it), 200
+            characters at most.
         timed_out: Ids without a final result when the batch deadline passed.
         missing: Ids without a final result when the batch was finalized early.
         dropped: Results not admitted, by reason (``unregistered``, ``earlier_step``,

@@ -27,6 +27,7 @@ of the next report). Groups move ``pending -> running`` with their first result 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import numbers
@@ -70,7 +71,15 @@ class AdmissionGate:
             this; None: no bound, and payloads are not looked at.
     """
 
-    __slots__ = ("_grace", "_history", "_lock", "_max_payload", "_rollouts", "_state")
+    __slots__ = (
+        "_failures",
+        "_grace",
+        "_history",
+        "_lock",
+        "_max_payload",
+        "_rollouts",
+        "_state",
+    )
 
     def __init__(self, state: TrackerState, *, max_payload_bytes: int | None = None) -> None:
         self._state = state
@@ -81,6 +90,7 @@ class AdmissionGate:
         self._rollouts = state.rollouts
         self._history = state.history
         self._grace = state.grace
+        self._failures = itertools.count(1)  # the order failures arrive in (Rollout.failed_at)
 
     def record(self, result: RolloutResult) -> Admission:
         """Offer one result (see :meth:`replay.RolloutTracker.record`)."""
@@ -172,6 +182,8 @@ class AdmissionGate:
                 if not group.started:
                     state.start(group)
                 rollout.result = result
+                if not ok:
+                    rollout.failed_at = next(self._failures)
                 tally = group.tally
                 tally.in_flight -= 1
                 if ok:
@@ -197,6 +209,7 @@ class AdmissionGate:
                         rollout.state = SUCCEEDED
                         verdict = _UPGRADED
                     else:  # attempts exhausted: stop waiting for a retry
+                        rollout.failed_at = next(self._failures)
                         rollout.state = FAILED
                         group.failed += 1
                         verdict = _ADMITTED

@@ -113,7 +113,16 @@ class Counters:
 class Rollout:
     """One registered rollout id."""
 
-    __slots__ = ("attempt", "group", "result", "rollout_id", "since", "state", "step")
+    __slots__ = (
+        "attempt",
+        "failed_at",
+        "group",
+        "result",
+        "rollout_id",
+        "since",
+        "state",
+        "step",
+    )
 
     def __init__(self, rollout_id: str, group: Group, step: int, attempt: int) -> None:
         self.rollout_id = rollout_id
@@ -123,6 +132,9 @@ class Rollout:
         self.state: RolloutState = IN_FLIGHT
         self.result: RolloutResult | None = None
         self.since = 0.0  # clock time a placeholder was recorded
+        # When its failure arrived, in the tracker's order of failures (0: none in hand), so
+        # a report names the failure that came first, as the logs saw it first.
+        self.failed_at = 0
 
 
 class Group:

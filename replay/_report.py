@@ -8,6 +8,7 @@ only read the records; the tracker calls them under its lock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -69,7 +70,7 @@ def build_report(
     timed out or missing (an open batch lists its in-flight ids as missing)."""
     succeeded = 0
     failed: dict[str, int] = {}
-    errors: dict[str, str] = {}
+    errors: dict[str, tuple[float, str]] = {}  # kind: (when it arrived, its first line)
     timed_out: list[str] = []
     missing: list[str] = []
     registered = 0
@@ -86,14 +87,15 @@ def build_report(
             kind = _failure_kind(rollout)
             failed[kind] = failed.get(kind, 0) + 1
             error = rollout.result.error if rollout.result is not None else None
-            if error and kind not in errors:
-                errors[kind] = _first_line(error)
+            arrived = rollout.failed_at or math.inf
+            if error and (kind not in errors or arrived < errors[kind][0]):
+                errors[kind] = (arrived, error)
     return BatchReport(
         step=step,
         registered=registered,
         succeeded=succeeded,
         failed=failed,
-        errors=errors,
+        errors={kind: _first_line(error) for kind, (_, error) in errors.items()},
         timed_out=tuple(timed_out),
         missing=tuple(missing),
         dropped=counters.drops(),

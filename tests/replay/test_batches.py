@@ -198,6 +198,17 @@ def test_a_report_carries_the_first_line_of_each_kinds_first_failure(
     }
 
 
+def test_a_reports_first_failure_is_the_one_that_arrived_first(make_tracker: MakeTracker) -> None:
+    """Workers finish out of registration order: the report names the failure that came
+    first, the one a log line about it would have named."""
+    tracker = make_tracker()
+    groups = groups_for(1, count=2, n=2, prefix="g")
+    tracker.begin_batch(1, groups)
+    tracker.record(groups[1].failure(1, "second worker's", kind="reward_error", retryable=False))
+    tracker.record(groups[0].failure(0, "first worker's", kind="reward_error", retryable=False))
+    assert tracker.reconcile().errors == {"reward_error": "second worker's"}
+
+
 # --- finalize, reconcile, leftovers ------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from ..config._schema import TrainerConfig
 from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
 from ._backend import RolloutBackend
+from ._failures import FailureLog
 from ._logs import ALSO_AN_EVENT
 from ._worker import RolloutWork
 from ._worker import chunk
@@ -97,6 +98,7 @@ class RolloutDriver(ABC):
         self._losses: list[str] = []
         self._losses_lock = threading.Lock()
         self.on_loss: Callable[[], None] = lambda: None  # called (from any thread) on a loss
+        self.failure_log = FailureLog()
         self._build_buffer()
 
     buffer: ReplayBuffer | AsyncReplayBuffer = field(init=False, repr=False)
@@ -157,8 +159,10 @@ class RolloutDriver(ABC):
     # --- ResultSink (called from worker threads) ------------------------------------------
 
     def deliver(self, result: RolloutResult) -> None:
-        """Offer a result to the admission gate."""
+        """Offer a result to the admission gate (a failure is logged once per kind)."""
         self.progress_at = time.monotonic()
+        if not result.ok:
+            self.failure_log.saw(result)
         self.buffer.add(result)
 
     def started(self, group_ids: tuple[str, ...]) -> None:

@@ -73,9 +73,10 @@ def _finished(e: RolloutFinished, context: object) -> str:
 
 
 def _failed(e: RolloutFailed, context: object) -> str:
+    reason = e.error.splitlines()[0] if e.error else "no reason"  # (a traceback may follow)
     return (
         f"{_who(e)}: rollout {e.rollout_id} failed (attempt {e.attempt}, {e.kind or 'error'}): "
-        f"{e.error or 'no reason'}"
+        f"{reason}"
     )
 
 

@@ -60,6 +60,7 @@ class Recovery:
         logger.error(
             "step %d failed: %s: %s",
             *(failed_step, type(error).__name__, error),
+            exc_info=error,  # --verbose shows where
             extra=ALSO_AN_EVENT,  # FitFailed, or the recovery's events
         )
         try:

@@ -162,7 +162,9 @@ class BatchReport(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A rollout tracker's account of one batch (see :meth:`replay.RolloutTracker.reconcile`).
 
     Every registered rollout id is exactly one of succeeded, failed, timed out or missing;
-    every result that did not count is in ``dropped`` (by reason) or ``duplicates``.
+    every result that did not count is in ``dropped`` (by reason) or ``duplicates``. In
+    async mode a hand-out's report also counts, in ``registered``, ``succeeded`` and
+    ``failed``, the rollouts of the groups evicted as failed since the previous report.
 
     Attributes:
         step: The trainer step of the batch.

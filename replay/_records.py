@@ -79,13 +79,29 @@ class Counters:
     drops are read off those counts, not counted a second time.
     """
 
-    __slots__ = ("grace_polls", "leftovers_drained", "verdicts", "wait_s")
+    __slots__ = (
+        "evicted",
+        "evicted_errors",
+        "evicted_failed",
+        "evicted_succeeded",
+        "grace_polls",
+        "leftovers_drained",
+        "verdicts",
+        "wait_s",
+    )
 
     def __init__(self) -> None:
         self.verdicts: dict[Admission, int] = {}
         self.grace_polls = 0
         self.leftovers_drained = 0
         self.wait_s = 0.0
+        # Async mode: the rollouts of groups evicted as failed, counted, not kept (their
+        # payloads would pile up over a long wait): how many, how many of them succeeded,
+        # the failed ones by kind, and each kind's first failure (arrival, message).
+        self.evicted = 0
+        self.evicted_succeeded = 0
+        self.evicted_failed: dict[str, int] = {}
+        self.evicted_errors: dict[str, tuple[float, str]] = {}
 
     @property
     def duplicates(self) -> int:
@@ -108,6 +124,13 @@ class Counters:
         self.grace_polls += other.grace_polls
         self.leftovers_drained += other.leftovers_drained
         self.wait_s += other.wait_s
+        self.evicted += other.evicted
+        self.evicted_succeeded += other.evicted_succeeded
+        for kind, n in other.evicted_failed.items():
+            self.evicted_failed[kind] = self.evicted_failed.get(kind, 0) + n
+        for kind, first in other.evicted_errors.items():
+            if kind not in self.evicted_errors or first < self.evicted_errors[kind]:
+                self.evicted_errors[kind] = first
 
 
 class Rollout:

@@ -31,6 +31,7 @@ from ._records import Counters
 from ._records import Group
 from ._report import FailureRules
 from ._report import build_report
+from ._report import count_evicted
 from ._report import failures_said
 from ._state import TrackerState
 from ._validate import check_groups
@@ -132,6 +133,7 @@ class AsyncRegistry:
                         blocked = True
                 elif group.failed:
                     evicted.append((group, EvictionReason.FAILED))
+                    count_evicted(window, group.rollouts)  # the next hand-out reports them
                     given_up.extend(state.retire_group(group, Admission.EVICTED))
                 elif behind > max_off_policy:
                     evicted.append((group, EvictionReason.STALE))

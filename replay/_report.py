@@ -27,7 +27,13 @@ from ._records import Counters
 from ._records import Group
 from ._records import Rollout
 
-__all__ = ["FailureRules", "build_report", "failures_said", "repeats_the_report"]
+__all__ = [
+    "FailureRules",
+    "build_report",
+    "count_evicted",
+    "failures_said",
+    "repeats_the_report",
+]
 
 
 def repeats_the_report(published: bool) -> dict[str, object]:
@@ -55,6 +61,23 @@ ERROR_CHARS = 200
 def _first_line(error: str) -> str:
     line = error.strip().split("\n", 1)[0]
     return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 3] + "..."
+
+
+def count_evicted(counters: Counters, rollouts: Iterable[Rollout]) -> None:
+    """Count the rollouts of a group evicted as failed into ``counters`` (async mode: the
+    next hand-out's report counts them)."""
+    for rollout in rollouts:
+        counters.evicted += 1
+        if rollout.state is SUCCEEDED:
+            counters.evicted_succeeded += 1
+            continue
+        kind = _failure_kind(rollout)
+        counters.evicted_failed[kind] = counters.evicted_failed.get(kind, 0) + 1
+        error = rollout.result.error if rollout.result is not None else None
+        arrived = rollout.failed_at or math.inf
+        first = counters.evicted_errors.get(kind)
+        if error and (first is None or arrived < first[0]):
+            counters.evicted_errors[kind] = (arrived, error)
 
 
 def build_report(
@@ -90,6 +113,13 @@ def build_report(
             arrived = rollout.failed_at or math.inf
             if error and (kind not in errors or arrived < errors[kind][0]):
                 errors[kind] = (arrived, error)
+    registered += counters.evicted
+    succeeded += counters.evicted_succeeded
+    for kind, n in counters.evicted_failed.items():
+        failed[kind] = failed.get(kind, 0) + n
+    for kind, first in counters.evicted_errors.items():
+        if kind not in errors or first[0] < errors[kind][0]:
+            errors[kind] = first
     return BatchReport(
         step=step,
         registered=registered,

@@ -142,16 +142,24 @@ async def test_failed_groups_are_evicted_and_refilled(fake_time: FakeTime) -> No
         buffer.register(replacement)
         succeed_all(buffer.add, replacement)
 
-    buffer = make_buffer(fake_time, refill=refill)
+    bus = EventBus()
+    buffer = make_buffer(fake_time, refill=refill, bus=bus)
     bad, good = dispatched(0, count=2)
     buffer.register([bad, good])
     succeed_all(buffer.add, [good])
     buffer.add(bad.result(0))
-    buffer.add(bad.failure(1, "crash", retryable=False))
-    sampled = await buffer.sample(0, 2)
+    buffer.add(bad.failure(1, "crash\nTraceback ...", kind="worker_crash", retryable=False))
+    async with record_events(bus, BatchReconciled) as reports:
+        sampled = await buffer.sample(0, 2)
     assert [g.group_id for g in sampled] == ["g0.1", "g0.0-r"]
     assert buffer.add(bad.result(1)) is Admission.EVICTED
     assert buffer.statistics().evictions == {"failed": 1}
+    # The hand-out's report counts the evicted group's rollouts too: its failure is
+    # nowhere else in a report, and a run's failed rollouts are counted from reports.
+    [report] = [e.report for e in reports.of_type(BatchReconciled)]
+    assert (report.registered, report.succeeded) == (6, 5)
+    assert report.failed == {"worker_crash": 1}
+    assert report.errors == {"worker_crash": "crash"}
 
 
 @pytest.mark.parametrize("max_failed_fraction", [0.5, 1.0])

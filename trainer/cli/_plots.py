@@ -105,7 +105,7 @@ def write_compare_plot(runs: Sequence[RunData], labels: Sequence[str], path: Pat
         )
     ax.set_xlabel("step")
     ax.set_ylabel("reward (mean)")
-    ax.set_title("reward per step: " + " vs ".join(labels))
+    ax.set_title("reward per step")  # the runs are named in the legend, however long
     _decorate(ax, [])
     return _save(figure, path)
 

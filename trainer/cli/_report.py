@@ -106,6 +106,7 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         ("time", _duration(s)),
         ("restarts", _restarts(run)),
         ("stalls", _stalls(run)),
+        ("failed rollouts", _failed(s)),
         ("dropped rollouts", _dropped(s)),
         ("sample waits", _waits(run)),
         ("safe-point decisions", _decisions(s.decisions)),
@@ -254,6 +255,16 @@ def _notable(run: RunData) -> str:
             for d in run.summary.notable_decisions
         ]
     return "\n".join(lines) or "none"
+
+
+def _failed(s: FitSummary) -> str:
+    """``5472 of 30720 (17.8%): reward_error 5000, reward_timeout 472``."""
+    failed = sum(s.failed_rollouts.values())
+    if not failed:
+        return "none"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(s.failed_rollouts.items()) if n)
+    share = f" ({100 * failed / s.rollouts:.1f}%)" if s.rollouts else ""
+    return f"{failed} of {s.rollouts}{share}: {kinds}"
 
 
 def _dropped(s: FitSummary) -> str:

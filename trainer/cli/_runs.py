@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -29,6 +30,7 @@ COMPARED = (
     "time",
     "restarts",
     "stalls",
+    "failed rollouts",
     "dropped rollouts",
     "sample waits",
     "checkpoints",
@@ -54,9 +56,9 @@ def add_run_commands(commands: Any) -> None:
     compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run folders")
     compare.add_argument(
         "--plot",
-        default="compare.png",
         metavar="FILE.png",
-        help="where the overlaid reward plot goes (compare.png)",
+        help="where the overlaid reward plot goes (default: compare-A-B.png in the folder "
+        "that holds the runs)",
     )
     compare.add_argument("--no-plots", action="store_true", help="only print the table")
 
@@ -159,6 +161,17 @@ def _labels(runs: list[RunData]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(run.folder) for run in runs]
 
 
+def default_compare_plot(runs: list[RunData]) -> Path:
+    """``compare-A-B.png`` in the folder that holds the runs (``runs/``, usually), where the
+    runs' own plots are, not in whatever folder the command runs in."""
+    try:  # as the user named them (runs/...), unless some are absolute and some are not
+        parent = Path(os.path.commonpath([run.folder.parent for run in runs]))
+    except ValueError:
+        parent = Path(os.path.commonpath([run.folder.resolve().parent for run in runs]))
+    name = "-".join(run.folder.name for run in runs)
+    return parent / f"compare-{name[:120]}.png"
+
+
 def run_compare(args: argparse.Namespace) -> int:
     """``trainbus compare RUN_DIR RUN_DIR ... [--plot FILE.png] [--no-plots]``.
 
@@ -197,7 +210,8 @@ def run_compare(args: argparse.Namespace) -> int:
                 f"{label} (run {run.summary.run_id})" if run.summary.run_id else label
                 for label, run in zip(labels, runs, strict=True)
             ]
-            plot = write_compare_plot(runs, named, Path(args.plot))
+            path = Path(args.plot) if args.plot else default_compare_plot(runs)
+            plot = write_compare_plot(runs, named, path)
             console.print(f"plot written: {plot}", soft_wrap=True, markup=False)
         else:
             console.print("no plot: no run has a step yet", soft_wrap=True, markup=False)

@@ -204,7 +204,10 @@ class RewardScorer:
             return [RewardFailure("reward_timeout", f"{function.name} {exc}")] * n
         except Exception as exc:  # noqa: BLE001  (the rollouts fail with it, counted in _count)
             if n == 1:
-                message = f"{function.name} raised {type(exc).__name__}: {exc}"
+                # One line: reports and logs show a failure's first line, and a traceback
+                # follows it (the exception's own lines are at the traceback's end).
+                text = str(exc).replace("\r", "\\r").replace("\n", "\\n")
+                message = f"{function.name} raised {type(exc).__name__}: {text}"
                 return [RewardFailure("reward_error", message, _first_traceback(function, exc))]
         else:
             verdict = judge(function, values, n)

@@ -103,6 +103,7 @@ class RunFold:
         self._opened_at = 0.0
         self._last_time = 0.0
         self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
+        self._failed_by_step: dict[int, dict[str, int]] = {}  # see batch_failures
 
     def apply(self, event: Event) -> None:
         """Fold one event (ignored unless the summary depends on it)."""
@@ -143,6 +144,7 @@ class RunFold:
             s.membership = [dict(m) for m in s.membership]
             s.decisions = {point: dict(counts) for point, counts in s.decisions.items()}
             s.notable_decisions = [dict(d) for d in s.notable_decisions]
+            s.failed_rollouts = dict(s.failed_rollouts)
             s.dropped_rollouts = dict(s.dropped_rollouts)
             s.after_fit_errors = list(s.after_fit_errors)
             return s
@@ -314,8 +316,19 @@ class RunFold:
                 }
             )
 
+    def batch_failures(self, step: int) -> dict[str, int]:
+        """The failed rollouts of ``step``'s batch, by kind, from its last report folded
+        (empty: none failed, or no report of it was folded yet)."""
+        with self._lock:
+            return dict(self._failed_by_step.get(step, {}))
+
     def _batch_reconciled(self, e: BatchReconciled) -> None:
         s, report = self._summary, e.report
+        s.rollouts += report.registered
+        for kind, n in report.failed.items():
+            s.failed_rollouts[kind] = s.failed_rollouts.get(kind, 0) + n
+        # Only the step being trained is ever asked for: keep the latest report's counts.
+        self._failed_by_step = {report.step: dict(report.failed)}
         for reason, n in report.dropped.items():
             if n:
                 s.dropped_rollouts[reason] = s.dropped_rollouts.get(reason, 0) + n

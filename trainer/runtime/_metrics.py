@@ -31,14 +31,16 @@ class Metric:
             the slash names); None for metrics that exist only under ``name``.
         when: Where it has a value. ``step``: every step, in ``metrics.jsonl`` and
             ``StepFinished``. ``validation``: there too, but only on the steps that run the
-            validation. ``events``: not in ``metrics.jsonl``; exporters derive it, per step,
-            from the run's events (restarts, drops).
+            validation. ``occurred``: there too, on the steps where it happened (one metric
+            per kind of a thing, such as a failure's). ``events``: not in
+            ``metrics.jsonl``; exporters derive it, per step, from the run's events
+            (restarts, drops).
     """
 
     name: str
     meaning: str
     short: str | None = None
-    when: Literal["step", "validation", "events"] = "step"
+    when: Literal["step", "validation", "occurred", "events"] = "step"
 
     @property
     def per_step(self) -> bool:
@@ -128,6 +130,18 @@ METRICS: tuple[Metric, ...] = (
         "worker_utilization",
     ),
     Metric("training/policy_version", "the policy version after the update", "policy_version"),
+    Metric(
+        "rollout/failed",
+        "rollouts of the step's batch that failed for good (a reward function raised, hung or"
+        " answered nonsense; a prompt too long; a worker failed); in async mode those of the"
+        " groups evicted as failed since the last batch too",
+        "failed_rollouts",
+    ),
+    Metric(
+        "rollout/failed/<kind>",
+        "the same by kind (reward_error, reward_timeout, reward_invalid, context_length...)",
+        when="occurred",
+    ),
     Metric(
         "rollout/dropped/<reason>",
         "rollout results not admitted in the step's batch, by reason (stale, duplicate...)",

@@ -71,6 +71,11 @@ class FitSummary(msgspec.Struct, kw_only=True):
             buffers reach it on every unsuccessful poll; the event log has every one).
         notable_decisions: Every acted-on decision other than CONTINUE, with who asked and
             why.
+        rollouts: Rollouts the batch reports account for (every registered one, the
+            batches of redone steps included).
+        failed_rollouts: Rollouts that failed for good (a reward function raised, hung or
+            answered nonsense; a prompt did not fit; a worker failed), by kind, from the
+            batch reports: the failure policy removed them from training or filled them.
         dropped_rollouts: Results not admitted, by reason (from the batch reports).
         duplicates: Duplicate results (no-ops).
         retry_overwrites: Failed rollouts replaced by a successful retry.
@@ -102,6 +107,8 @@ class FitSummary(msgspec.Struct, kw_only=True):
     membership: list[dict[str, Any]] = msgspec.field(default_factory=list)
     decisions: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
     notable_decisions: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    rollouts: int = 0
+    failed_rollouts: dict[str, int] = msgspec.field(default_factory=dict)
     dropped_rollouts: dict[str, int] = msgspec.field(default_factory=dict)
     duplicates: int = 0
     retry_overwrites: int = 0

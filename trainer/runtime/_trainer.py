@@ -429,6 +429,8 @@ class PPOTrainer:
         with self.stages.stage("rollouts", step), self._waiting.timing():
             batch = await self._collect(step)
         waited = time.perf_counter() - began
+        await self._drain_record()  # the batch's report, for its failed rollouts
+        failed = self.record.batch_failures(step)
         if self.faults is not None:
             self.faults.check_step(step)
         update_began = time.perf_counter()
@@ -455,6 +457,8 @@ class PPOTrainer:
             sync_time_s=sync_s,
             samples_per_s=metrics["num_samples"] / duration if duration > 0 else 0.0,
             policy_version=float(learner.policy_version),
+            failed_rollouts=float(sum(failed.values())),
+            **{f"rollout/failed/{kind}": float(n) for kind, n in sorted(failed.items())},
         )
         metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
         self._waiting.counted()  # StepFinished carries this wait

@@ -241,3 +241,47 @@ def test_a_tokenizer_without_a_pad_token_is_one_notice(hf_model: Path, tmp_path:
     assert done.stderr.splitlines() == [
         "notice: the tokenizer in model has no pad token: using EOS for padding"
     ]
+
+
+PICKY = """
+def picky(completions, **kwargs):
+    return [score(c) for c in completions]
+
+def score(completion):
+    if completion.startswith("1"):
+        raise ValueError("cannot score " + completion)
+    return 0.5
+"""
+
+
+def test_failed_rollouts_are_counted_and_verbose_shows_the_first_traceback_once(
+    hf_model: Path, reverse_jsonl: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "reward.py").write_text(PICKY)
+    trained = trainbus(
+        "train", "-v", "--model", str(hf_model), "--dataset", str(reverse_jsonl),
+        "--reward", "reward.py:picky", "--config", str(tiny_toml(tmp_path)), "--steps", "3",
+        "--no-progress", "--out", "run",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    log = trained.stderr
+    # Two workers saw it; the trainer says it once, with where it was raised, in the
+    # user's own file and line.
+    assert log.count("ERROR trainbus.rollouts: rollouts fail (reward_error): picky raised") == 1
+    reward_file = tmp_path / "reward.py"
+    assert log.count(f'File "{reward_file}", line 7, in score') == 1
+    assert log.count(f'File "{reward_file}", line 3, in picky') == 1
+    metrics = [
+        json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    ]
+    per_step = [m["rollout/failed"] for m in metrics]
+    assert [m.get("rollout/failed/reward_error", 0.0) for m in metrics] == per_step
+    failed = int(sum(per_step))
+    assert 0 < failed < 96  # one completion in a dozen starts with "1"; each fails alone
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["failed_rollouts"] == {"reward_error": failed} and summary["rollouts"] == 96
+    report = trainbus("report", "run", "--no-plots", cwd=tmp_path)
+    assert f"failed rollouts        {failed} of 96 ({100 * failed / 96:.1f}%): reward_error" in (
+        report.stdout
+    )

@@ -111,6 +111,7 @@ def test_report_prints_the_table_and_writes_valid_plots(run_dir: Path) -> None:
         "restarts               1\n",
         "step 2: rollout side restarted (attempt 2)",
         "sample_wait at step 2: restart_required",
+        "failed rollouts        none",
         "dropped rollouts       none",
         "sample waits",
         "sample_wait: restart_required 1",

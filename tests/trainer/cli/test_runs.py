@@ -102,6 +102,22 @@ def test_compare_sets_runs_side_by_side_and_overlays_their_rewards(
     assert_valid_png(plot)
 
 
+def test_compare_writes_its_plot_beside_the_runs_not_where_it_is_run(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    plain = copy_run(run_dir, runs)
+    healed = _unfinished(run_dir, runs / "healed")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["compare", str(plain), str(healed)]) == 0
+    assert list(elsewhere.iterdir()) == []
+    plot = runs / f"compare-{plain.name}-healed.png"
+    assert_valid_png(plot)
+
+
 def test_compare_needs_two_run_folders(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -64,6 +64,7 @@ SERIES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("trainbus_workers_lost_total", "counter", (), "rollout workers lost"),
     ("trainbus_stalls_total", "counter", ("stage",), "stalls diagnosed, by what was waited for"),
     ("trainbus_rollouts_dropped_total", "counter", ("reason",), "results not admitted"),
+    ("trainbus_rollouts_failed_total", "counter", ("kind",), "rollouts that failed for good"),
     ("trainbus_checkpoints_total", "counter", (), "checkpoints saved"),
     ("trainbus_last_decision", "enum", ("point",), "the last decision at each safe point"),
     ("trainbus_run", "info", (), "run id, mode and backend"),
@@ -194,6 +195,9 @@ class PrometheusExporter:
             for reason, n in event.report.dropped.items():
                 if n > 0:
                     s["trainbus_rollouts_dropped_total"].labels(reason=reason).inc(n)
+            for kind, n in event.report.failed.items():
+                if n > 0:
+                    s["trainbus_rollouts_failed_total"].labels(kind=kind).inc(n)
         elif isinstance(event, SafePointResolved):
             outcome = event.outcome
             s["trainbus_last_decision"].labels(point=outcome.point.value).state(

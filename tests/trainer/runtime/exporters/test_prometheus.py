@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from eventbus import BatchReconciled
@@ -57,3 +58,14 @@ async def test_the_last_event_timestamp_stops_when_the_events_do(
     assert scraped(exporter, "trainbus_last_event_timestamp_seconds") == 1.7e9 + 100.0
     await handle(exporter, sample_wait(elapsed_s=501.0))
     assert scraped(exporter, "trainbus_last_event_timestamp_seconds") == 1.7e9 + 600.0
+
+
+async def test_failed_rollouts_are_counted_by_kind(exporter: PrometheusExporter) -> None:
+    for failed in ({"reward_error": 3}, {"reward_error": 1, "reward_timeout": 16}):
+        report = BatchReport(step=1, registered=32, succeeded=32 - sum(failed.values()))
+        await handle(
+            exporter, BatchReconciled(report=msgspec.structs.replace(report, failed=failed))
+        )
+    total = "trainbus_rollouts_failed_total"
+    assert exporter.registry.get_sample_value(total, {"kind": "reward_error"}) == 4.0
+    assert exporter.registry.get_sample_value(total, {"kind": "reward_timeout"}) == 16.0

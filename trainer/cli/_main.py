@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import math
 import os
 import signal
 import sys
@@ -168,29 +170,45 @@ def _with_exports(config: dict[str, Any], flags: list[str]) -> dict[str, Any]:
     return config
 
 
+SAME_SIGNAL_S = 1.0
+"""Signals this close to the last one counted are the same one: GNU ``timeout`` (and a
+shell's job control) signals the child and then its whole process group, so a single
+``timeout -s INT`` arrives twice in a few microseconds."""
+
+
 def _stop_on_signals(
-    trainer: Any, *, exit_now: Callable[[int], object] = os._exit
+    trainer: Any,
+    *,
+    exit_now: Callable[[int], object] = os._exit,
+    clock: Callable[[], float] = time.monotonic,
 ) -> dict[int, Any]:
     """First Ctrl-C or SIGTERM: finish the current step, save, stop cleanly. Second: stop
     now (the run is cancelled; its clean-up still runs). Third: exit at once with status
     128 + the signal's number, for a run whose event loop is stuck in code that never
-    awaits, which no cancellation reaches. Returns the handlers replaced."""
+    awaits, which no cancellation reaches. Signals within :data:`SAME_SIGNAL_S` of the last
+    one counted count as one. Each acts first and says so after: a terminal that is gone
+    (the reader of a pipe killed by the same Ctrl-C) never keeps a stop from happening.
+    Returns the handlers replaced."""
     received = 0
+    counted_at = -math.inf
 
     def handler(signum: int, frame: object) -> None:
-        nonlocal received
-        received += 1
+        nonlocal received, counted_at
+        now = clock()
+        if now - counted_at < SAME_SIGNAL_S:
+            return
+        received, counted_at = received + 1, now
         name = signal.Signals(signum).name
         if received == 1:
-            print(f"\n{name}: stopping after this step (again to stop now)", file=sys.stderr)
             trainer.request_stop(f"{name} received")
+            _say(f"\n{name}: stopping after this step (again to stop now)")
         elif received == 2:
-            print(f"\n{name} again: stopping now (a third time to exit at once)", file=sys.stderr)
             trainer.request_stop(f"{name} received twice", now=True)
+            _say(f"\n{name} again: stopping now (a third time to exit at once)")
         else:
             # Nothing more is written: the run folder resumes as after a crash (a torn last
             # line is repaired), from its last checkpoint.
-            print(f"\n{name} a third time: exiting at once", file=sys.stderr, flush=True)
+            _say(f"\n{name} a third time: exiting at once")
             exit_now(128 + signum)
 
     previous: dict[int, Any] = {}
@@ -198,6 +216,14 @@ def _stop_on_signals(
         previous[signum] = signal.getsignal(signum)
         signal.signal(signum, handler)
     return previous
+
+
+def _say(text: str) -> None:
+    """``text`` on stderr, if stderr is still there to write to (a closed pipe, a closed
+    terminal: the message is lost, nothing else is)."""
+    # Where would its error be said? stderr is what failed; the run's own record is intact.
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
 
 
 def _new_run_folder_name() -> Path:
@@ -315,7 +341,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         summary = trainer.run()
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print(f"interrupted; run folder {out} (the same --out resumes)", file=sys.stderr)
+        _say(f"interrupted; run folder {out} (the same --out resumes)")
         return 130
     except RunFolderError:
         raise  # refused before anything was written: bad input, exit 2 (main)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +20,8 @@ from eventbus import StepFinished
 from eventbus import read_events
 from trainer.cli._main import _stop_on_signals
 from trainer.cli._main import main
+
+from ..helpers import Clock
 
 TINY = [
     "--steps",
@@ -467,19 +473,109 @@ def test_a_third_signal_exits_at_once_when_the_stop_does_not_come(
 ) -> None:
     # A loop stuck in code that never awaits takes neither the clean stop nor the
     # cancellation: the third signal is the way out short of SIGKILL.
-    trainer, exits = StopRecorder(), []
-    previous = _stop_on_signals(trainer, exit_now=exits.append)
-    try:
-        handler = signal.getsignal(signal.SIGTERM)
-        assert callable(handler)
+    trainer, exits, clock = StopRecorder(), [], Clock()
+    with handling_signals(trainer, exit_now=exits.append, clock=clock) as handler:
         for _ in range(3):
+            clock.now += 2.0  # a second apart, and more
             handler(signal.SIGTERM, None)
-    finally:
-        for signum, restored in previous.items():
-            signal.signal(signum, restored)
     assert trainer.requests == [("SIGTERM received", False), ("SIGTERM received twice", True)]
     assert exits == [128 + signal.SIGTERM]
     assert capsys.readouterr().err.splitlines()[-1] == "SIGTERM a third time: exiting at once"
+
+
+@contextmanager
+def handling_signals(trainer: StopRecorder, **options: Any) -> Iterator[Any]:
+    """``_stop_on_signals``'s handler of SIGTERM (the same as SIGINT's), restored after."""
+    previous = _stop_on_signals(trainer, **options)
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        yield handler
+    finally:
+        for signum, restored in previous.items():
+            signal.signal(signum, restored)
+
+
+def test_signals_within_a_second_of_the_last_one_counted_are_the_same_one() -> None:
+    # GNU timeout signals its child, then the child's whole process group: one
+    # `timeout -s INT` arrives twice, and must not read as a second Ctrl-C.
+    trainer, exits, clock = StopRecorder(), [], Clock()
+    with handling_signals(trainer, exit_now=exits.append, clock=clock) as handler:
+        handler(signal.SIGINT, None)
+        clock.now += 0.001
+        handler(signal.SIGINT, None)
+        clock.now += 0.9
+        handler(signal.SIGINT, None)
+        assert trainer.requests == [("SIGINT received", False)]
+        clock.now += 1.2  # a second after the one counted: a second signal
+        handler(signal.SIGINT, None)
+    assert trainer.requests == [("SIGINT received", False), ("SIGINT received twice", True)]
+    assert exits == []
+
+
+def test_a_stop_happens_when_stderr_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `trainbus train 2>&1 | tee log`, then Ctrl-C: tee dies first, and the message about
+    # the stop cannot be written. The stop still happens, and so does the third's exit.
+    class Gone:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stderr", Gone())
+    trainer, exits, clock = StopRecorder(), [], Clock()
+    with handling_signals(trainer, exit_now=exits.append, clock=clock) as handler:
+        for _ in range(3):
+            clock.now += 2.0
+            handler(signal.SIGINT, None)
+    assert trainer.requests == [("SIGINT received", False), ("SIGINT received twice", True)]
+    assert exits == [128 + signal.SIGINT]
+
+
+def _train_in_background(tmp_path: Path, *command: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*command, sys.executable, "-m", "trainer", "train", "--config", str(tiny_toml(tmp_path)),
+         "--steps", "2000", "--no-progress", "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+
+
+def _stopped_cleanly(run: Path) -> int:
+    """The steps of a run that stopped after a step with its checkpoint (not cancelled)."""
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "stopped", summary
+    steps = int(summary["steps"])
+    assert 1 <= steps < 2000
+    assert (run / "checkpoints" / f"step-{steps:08d}.pt").is_file()
+    return steps
+
+
+def test_ctrl_c_stops_the_run_when_the_reader_of_its_output_died(tmp_path: Path) -> None:
+    process = _train_in_background(tmp_path)
+    assert process.stdout is not None and process.stderr is not None
+    for line in process.stdout:
+        if line.startswith("step 2/"):
+            break
+    process.stdout.close()  # tee, killed by the same Ctrl-C: every write now fails
+    process.stderr.close()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) in (0, 130)
+    _stopped_cleanly(tmp_path / "run")
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="GNU coreutils' timeout")
+def test_timeout_s_int_is_one_ctrl_c_and_stops_cleanly(tmp_path: Path) -> None:
+    process = _train_in_background(tmp_path, "timeout", "-s", "INT", "8")
+    stdout, stderr = process.communicate(timeout=180)
+    assert process.returncode == 124, stderr  # timeout's own status when it fired
+    assert "SIGINT: stopping after this step" in stderr
+    assert "SIGINT again" not in stderr
+    steps = _stopped_cleanly(tmp_path / "run")
+    assert f"stopped early at step {steps}" in stdout
 
 
 def test_fresh_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:

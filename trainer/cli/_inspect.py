@@ -99,7 +99,21 @@ def run_events(args: argparse.Namespace) -> int:
     if args.step is not None and args.step not in view.steps:
         known = f"steps {min(view.steps)} to {max(view.steps)}" if view.steps else "no steps"
         _usage(f"--step {args.step}: no event of this run is about it ({known})")
+    if not view.shown:
+        # Silence would read as "the command did nothing"; this is the answer (on stderr,
+        # so that a --json reader still reads no line).
+        print(f"no {_selected(view.selection)} in {args.run_dir}", file=sys.stderr)
     return 0
+
+
+def _selected(selection: Selection) -> str:
+    """``StallDiagnosed events of step 3``: what ``selection`` asks for, in words."""
+    what = " or ".join(sorted(selection.types)) + " events" if selection.types else "events"
+    if selection.step is not None:
+        what += f" of step {selection.step}"
+    if selection.worker is not None:
+        what += f" of worker {selection.worker}"
+    return what
 
 
 def _usage(message: str) -> NoReturn:
@@ -281,6 +295,7 @@ class LogView:
         self.context = Context()
         self.workers: set[str] = set()  # every worker an event of the log is about
         self.steps: set[int] = set()  # every step an event of the log is about
+        self.shown = 0  # events printed
         self._last_lifecycle = ""
 
     def fit_over(self) -> bool:
@@ -322,6 +337,7 @@ class LogView:
             else format_entry(entry, self.origin, self.context)
         )
         print(text, file=self.out or sys.stdout, flush=self.flush)
+        self.shown += 1
 
 
 def entry_type(entry: Entry) -> str:

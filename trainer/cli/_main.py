@@ -85,10 +85,11 @@ def _config_command(args: argparse.Namespace) -> int:
     from ..config._schema import ConfigError
     from ..config._schema import load_config
     from ..config._toml import example_toml
+    from ..config._toml import key_table
     from ..config._toml import to_toml
 
     if args.config_command == "example":
-        print(example_toml(), end="")
+        print(key_table() if args.markdown else example_toml(), end="")
         return 0
     try:
         config = load_config(args.config)

@@ -183,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show = config_commands.add_parser("show", help="print the effective configuration (TOML)")
     show.add_argument("--config", metavar="FILE.toml", help="run configuration (TOML)")
-    config_commands.add_parser("example", help="print a commented example configuration")
+    example = config_commands.add_parser("example", help="print a commented example configuration")
+    example.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print every key as a Markdown table instead (docs/configuration.md holds it)",
+    )
 
     add_run_commands(commands)
     add_workload_commands(commands)

@@ -9,6 +9,7 @@ names the key (``rollout.workers``) and the problem, before anything is written.
 
 from __future__ import annotations
 
+import os
 import random
 import tomllib
 from pathlib import Path
@@ -47,6 +48,7 @@ __all__ = [
     "TaskConfig",
     "TrainerConfig",
     "load_config",
+    "relative_to_file",
     "within",
 ]
 
@@ -162,7 +164,7 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
         for key in ("dataset", "val_dataset"):
             path = getattr(self, key)
             if path is not None and not Path(path).exists():
-                raise ValueError(f"{key}: {path} does not exist")
+                raise ValueError(f"{key}: {missing(path)}")
         for spec in self.rewards:
             module, colon, attr = spec.rpartition(":")
             if not (module and colon and attr):
@@ -464,6 +466,41 @@ def convert(data: dict[str, Any]) -> TrainerConfig:
         raise ConfigError(readable(str(exc), TrainerConfig)) from None
 
 
+FILE_PATHS = (("run", "out"), ("model", "path"), ("task", "dataset"), ("task", "val_dataset"))
+"""The ``(section, key)`` settings that name a file or folder. In a configuration file
+they are relative to that file's folder, as paths in a ``pyproject.toml`` or a compose file
+are (so a config and its data travel together); on the command line, to the current
+folder. ``task.rewards`` entries that name a file (``path/to/rewards.py:FUNC``) too."""
+
+
+def relative_to_file(data: dict[str, Any], folder: Path) -> None:
+    """Rewrite the relative paths of a configuration file's ``data`` (see
+    :data:`FILE_PATHS`) to the same files seen from the current folder."""
+
+    def moved(value: str) -> str:
+        named = Path(value).expanduser()
+        return value if named.is_absolute() else os.path.normpath(folder / named)
+
+    for section, key in FILE_PATHS:
+        table = data.get(section)
+        if isinstance(table, dict) and isinstance(table.get(key), str):
+            table[key] = moved(table[key])
+    task = data.get("task")
+    if isinstance(task, dict) and isinstance(task.get("rewards"), list):
+        specs = task["rewards"]
+        for i, spec in enumerate(specs):
+            module, colon, attr = spec.rpartition(":") if isinstance(spec, str) else ("", "", "")
+            if colon and (module.endswith(".py") or "/" in module):  # a file, not a module
+                specs[i] = f"{moved(module)}:{attr}"
+
+
+def missing(path: str) -> str:
+    """``path does not exist``, saying where it was looked for when ``path`` is relative."""
+    where = Path(path)
+    looked = "" if where.is_absolute() else f" (looked for {where.absolute()})"
+    return f"{path} does not exist{looked}"
+
+
 def load_config(
     path: str | Path | None = None, overrides: dict[str, Any] | None = None
 ) -> TrainerConfig:
@@ -487,6 +524,7 @@ def load_config(
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        relative_to_file(data, Path(path).parent)
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")

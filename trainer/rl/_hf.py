@@ -114,7 +114,8 @@ def check_model_folder(path: str | Path) -> Path:
     """
     folder = Path(path)
     if not folder.is_dir():
-        raise ModelLoadError(f"model folder {folder} does not exist")
+        looked = "" if folder.is_absolute() else f" (looked for {folder.absolute()})"
+        raise ModelLoadError(f"model folder {folder} does not exist{looked}")
     if not (folder / "config.json").is_file():
         raise ModelLoadError(
             f"model folder {folder} has no config.json (save the model with save_pretrained)"

@@ -63,13 +63,25 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             shaped = [
                 f.name
                 for f in msgspec.structs.fields(self)
-                if f.name != "path" and getattr(self, f.name) != f.default
+                if f.name in BUILTIN_NETWORK_KEYS and getattr(self, f.name) != f.default
             ]
             if shaped:
                 raise ValueError(
                     f"{shaped[0]} shapes the built-in network; it does not apply to the "
                     f"Hugging Face model at path {self.path!r}"
                 )
+
+
+BUILTIN_NETWORK_KEYS = (
+    "kind",
+    "vocab_size",
+    "d_model",
+    "layers",
+    "heads",
+    "ffn_mult",
+    "max_seq_len",
+)
+"""The ``[model]`` keys that shape the built-in network: unused with ``path`` set."""
 
 
 class Completion(msgspec.Struct, frozen=True):

@@ -291,6 +291,13 @@ def test_type_and_step_filters(run_dir: Path) -> None:
     assert re.match(r"step 2/3: reward \d\.\d{3}, kl\(old\) \S+, clip \S+, entropy ", text)
 
 
+def test_a_selection_that_matches_nothing_says_so(run_dir: Path) -> None:
+    done = trainbus("events", run_dir, "--type", "WorkerLost", "--step", "2")
+    assert done.returncode == 0
+    assert done.stdout == ""
+    assert done.stderr == f"no WorkerLost events of step 2 in {run_dir}\n"
+
+
 def test_several_types_case_insensitive(run_dir: Path) -> None:
     done = trainbus("events", run_dir, "--type", "stepfinished", "--type", "FITFINISHED")
     assert done.returncode == 0, done.stderr

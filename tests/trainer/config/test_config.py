@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import msgspec
 import msgspec.inspect
 import pytest
 
@@ -18,9 +20,13 @@ from trainer.config._schema import RolloutConfig
 from trainer.config._schema import SelfHealConfig
 from trainer.config._schema import StandbyActors
 from trainer.config._schema import within
+from trainer.config._toml import KEY_TABLE_BEGIN
+from trainer.config._toml import KEY_TABLE_END
 from trainer.config._toml import example_toml
+from trainer.config._toml import key_table
 from trainer.config._toml import to_toml
 from trainer.rl._bounds import MAX_SECONDS
+from trainer.rl._hparams import BUILTIN_NETWORK_KEYS
 from trainer.rl._hparams import PPOConfig
 
 from ..runfolder import tiny_toml
@@ -284,3 +290,68 @@ def test_an_infinite_timeout_is_a_usage_error_before_anything_is_written(tmp_pat
         2,
         "error: rollout.close_timeout_s: expected a finite `float`, got inf\n",
     )
+
+
+def test_paths_in_a_config_file_are_relative_to_its_folder(
+    tmp_path: Path, hf_model: Path, reverse_jsonl: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "rev.jsonl").write_bytes(reverse_jsonl.read_bytes())
+    (project / "rewards.py").write_text("def f(completions, **kw):\n    return [0.0]\n")
+    config = project / "exp.toml"
+    config.write_text(
+        f'[model]\npath = "{hf_model}"\n\n'  # an absolute path stays as it is
+        '[task]\ndataset = "data/rev.jsonl"\nrewards = ["rewards.py:f", "trainer:task_reward"]\n\n'
+        '[run]\nout = "runs/exp"\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # run from another folder, naming the file by path
+    loaded = load_config("../project/exp.toml")
+    assert loaded.task.dataset == "../project/data/rev.jsonl"
+    assert loaded.task.rewards == ["../project/rewards.py:f", "trainer:task_reward"]
+    assert loaded.run.out == "../project/runs/exp"
+    assert loaded.model.path == str(hf_model)
+    # A flag is relative to where the command runs, as any command line's is.
+    flagged = load_config("../project/exp.toml", {"task.dataset": str(reverse_jsonl)})
+    assert flagged.task.dataset == str(reverse_jsonl)
+
+
+def test_a_missing_path_says_where_it_was_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "exp.toml").write_text('[task]\ndataset = "rev4.jsonl"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as missing:
+        load_config("cfg/exp.toml")
+    where = tmp_path / "cfg" / "rev4.jsonl"
+    assert str(missing.value) == f"task.dataset: cfg/rev4.jsonl does not exist (looked for {where})"
+
+
+def test_config_show_marks_the_builtin_networks_keys_unused_with_a_model(hf_model: Path) -> None:
+    config = load_config(overrides={"model.path": str(hf_model)})
+    shown = to_toml(config)
+    model = shown.split("[model]\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert model[0] == f"path = {json.dumps(str(hf_model))}"
+    assert model[1:] == [
+        f"# {key} = {json.dumps(getattr(config.model, key))}  # the built-in network's; unused "
+        "with model.path"
+        for key in BUILTIN_NETWORK_KEYS
+    ]
+    assert load_config_text(shown) == config  # still what it shows
+    assert "# kind" not in to_toml(load_config())  # the built-in network uses them
+
+
+def load_config_text(text: str) -> TrainerConfig:
+    return msgspec.convert(tomllib.loads(text), TrainerConfig)
+
+
+def test_the_docs_key_table_is_the_schemas() -> None:
+    """docs/configuration.md holds the generated table, readable in the repository; when a
+    key changes, regenerate it: `./dev trainbus config example --markdown`."""
+    page = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
+    committed = page.split(KEY_TABLE_BEGIN + "\n", 1)[1].split(KEY_TABLE_END, 1)[0]
+    assert committed == key_table()
+    assert "| `rollout.workers` | `2` | Rollout workers. |" in committed

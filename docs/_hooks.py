@@ -75,6 +75,7 @@ def _metric_table(which: str) -> str:
         when = {
             "step": "every step",
             "validation": "validation steps",
+            "setting": "every step, when its setting is on",
             "events": "exporters, from events",
         }[metric.when]
         short = f"`{metric.short}`" if metric.short else ""

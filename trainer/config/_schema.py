@@ -63,6 +63,8 @@ Fraction = Annotated[float, Meta(ge=0, le=1)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 """``run.seed``, ``--seed``: a signed 64-bit int, which ``torch.manual_seed`` and
 ``torch.Generator.manual_seed`` take (``random`` takes any int)."""
+ScheduleName = Literal["constant", "linear", "cosine"]
+"""``optimizer.schedule``."""
 RunMode = Literal["sync", "async"]
 """``run.mode``, ``--mode``."""
 BackendName = Literal["local", "ray"]
@@ -175,13 +177,34 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
 
 
 class OptimizerConfig(_Section, frozen=True, kw_only=True):
-    """``[optimizer]``: Adam.
+    """``[optimizer]``: AdamW and its learning-rate schedule, in optimiser steps.
+
+    An update takes ``ppo.epochs`` x minibatches optimiser steps; the schedule counts them
+    and is saved in checkpoints, so a resumed run continues the same curve.
 
     Attributes:
-        lr: Learning rate (1e-2 and above tends to collapse learning from scratch).
+        lr: Peak learning rate (1e-2 and above tends to collapse learning from scratch).
+        weight_decay: AdamW's decoupled weight decay.
+        betas: Adam's coefficients of the running averages of the gradient and its square.
+        eps: Adam's term added to the denominator.
+        warmup_steps: Optimiser steps of linear warmup from 0 to ``lr``.
+        schedule: After the warmup: ``constant``, or a ``linear`` or ``cosine`` decay to
+            ``min_lr_ratio`` x ``lr`` at the run's last optimiser step (counted for full
+            batches: run.steps x ppo.epochs x minibatches).
+        min_lr_ratio: Where ``linear`` and ``cosine`` end, as a fraction of ``lr``.
     """
 
     lr: Annotated[float, Meta(gt=0, le=1)] = 3e-3
+    weight_decay: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    eps: Annotated[float, Meta(gt=0, le=1)] = 1e-8
+    warmup_steps: NonNegativeInt = 0
+    schedule: ScheduleName = "constant"
+    min_lr_ratio: Fraction = 0.0
+
+    def __post_init__(self) -> None:
+        if any(beta >= 1 for beta in self.betas):
+            raise ValueError(f"betas: each must be below 1, got {list(self.betas)}")
 
 
 class RolloutConfig(_Section, frozen=True, kw_only=True):

@@ -281,7 +281,8 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
     if policy is None:
         from ..rl._hf_policy import HFPolicy
 
-        policy = HFPolicy.load(spec.policy.path, spec.device)
+        # The adapter's weights come with the first weight sync; its structure is needed now.
+        policy = HFPolicy.load(spec.policy.path, spec.device, lora=spec.policy.lora)
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
 

@@ -53,8 +53,22 @@ METRICS: tuple[Metric, ...] = (
     Metric("actor/pg_loss", "the policy-gradient (clipped surrogate) part of the loss", "pg_loss"),
     Metric(
         "actor/kl",
-        "KL to the reference policy (verl's actor/kl_loss); 0 when ppo.kl_coef = 0",
+        "KL to the reference policy, ppo.kl_estimator's estimate per token (verl's "
+        "actor/kl_loss; with ppo.kl_in_reward, the behaviour policy's); 0 when ppo.kl_coef = 0",
         "kl",
+    ),
+    Metric(
+        "actor/kl_k3",
+        "KL to the reference policy, k3's estimate per token (low_var_kl) whatever "
+        "ppo.kl_estimator is; 0 when ppo.kl_coef = 0",
+        "kl_k3",
+    ),
+    Metric(
+        "actor/reward_kl_penalty",
+        "ppo.kl_in_reward: mean penalty taken off a completion's reward (kl_coef x its "
+        "summed KL); absent otherwise",
+        "kl_penalty",
+        when="setting",
     ),
     Metric(
         "actor/approx_kl",

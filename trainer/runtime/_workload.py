@@ -75,7 +75,9 @@ class RunWorkload:
             from ..rl._datasets import load_prompt_table
             from ..rl._hf_policy import HFPolicy
 
-            hf = HFPolicy.load(config.model.path, config.run.device)
+            hf = HFPolicy.load(
+                config.model.path, config.run.device, lora=config.model.lora, seed=seed
+            )
             self.policy, self.notices = hf, list(hf.notices)
             for notice in self.notices:
                 # The command line prints the notices itself (notice: ...): marked, said once.

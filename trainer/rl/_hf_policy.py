@@ -100,7 +100,8 @@ class HFPolicy(nn.Module):
         self.eos_id: int = int(tokenizer.eos_token_id)
         self.pad_id: int = int(tokenizer.pad_token_id)
         # transformers renamed ``past_key_values`` to ``cache`` within 5.x: take either.
-        accepted = inspect.signature(model.forward).parameters
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's
+        accepted = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
         # The adapters' dropout layers: on only while the update computes gradients.
         self._lora_dropout = [

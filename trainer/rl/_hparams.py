@@ -146,8 +146,9 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             very stale samples with huge ratios cannot dominate; None disables it.
         kl_coef: weight of the KL penalty to the reference policy; 0 disables it (and the
             reference forward pass). Learning from scratch wants 0: the reference is random.
-        kl_estimator: how the KL is estimated per token: ``k1``, ``k2`` or ``k3`` (verl's
-            ``low_var_kl``, TRL's; see ``trainer.rl._kl``).
+        kl_estimator: how the KL is estimated per token from ``d = log pi - log pi_ref``:
+            ``k1`` (``d``), ``k2`` (``d**2 / 2``) or ``k3`` (``exp(-d) + d - 1``, clamped:
+            verl's ``low_var_kl``, TRL's).
         kl_in_reward: apply the KL as a per-token penalty on the reward (``kl_coef`` times
             the estimate of the behaviour policy's KL, summed over the completion, before the
             advantages), instead of as a loss term.

@@ -103,6 +103,21 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
             "rollout.ray_address is 'auto' but rollout.backend is 'local'",
         ),
         ({"rollout.standby": 2}, "rollout.standby is 2 but rollout.backend is 'local'"),
+        (
+            {"ppo.kl_estimator": "low_var_kl"},
+            "ppo.kl_estimator: 'low_var_kl' is not one of 'k1', 'k2', 'k3'",
+        ),
+        ({"ppo.kl_in_reward": True}, "ppo.kl_in_reward: the penalty is kl_coef times the KL"),
+        ({"ppo.advantage": "gae"}, "ppo.advantage: 'gae' is not one of 'dr_grpo', 'grpo', 'rloo'"),
+        ({"ppo.loss_agg": "token_mean"}, "; did you mean 'token-mean'?"),
+        ({"optimizer.schedule": "cosin"}, "; did you mean 'cosine'?"),
+        ({"optimizer.betas": [0.9, 1.0]}, "optimizer.betas: each must be below 1, got [0.9, 1.0]"),
+        ({"optimizer.betas": [0.9]}, "optimizer.betas: expected `array` of length 2"),
+        ({"optimizer.min_lr_ratio": 2.0}, "optimizer.min_lr_ratio: expected `float` <= 1"),
+        ({"model.lora.r": 8}, "model.lora: LoRA adapts a Hugging Face model; set model.path"),
+        ({"model.lora.rank": 8}, "model.lora.rank: unknown key"),
+        ({"model.lora.r": 0}, "model.lora.r: expected `int` >= 1"),
+        ({"model.lora.target_modules": []}, "model.lora.target_modules: name at least one"),
     ],
 )
 def test_bad_values_name_the_key_and_the_problem(

@@ -31,14 +31,16 @@ class Metric:
             the slash names); None for metrics that exist only under ``name``.
         when: Where it has a value. ``step``: every step, in ``metrics.jsonl`` and
             ``StepFinished``. ``validation``: there too, but only on the steps that run the
-            validation. ``events``: not in ``metrics.jsonl``; exporters derive it, per step,
-            from the run's events (restarts, drops).
+            validation. ``setting``: there too, every step, but only when a setting asks
+            for it (``ppo.kl_in_reward``, reward functions). ``events``: not in
+            ``metrics.jsonl``; exporters derive it, per step, from the run's events
+            (restarts, drops).
     """
 
     name: str
     meaning: str
     short: str | None = None
-    when: Literal["step", "validation", "events"] = "step"
+    when: Literal["step", "validation", "setting", "events"] = "step"
 
     @property
     def per_step(self) -> bool:

@@ -220,6 +220,8 @@ class FitStarted(Event, frozen=True):
             the workers); ``FitFinished.duration_s`` counts from ``time - start_s``.
         changed: Resumed: by dotted key, ``[then, now]`` of each setting unlike the
             checkpoint's (``run.steps`` and ``run.out`` aside: they may change).
+        notices: What loading the workload had to assume or leave out, for the user
+            (prompts dropped for their length, EOS used as the pad token).
     """
 
     run_id: str = ""
@@ -230,6 +232,7 @@ class FitStarted(Event, frozen=True):
     resumed: bool = False
     start_s: float = 0.0
     changed: dict[str, list[Any]] = msgspec.field(default_factory=dict)
+    notices: tuple[str, ...] = ()
 
 
 class FitFinished(Event, frozen=True):

@@ -144,6 +144,12 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
             hangs past it or returns a bad value fails those rollouts, not the run.
         max_new_tokens: Longest completion, in tokens (default: the built-in task's answer
             length; 64 with a dataset).
+        max_prompt_tokens: Longest prompt, in tokens, for a Hugging Face model (a prompt
+            must also leave the model's context room for one new token). Checked once, when
+            the prompts load.
+        prompt_overflow: What a longer prompt does: ``error`` refuses to start, naming its
+            file and row; ``drop`` skips it (counted in the run's notes and report);
+            ``truncate_left`` keeps its last tokens.
         eval_every: Evaluate the validation prompts every N steps and after the last.
     """
 
@@ -156,6 +162,8 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
     reward_weights: list[float] | None = None
     reward_timeout_s: Seconds = 30.0
     max_new_tokens: PositiveInt | None = None
+    max_prompt_tokens: PositiveInt | None = None
+    prompt_overflow: Literal["error", "drop", "truncate_left"] = "error"
     eval_every: PositiveInt = 10
 
     def __post_init__(self) -> None:
@@ -436,6 +444,11 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
                 raise ValueError(f"task.{key} needs a Hugging Face model (model.path, --model)")
         if task.rewards:
             raise ValueError("task.rewards need a Hugging Face model (model.path, --model)")
+        if task.max_prompt_tokens is not None:
+            raise ValueError(
+                "task.max_prompt_tokens needs a Hugging Face model (model.path, --model); "
+                "the built-in tasks' prompts have a fixed length"
+            )
         for key in ("run", "rollout"):
             if getattr(self, key).device == "cuda":
                 raise ValueError(

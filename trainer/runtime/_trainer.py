@@ -309,6 +309,7 @@ class PPOTrainer:
                         resumed=start_step > 0,
                         start_s=time.perf_counter() - began,
                         changed=self.state.changed,
+                        notices=tuple(self.workload.notices),
                     )
                 )
             if resumed is not None:

@@ -36,6 +36,7 @@ from ..rollout._workload import build_workload
 from ..rollout._workload import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
+    from ..rl._datasets import TextPromptStream
     from ..rl._hf_policy import HFPolicy
 
 __all__ = ["RunWorkload", "export_model"]
@@ -87,13 +88,32 @@ class RunWorkload:
             )  # fmt: skip
             stream = TextPromptStream(source, hf.encode, seed)
             stream.check()  # a prompt the tokenizer cannot render fails now
+            limit = _prompt_limit(config, hf.context_length)
+            if limit is not None:
+                self._limit(stream, *limit)
             self.stream = stream
             if task.val_dataset is not None:
                 table = load_prompt_table(task.val_dataset, task.prompt_column)
                 val = TextPromptStream(table, hf.encode, seed, prefix="val", shuffle=False)
-                self.val_prompts = [val.prompt_at(i) for i in range(len(table))]
+                if limit is not None:
+                    self._limit(val, *limit)
+                self.val_prompts = [val.prompt_at(i) for i in range(len(val))]
             load_rewards(task.rewards, task.reward_weights)  # fail now, not in the workers
         self._evaluator: Workload | None = None
+
+    def _limit(self, stream: TextPromptStream, max_tokens: int, limit_name: str) -> None:
+        """Apply ``task.prompt_overflow`` to ``stream``'s prompts; a drop is a notice."""
+        overflow = self.config.task.prompt_overflow
+        total = len(stream)
+        dropped = stream.limit(max_tokens, overflow, limit_name)
+        if dropped:
+            notice = (
+                f"dropped {dropped} of {total} prompts of "
+                f"{getattr(stream.source, 'source', stream.source)}: longer than "
+                f"{limit_name} (task.prompt_overflow = 'drop')"
+            )
+            self.notices.append(notice)
+            logger.warning("%s", notice, extra=ALSO_AN_EVENT)
 
     @property
     def is_hf(self) -> bool:
@@ -132,6 +152,21 @@ class RunWorkload:
         """Write ``out_dir/model`` (Hugging Face format) when the policy is a HF model."""
         if self.is_hf:
             export_model(self.policy, out_dir / "model")
+
+
+def _prompt_limit(config: TrainerConfig, context: int | None) -> tuple[int, str] | None:
+    """The most tokens a prompt may have, and that limit in words; None: no limit."""
+    limits: list[tuple[int, str]] = []
+    if config.task.max_prompt_tokens is not None:
+        limits.append(
+            (
+                config.task.max_prompt_tokens,
+                f"task.max_prompt_tokens ({config.task.max_prompt_tokens})",
+            )
+        )
+    if context is not None:
+        limits.append((context - 1, f"the model's context ({context}) less a token to generate"))
+    return min(limits) if limits else None
 
 
 def export_model(policy: Any, folder: Path) -> None:

@@ -68,7 +68,8 @@ def test_without_a_setting_the_models_context_is_the_limit(hf_model: Path, promp
     from trainer.rl._hparams import WorkloadError
 
     # Row 4 has 37 tokens; the model's context is 32, and a prompt must leave room for one.
-    with pytest.raises(WorkloadError, match=r"row 4: the prompt has 37 tokens, more than the model.s context \(32\) less a token"):
+    limit = r"more than the model's context \(32\) less a token"
+    with pytest.raises(WorkloadError, match=rf"row 4: the prompt has 37 tokens, {limit}"):
         PPOTrainer(config(hf_model, prompts))
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigError",
     "DiagnoseConfig",
+    "LogConfig",
     "OptimizerConfig",
     "RolloutConfig",
     "RunConfig",
@@ -367,6 +368,19 @@ class AutoscaleConfig(_Section, frozen=True, kw_only=True):
             )
 
 
+class LogConfig(_Section, frozen=True, kw_only=True):
+    """``[log]``: what a run records besides its metrics.
+
+    Attributes:
+        completions: Sample completions a step: the first N rollouts of each step's batch
+            (prompt, completion, reward, each reward function's value, advantage) go to
+            ``events.jsonl`` (``CompletionsSampled``) and to the exporters that show tables
+            (TensorBoard's text view, a W&B table, an MLflow artifact); 0: none.
+    """
+
+    completions: Annotated[int, Meta(ge=0, le=4096)] = 0
+
+
 class TrainerConfig(_Section, frozen=True, kw_only=True):
     """The whole run configuration (one TOML file; every section optional).
 
@@ -382,6 +396,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         export: ``[export]``: TensorBoard, MLflow, W&B, Prometheus.
         diagnose: ``[diagnose]``.
         autoscale: ``[autoscale]``.
+        log: ``[log]``.
         extensions: ``MODULE:ATTR`` of extension classes or factories to register.
         safe_point_timeout_s: How long a safe point waits for extension votes.
     """
@@ -397,6 +412,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     export: ExportConfig = msgspec.field(default_factory=ExportConfig)
     diagnose: DiagnoseConfig = msgspec.field(default_factory=DiagnoseConfig)
     autoscale: AutoscaleConfig = msgspec.field(default_factory=AutoscaleConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
     extensions: list[str] = msgspec.field(default_factory=list)
     safe_point_timeout_s: Seconds = 30.0
 

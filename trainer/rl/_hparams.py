@@ -127,10 +127,13 @@ class Completion(msgspec.Struct, frozen=True):
     """One sampled response: its token ids and the log-prob of each under the sampler.
 
     The response ends with ``EOS`` if the policy produced one (generation stops there).
+    ``rewards`` holds each reward function's value once it is scored (None: that function
+    did not score it), in ``[task] rewards`` order; empty for a built-in task's own reward.
     """
 
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
+    rewards: tuple[float | None, ...] = ()
 
 
 class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

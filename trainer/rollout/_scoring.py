@@ -160,6 +160,16 @@ class RewardScorer:
             columns: The other dataset columns, one value per completion each (plus
                 ``completion_ids``, as TRL passes them).
         """
+        return self.score_each(prompts, completions, columns)[0]
+
+    def score_each(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: dict[str, list[Any]],
+    ) -> tuple[list[float | RewardFailure], list[tuple[float | None, ...]]]:
+        """:meth:`score`, and each function's own value per completion (None where it did
+        not score it or failed), for the per-function metrics."""
         n = len(completions)
         judged: list[list[float | RewardFailure | None]] = []
         for function in self.functions:
@@ -177,7 +187,11 @@ class RewardScorer:
             judged.append(judge(function, values, n))
         out = combine(self.functions, judged)
         self._report(out)
-        return out
+        parts = [
+            tuple(v if isinstance(v, float) else None for v in values)
+            for values in zip(*judged, strict=True)
+        ]
+        return out, parts or [()] * n
 
     def _report(self, scores: Sequence[float | RewardFailure]) -> None:
         """Count every failed rollout; log each distinct failure once per call (at ERROR the

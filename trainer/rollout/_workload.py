@@ -32,13 +32,15 @@ from ..rl._tasks import make_task
 from ._scoring import HANGING_REWARD
 from ._scoring import RewardScorer
 
-__all__ = ["Outcome", "WorkerSpec", "Workload", "build_workload", "worker_spec"]
+__all__ = ["Outcome", "Scored", "WorkerSpec", "Workload", "build_workload", "worker_spec"]
 
 # Completion budget with a dataset when task.max_new_tokens is unset.
 _DATASET_MAX_NEW_TOKENS = 64
 
 Outcome = tuple[Completion | None, float | RewardFailure]
 """One rollout: its completion (None if it never ran) and its reward or why it has none."""
+Scored = tuple[float | RewardFailure, tuple[float | None, ...]]
+"""A completion's reward (or why it has none) and each reward function's own value."""
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,7 +127,7 @@ class Workload:
         with self.phase("reward", sum(map(len, groups))):
             scores = iter(self._score(taken, groups, hang_reward))
         for i, group in zip(fits, groups, strict=True):
-            out[i] = [(completion, next(scores)) for completion in group]
+            out[i] = [_scored(completion, *next(scores)) for completion in group]
         return out
 
     def _refuse(self, prompt: Prompt) -> RewardFailure | None:
@@ -140,8 +142,9 @@ class Workload:
 
     def _score(
         self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
-    ) -> list[float | RewardFailure]:
-        """A reward (or why there is none) per completion, group after group."""
+    ) -> list[Scored]:
+        """A reward (or why there is none) per completion, group after group, with each
+        reward function's own value (empty: the built-in task's reward)."""
         raise NotImplementedError
 
     def _scorer(self, functions: Sequence[RewardFunction], hang_reward: bool) -> RewardScorer:
@@ -170,12 +173,13 @@ class _Builtin(Workload):
 
     def _score(
         self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
-    ) -> list[float | RewardFailure]:
+    ) -> list[Scored]:
         if hang_reward:  # the task's own reward cannot hang: only the injected one does
             count = sum(map(len, groups))
-            return self._scorer((), True).score([""] * count, [""] * count, {})
+            scores = self._scorer((), True).score([""] * count, [""] * count, {})
+            return [(score, ()) for score in scores]
         return [
-            self.task.reward(prompt, completion.tokens)
+            (self.task.reward(prompt, completion.tokens), ())
             for prompt, group in zip(prompts, groups, strict=True)
             for completion in group
         ]
@@ -216,7 +220,7 @@ class _HuggingFace(Workload):
 
     def _score(
         self, prompts: Sequence[Prompt], groups: list[list[Completion]], hang_reward: bool
-    ) -> list[float | RewardFailure]:
+    ) -> list[Scored]:
         from ..rl._datasets import TextPrompt
 
         texts: list[Any] = []
@@ -240,7 +244,9 @@ class _HuggingFace(Workload):
         }
         columns_arg["completion_ids"] = ids
         scorer = self._scorer(self.scorer.functions, True) if hang_reward else self.scorer
-        return scorer.score(contents, texts, columns_arg)
+        scores, parts = scorer.score_each(contents, texts, columns_arg)
+        functions = len(self.scorer.functions)  # (not the injected hanging one)
+        return [(score, part[:functions]) for score, part in zip(scores, parts, strict=True)]
 
 
 def worker_spec(config: TrainerConfig) -> WorkerSpec:
@@ -285,6 +291,13 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
         policy = HFPolicy.load(spec.policy.path, spec.device, lora=spec.policy.lora)
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
+
+
+def _scored(
+    completion: Completion, reward: float | RewardFailure, parts: tuple[float | None, ...]
+) -> Outcome:
+    """A rollout's outcome, its completion carrying each reward function's value."""
+    return (msgspec.structs.replace(completion, rewards=parts) if parts else completion), reward
 
 
 def _no_phase(name: str, rollouts: int = 0) -> AbstractContextManager[None]:

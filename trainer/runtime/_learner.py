@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import cast
@@ -31,6 +32,7 @@ from ..rl._hparams import Completion
 from ..rl._policy import Policy
 from ..rl._policy import frozen_copy
 from ..rl._policy import weights_to_bytes
+from ..rl._rewards import reward_names
 from ..rl._schedule import LRSchedule
 from ..rl._schedule import lr_scheduler
 from ..rl._tasks import Prompt
@@ -89,6 +91,13 @@ class Learner:
         )
         self._hparams = config.ppo
         self._completion_budget = worker_spec(config).max_new_tokens  # Dr. GRPO's constant
+        # The reward functions' metric names (a Hugging Face model's; the built-in network's
+        # task reward is reward/mean itself).
+        self._reward_names = reward_names(config.task.rewards) if config.model.path else []
+        self._log_completions = config.log.completions
+        # The last update's first rollouts, for [log] completions: prompt, completion (with
+        # each reward function's value) and the sample trained on (reward, advantage).
+        self.logged: list[tuple[Prompt, Completion, Sample]] = []
         self._generator = torch.Generator().manual_seed(seed)
         self.step = 0
         self.policy_version = 0
@@ -162,6 +171,14 @@ class Learner:
             constant_length=self._completion_budget,
         )
         metrics.update(kl_metrics)  # kl_in_reward: the penalty's KL, not the loss term's
+        rollouts = [(prompt, c) for prompt, completions, _ in groups for c in completions]
+        metrics.update(_per_function(self._reward_names, [c for _, c in rollouts]))
+        self.logged = [
+            (prompt, completion, sample)
+            for (prompt, completion), sample in zip(
+                rollouts[: self._log_completions], samples, strict=False
+            )
+        ]
         metrics["reward_mean"] = sum(rewards) / len(rewards)
         metrics["reward_max"] = max(rewards)
         metrics["groups"] = float(len(batch))
@@ -201,6 +218,21 @@ class Learner:
         torch.set_rng_state(state["rng"]["torch"])
         version, _, gauss = random.getstate()
         random.setstate((version, tuple(state["rng"]["python"]), gauss))
+
+
+def _per_function(names: list[str], completions: list[Completion]) -> dict[str, float]:
+    """``reward/<name>/mean`` and ``/std`` of each reward function, over the completions it
+    scored (NaN when it scored none; the std is the sample std, TRL's)."""
+    metrics: dict[str, float] = {}
+    for index, name in enumerate(names):
+        values = [
+            value
+            for c in completions
+            if index < len(c.rewards) and (value := c.rewards[index]) is not None
+        ]
+        metrics[f"reward/{name}/mean"] = statistics.fmean(values) if values else math.nan
+        metrics[f"reward/{name}/std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    return metrics
 
 
 def _optimizer_steps_per_update(config: TrainerConfig) -> int:

@@ -51,6 +51,17 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("reward/mean", "mean reward of the rollouts trained on", "reward_mean"),
     Metric("reward/max", "best reward of the rollouts trained on", "reward_max"),
+    Metric(
+        "reward/<function>/mean",
+        "mean of one reward function's values over the rollouts trained on that it scored "
+        "(TRL's rewards/<function>/mean; a Hugging Face model's run)",
+        when="setting",
+    ),
+    Metric(
+        "reward/<function>/std",
+        "sample std of one reward function's values over the rollouts it scored",
+        when="setting",
+    ),
     Metric("actor/loss", "the PPO loss, averaged over the update's optimiser steps", "loss"),
     Metric("actor/pg_loss", "the policy-gradient (clipped surrogate) part of the loss", "pg_loss"),
     Metric(

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from eventbus import Capability
+from eventbus import CompletionsSampled
 from eventbus import EventBus
 from eventbus import FitFailed
 from eventbus import FitFinished
@@ -459,6 +460,9 @@ class PPOTrainer:
         )
         metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
         self._waiting.counted()  # StepFinished carries this wait
+        if learner.logged and bus.wants(CompletionsSampled):  # [log] completions
+            samples = self.workload.completion_samples(learner.logged)
+            bus.publish(CompletionsSampled(step=step, samples=samples))
         self.files.append_metrics(step, metrics)
         if bus.wants(StepFinished):
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))

@@ -15,21 +15,29 @@ import logging
 import os
 import shutil
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
 import torch
 
+from eventbus import CompletionSample
+
 from ..config._schema import TrainerConfig
+from ..rl._grpo import Sample
+from ..rl._hparams import Completion
 from ..rl._policy import Policy
 from ..rl._policy import build_policy
 from ..rl._rewards import RewardFailure
 from ..rl._rewards import load_rewards
+from ..rl._rewards import reward_names
 from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
 from ..rl._tasks import PromptStream
 from ..rl._tasks import make_task
+from ..rl._tasks import render
 from ..rollout._logs import ALSO_AN_EVENT
 from ..rollout._workload import Workload
 from ..rollout._workload import build_workload
@@ -147,6 +155,34 @@ class RunWorkload:
             "val/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
             "val/failed": float(failed),
         }
+
+    def completion_samples(
+        self, logged: Sequence[tuple[Prompt, Completion, Sample]]
+    ) -> tuple[CompletionSample, ...]:
+        """The learner's logged rollouts as text (``[log] completions``)."""
+        names = reward_names(self.config.task.rewards) if self.is_hf else []
+        out = []
+        for prompt, completion, sample in logged:
+            if self.is_hf:
+                content = getattr(prompt, "content", "")
+                prompt_text = (
+                    content
+                    if isinstance(content, str)
+                    else "\n".join(f"{m.get('role')}: {m.get('content')}" for m in content)
+                )
+                completion_text = cast("HFPolicy", self.policy).decode(completion.tokens)
+            else:
+                prompt_text, completion_text = render(prompt.tokens), render(completion.tokens)
+            out.append(
+                CompletionSample(
+                    prompt=prompt_text,
+                    completion=completion_text,
+                    reward=sample.reward,
+                    advantage=sample.advantage,
+                    rewards=dict(zip(names, completion.rewards, strict=False)),
+                )
+            )
+        return tuple(out)
 
     def export(self, out_dir: Path) -> None:
         """Write ``out_dir/model`` (Hugging Face format) when the policy is a HF model."""

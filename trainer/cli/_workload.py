@@ -102,7 +102,8 @@ def run_workload_command(args: argparse.Namespace) -> int:
     from ..rl._hparams import WorkloadError
 
     try:
-        if args.command == "model" and args.model_command == "merge":
+        merging = args.command == "model" and getattr(args, "model_command", "") == "merge"
+        if merging:
             return _model_merge(args)
         if args.command == "model":
             return _model_init(args)
@@ -110,9 +111,7 @@ def run_workload_command(args: argparse.Namespace) -> int:
     except (WorkloadError, ValueError) as exc:
         # init_model's errors already say "model init: ..."; others get the command's name.
         message = str(exc)
-        command = args.command
-        if command == "model" and args.model_command == "merge":
-            command = "model merge"
+        command = "model merge" if merging else args.command
         if not message.startswith(f"{args.command} "):
             message = f"{command}: {message}"
         raise UsageError(message) from None

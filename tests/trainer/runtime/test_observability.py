@@ -98,3 +98,13 @@ def test_sample_completions_read_as_lines() -> None:
         text
         == "step 2/4: 1 sample completions\n    reward 1.000, advantage +0.750: '123=' -> '321'"
     )
+
+
+def test_kl_in_reward_reports_the_penalty_it_takes_off_the_reward(tmp_path: Path) -> None:
+    config = tiny_config(run__steps=3, ppo__kl_coef=0.5, ppo__kl_in_reward=True)
+    PPOTrainer(config, out_dir=tmp_path).run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    # Step 1 samples from the reference itself: k3 of identical log-probs is 0.
+    assert rows[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert all(row["actor/reward_kl_penalty"] > 0 for row in rows[1:])
+    assert all(row["actor/kl"] > 0 and row["actor/kl_k3"] > 0 for row in rows[1:])

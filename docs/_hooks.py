@@ -76,6 +76,7 @@ def _metric_table(which: str) -> str:
             "step": "every step",
             "validation": "validation steps",
             "occurred": "the steps where it occurred",
+            "setting": "every step, when its setting is on",
             "events": "exporters, from events",
         }[metric.when]
         short = f"`{metric.short}`" if metric.short else ""

@@ -22,6 +22,8 @@ from ._events import BatchReconciled as BatchReconciled
 from ._events import BatchReport as BatchReport
 from ._events import CheckpointRestored as CheckpointRestored
 from ._events import CheckpointSaved as CheckpointSaved
+from ._events import CompletionSample as CompletionSample
+from ._events import CompletionsSampled as CompletionsSampled
 from ._events import Event as Event
 from ._events import ExtensionFailed as ExtensionFailed
 from ._events import FaultInjected as FaultInjected

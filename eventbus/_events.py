@@ -24,6 +24,8 @@ __all__ = [
     "BatchReport",
     "CheckpointRestored",
     "CheckpointSaved",
+    "CompletionSample",
+    "CompletionsSampled",
     "Event",
     "ExtensionFailed",
     "FaultInjected",
@@ -223,6 +225,8 @@ class FitStarted(Event, frozen=True):
             the workers); ``FitFinished.duration_s`` counts from ``time - start_s``.
         changed: Resumed: by dotted key, ``[then, now]`` of each setting unlike the
             checkpoint's (``run.steps`` and ``run.out`` aside: they may change).
+        notices: What loading the workload had to assume or leave out, for the user
+            (prompts dropped for their length, EOS used as the pad token).
     """
 
     run_id: str = ""
@@ -233,6 +237,7 @@ class FitStarted(Event, frozen=True):
     resumed: bool = False
     start_s: float = 0.0
     changed: dict[str, list[Any]] = msgspec.field(default_factory=dict)
+    notices: tuple[str, ...] = ()
 
 
 class FitFinished(Event, frozen=True):
@@ -293,6 +298,38 @@ class StepFinished(Event, frozen=True):
     step: int
     metrics: dict[str, float] = {}
     duration_s: float = 0.0
+
+
+class CompletionSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One completion of a step's batch, as a person reads it.
+
+    Attributes:
+        prompt: The prompt's text (chat messages as ``role: content`` lines).
+        completion: The completion's text.
+        reward: Its reward (the weighted sum of the reward functions that scored it).
+        advantage: Its advantage in the update.
+        rewards: Each reward function's value by name (None: the function did not score
+            it); empty for a built-in task's own reward.
+    """
+
+    prompt: str
+    completion: str
+    reward: float
+    advantage: float = 0.0
+    rewards: dict[str, float | None] = {}
+
+
+class CompletionsSampled(Event, frozen=True):
+    """A few completions of a training step's batch, to read what the policy writes
+    (``[log] completions``; exporters show them as a table).
+
+    Attributes:
+        step: The step, from 1.
+        samples: The first completions of the step's batch (a group's side by side).
+    """
+
+    step: int
+    samples: tuple[CompletionSample, ...] = ()
 
 
 class SampleWait(Event, frozen=True):

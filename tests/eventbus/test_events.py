@@ -41,6 +41,18 @@ EXAMPLES: dict[type[Event], Event] = {
     eb.FitFailed: eb.FitFailed(step=4, error_type="RuntimeError", message="boom"),
     eb.StepStarted: eb.StepStarted(step=1),
     eb.StepFinished: eb.StepFinished(step=1, metrics={"reward": 0.5, "kl": 0.01}, duration_s=0.2),
+    eb.CompletionsSampled: eb.CompletionsSampled(
+        step=1,
+        samples=(
+            eb.CompletionSample(
+                prompt="123=",
+                completion="321",
+                reward=1.5,
+                advantage=0.5,
+                rewards={"a": 1.0, "b": None},
+            ),
+        ),
+    ),
     eb.SampleWait: eb.SampleWait(state=STATE),
     eb.SafePointReached: eb.SafePointReached(
         point=SafePoint.SAMPLE_WAIT, step=3, details={"required": 16}, participants=("a", "b")

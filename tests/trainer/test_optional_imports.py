@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-HF = ("transformers", "datasets", "tokenizers", "safetensors", "huggingface_hub")
+HF = ("transformers", "datasets", "tokenizers", "safetensors", "huggingface_hub", "peft")
 
 
 def _imported(code: str) -> list[str]:

@@ -165,7 +165,8 @@ class LiveProgress:
         )
         self._progress.update(self._task, completed=event.step, vitals=vitals)
         self._status = Text("")
-        if skipped_updates(event):  # not a vital to glance at: a line that stays
+        # Not vitals to glance at: a line that stays (a validation's score, skipped steps).
+        if skipped_updates(event) or "val/reward_mean" in m:
             self.console.print(describe(event, self._context), highlight=False, markup=False)
 
     def _render(self) -> Group:

@@ -146,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a reward function with TRL's signature (repeatable)",
     )
     train.add_argument(
+        "--lora-r",
+        dest="model.lora.r",
+        type=int,
+        metavar="R",
+        help="train a LoRA adapter of rank R (the rest of [model.lora] at its defaults)",
+    )
+    train.add_argument(
         "--device",
         dest="run.device",
         choices=get_args(Device),

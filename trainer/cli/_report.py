@@ -119,6 +119,8 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         rows.append(("extension failures", str(s.extension_failures)))
     if s.after_fit_errors:
         rows.append(("failed at after_fit", "\n".join(s.after_fit_errors)))
+    if s.notices:
+        rows.append(("workload notices", "\n".join(s.notices)))
     return rows
 
 

@@ -1,9 +1,10 @@
-"""``trainbus model init`` and ``trainbus dataset export``: a model and prompts to start from.
+"""``trainbus model init``, ``model merge`` and ``dataset export``: models and prompts.
 
 ``model init`` writes a small random-init Hugging Face causal LM whose character-level
 tokenizer covers a dataset's characters; ``dataset export`` writes a built-in task as a
 JSONL of prompts and targets, for :func:`trainer.task_reward`. Together they let a user
-train a real Hugging Face model here without downloading anything.
+train a real Hugging Face model here without downloading anything. ``model merge`` turns a
+``[model.lora]`` run's adapter into merged weights that load without peft.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def add_workload_commands(commands: Any) -> None:
             help=f"{what} (%(default)s)",
         )
 
+    merge = model_commands.add_parser(
+        "merge", help="merge a [model.lora] run's adapter into its base model"
+    )
+    merge.add_argument("run", metavar="RUN", help="the run folder (its model/ adapter)")
+    merge.add_argument(
+        "--out", metavar="DIR", help="where to write the merged model (default: RUN/merged)"
+    )
+    merge.add_argument(
+        "--base", metavar="DIR", help="the base model (default: the one the adapter names)"
+    )
+
     dataset = commands.add_parser("dataset", help="prompt datasets")
     dataset_commands = dataset.add_subparsers(dest="dataset_command", required=True)
     export = dataset_commands.add_parser("export", help="write a built-in task as JSONL")
@@ -90,14 +102,18 @@ def run_workload_command(args: argparse.Namespace) -> int:
     from ..rl._hparams import WorkloadError
 
     try:
+        merging = args.command == "model" and getattr(args, "model_command", "") == "merge"
+        if merging:
+            return _model_merge(args)
         if args.command == "model":
             return _model_init(args)
         return _dataset_export(args)
     except (WorkloadError, ValueError) as exc:
         # init_model's errors already say "model init: ..."; others get the command's name.
         message = str(exc)
+        command = "model merge" if merging else args.command
         if not message.startswith(f"{args.command} "):
-            message = f"{args.command}: {message}"
+            message = f"{command}: {message}"
         raise UsageError(message) from None
 
 
@@ -117,6 +133,17 @@ def _model_init(args: argparse.Namespace) -> int:
         **{name: getattr(args, name) for name in _SETTINGS},
     )
     print(f"wrote a random-init {args.architecture} model to {folder}")
+    return 0
+
+
+def _model_merge(args: argparse.Namespace) -> int:
+    from ..rl._lora_merge import merge_adapter
+
+    out = Path(args.out) if args.out else Path(args.run) / "merged"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out}: already exists and is not empty; choose another --out")
+    folder = merge_adapter(args.run, out, args.base)
+    print(f"wrote the merged model to {folder} (AutoModelForCausalLM.from_pretrained loads it)")
     return 0
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigError",
     "DiagnoseConfig",
+    "LogConfig",
     "OptimizerConfig",
     "RolloutConfig",
     "RunConfig",
@@ -65,6 +66,8 @@ Fraction = Annotated[float, Meta(ge=0, le=1)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 """``run.seed``, ``--seed``: a signed 64-bit int, which ``torch.manual_seed`` and
 ``torch.Generator.manual_seed`` take (``random`` takes any int)."""
+ScheduleName = Literal["constant", "linear", "cosine"]
+"""``optimizer.schedule``."""
 RunMode = Literal["sync", "async"]
 """``run.mode``, ``--mode``."""
 BackendName = Literal["local", "ray"]
@@ -145,6 +148,12 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
             hangs past it or returns a bad value fails those rollouts, not the run.
         max_new_tokens: Longest completion, in tokens (default: the built-in task's answer
             length; 64 with a dataset).
+        max_prompt_tokens: Longest prompt, in tokens, for a Hugging Face model (a prompt
+            must also leave the model's context room for one new token). Checked once, when
+            the prompts load.
+        prompt_overflow: What a longer prompt does: ``error`` refuses to start, naming its
+            file and row; ``drop`` skips it (counted in the run's notes and report);
+            ``truncate_left`` keeps its last tokens.
         eval_every: Evaluate the validation prompts every N steps and after the last.
     """
 
@@ -157,6 +166,8 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
     reward_weights: list[float] | None = None
     reward_timeout_s: Seconds = 30.0
     max_new_tokens: PositiveInt | None = None
+    max_prompt_tokens: PositiveInt | None = None
+    prompt_overflow: Literal["error", "drop", "truncate_left"] = "error"
     eval_every: PositiveInt = 10
 
     def __post_init__(self) -> None:
@@ -178,13 +189,34 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
 
 
 class OptimizerConfig(_Section, frozen=True, kw_only=True):
-    """``[optimizer]``: Adam.
+    """``[optimizer]``: AdamW and its learning-rate schedule, in optimiser steps.
+
+    An update takes ``ppo.epochs`` x minibatches optimiser steps; the schedule counts them
+    and is saved in checkpoints, so a resumed run continues the same curve.
 
     Attributes:
-        lr: Learning rate (1e-2 and above tends to collapse learning from scratch).
+        lr: Peak learning rate (1e-2 and above tends to collapse learning from scratch).
+        weight_decay: AdamW's decoupled weight decay.
+        betas: Adam's coefficients of the running averages of the gradient and its square.
+        eps: Adam's term added to the denominator.
+        warmup_steps: Optimiser steps of linear warmup from 0 to ``lr``.
+        schedule: After the warmup: ``constant``, or a ``linear`` or ``cosine`` decay to
+            ``min_lr_ratio`` x ``lr`` at the run's last optimiser step (counted for full
+            batches: run.steps x ppo.epochs x minibatches).
+        min_lr_ratio: Where ``linear`` and ``cosine`` end, as a fraction of ``lr``.
     """
 
     lr: Annotated[float, Meta(gt=0, le=1)] = 3e-3
+    weight_decay: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)
+    eps: Annotated[float, Meta(gt=0, le=1)] = 1e-8
+    warmup_steps: NonNegativeInt = 0
+    schedule: ScheduleName = "constant"
+    min_lr_ratio: Fraction = 0.0
+
+    def __post_init__(self) -> None:
+        if any(beta >= 1 for beta in self.betas):
+            raise ValueError(f"betas: each must be below 1, got {list(self.betas)}")
 
 
 class RolloutConfig(_Section, frozen=True, kw_only=True):
@@ -339,6 +371,19 @@ class AutoscaleConfig(_Section, frozen=True, kw_only=True):
             )
 
 
+class LogConfig(_Section, frozen=True, kw_only=True):
+    """``[log]``: what a run records besides its metrics.
+
+    Attributes:
+        completions: Sample completions a step: the first N rollouts of each step's batch
+            (prompt, completion, reward, each reward function's value, advantage) go to
+            ``events.jsonl`` (``CompletionsSampled``) and to the exporters that show tables
+            (TensorBoard's text view, a W&B table, an MLflow artifact); 0: none.
+    """
+
+    completions: Annotated[int, Meta(ge=0, le=4096)] = 0
+
+
 class TrainerConfig(_Section, frozen=True, kw_only=True):
     """The whole run configuration (one TOML file; every section optional).
 
@@ -354,6 +399,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         export: ``[export]``: TensorBoard, MLflow, W&B, Prometheus.
         diagnose: ``[diagnose]``.
         autoscale: ``[autoscale]``.
+        log: ``[log]``.
         extensions: ``MODULE:ATTR`` of extension classes or factories to register.
         safe_point_timeout_s: How long a safe point waits for extension votes.
     """
@@ -369,6 +415,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
     export: ExportConfig = msgspec.field(default_factory=ExportConfig)
     diagnose: DiagnoseConfig = msgspec.field(default_factory=DiagnoseConfig)
     autoscale: AutoscaleConfig = msgspec.field(default_factory=AutoscaleConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
     extensions: list[str] = msgspec.field(default_factory=list)
     safe_point_timeout_s: Seconds = 30.0
 
@@ -416,6 +463,11 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
                 raise ValueError(f"task.{key} needs a Hugging Face model (model.path, --model)")
         if task.rewards:
             raise ValueError("task.rewards need a Hugging Face model (model.path, --model)")
+        if task.max_prompt_tokens is not None:
+            raise ValueError(
+                "task.max_prompt_tokens needs a Hugging Face model (model.path, --model); "
+                "the built-in tasks' prompts have a fixed length"
+            )
         for key in ("run", "rollout"):
             if getattr(self, key).device == "cuda":
                 raise ValueError(

@@ -24,7 +24,8 @@ _HEADER = """\
 # trainbus run configuration. Every key is optional: what you leave out keeps its default.
 # Command-line flags (--steps, --seed, --mode, --backend, --workers, --ray-address, --out,
 # --wait-timeout, --stall-timeout, --self-heal, --autoscale, --diagnose-after, --export,
-# --model, --dataset, --val-dataset, --reward, --device) override the file. Check a file with:
+# --model, --dataset, --val-dataset, --reward, --lora-r, --device) override the file. Check
+# a file with:
 #     trainbus config show --config FILE.toml
 """
 

@@ -7,6 +7,11 @@ with the prompt to the reward functions. :class:`TextPromptStream` turns rows in
 depends only on ``(seed, i)`` and a run resumed from a saved ``position`` sees exactly the
 prompts the original run would have. A built-in task rendered as text streams the same way
 (without end).
+
+A prompt longer than the run allows (``[task] max_prompt_tokens``, and the model's context
+less one token to generate) is dealt with once, when the dataset loads
+(:meth:`TextPromptStream.limit`): refused naming its file and row, dropped (counted), or
+cut to its last tokens, as ``[task] prompt_overflow`` says.
 """
 
 from __future__ import annotations
@@ -224,6 +229,7 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
         self._order: tuple[int, list[int]] = (-1, [])
         self._tokens: dict[int, tuple[int, ...]] = {}  # a table row's tokens, encoded once
         self._task_stream = PromptStream(source, seed) if isinstance(source, Task) else None
+        self._keep_last: int | None = None  # a built-in task's prompts cut to their end
 
     def __len__(self) -> int:
         """Rows per epoch (0: a built-in task, without end)."""
@@ -250,9 +256,10 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
         if self._task_stream is not None:
             assert isinstance(self.source, Task)
             text, target = task_text(self.source, self._task_stream.prompt_at(index))
-            return TextPrompt(
-                prompt_id, self.encode(text), content=text, columns={"target": target}
-            )
+            tokens = self.encode(text)
+            if self._keep_last is not None:
+                tokens = tokens[-self._keep_last :]
+            return TextPrompt(prompt_id, tokens, content=text, columns={"target": target})
         assert isinstance(self.source, PromptTable)
         row = self._row(index)
         content, columns = self.source.rows[row]
@@ -274,6 +281,62 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
             first.setdefault(isinstance(content, str), row)
         for row in first.values():
             self._encoded(row)
+
+    def limit(self, max_tokens: int, overflow: str, limit_name: str) -> int:
+        """Apply the prompt-length policy to every prompt, once (before the run).
+
+        Args:
+            max_tokens: The most tokens a prompt may have.
+            overflow: What a longer one does: ``error``, ``drop`` or ``truncate_left``
+                (keep its last ``max_tokens`` tokens).
+            limit_name: The limit in words, for the messages (``task.max_prompt_tokens
+                (20)``).
+
+        Returns:
+            How many rows were dropped.
+
+        Raises:
+            DatasetError: ``error`` and a prompt is longer (naming its file and row), or
+                ``drop`` left no prompt.
+        """
+        if not isinstance(self.source, PromptTable):
+            length = len(self.prompt_at(0).tokens)  # a built-in task's are all alike
+            if length <= max_tokens:
+                return 0
+            if overflow == "truncate_left":
+                self._keep_last = max_tokens
+                return 0
+            raise DatasetError(
+                f"task {self.source.name!r}: its prompts have {length} tokens, more than "
+                f"{limit_name} (set task.prompt_overflow = 'truncate_left' to keep their end)"
+            )
+        table = self.source
+        kept: list[int] = []
+        for row in range(len(table)):
+            tokens = self._encoded(row)
+            if len(tokens) <= max_tokens:
+                kept.append(row)
+            elif overflow == "truncate_left":
+                self._tokens[row] = tokens[-max_tokens:]
+                kept.append(row)
+            elif overflow == "error":
+                raise DatasetError(
+                    f"{table.source}: row {row}: the prompt has {len(tokens)} tokens, more "
+                    f"than {limit_name} (task.prompt_overflow = 'drop' skips such rows, "
+                    "'truncate_left' keeps their end)"
+                )
+        dropped = len(table) - len(kept)
+        if not kept:
+            raise DatasetError(
+                f"{table.source}: every one of its {len(table)} prompts is longer than {limit_name}"
+            )
+        if dropped:
+            self.source = PromptTable(
+                table.source, table.prompt_column, [table.rows[row] for row in kept]
+            )
+            self._tokens = {new: self._tokens[old] for new, old in enumerate(kept)}
+            self._order = (-1, [])
+        return dropped
 
     def _encoded(self, row: int) -> tuple[int, ...]:
         """A table row's token ids, encoded once.

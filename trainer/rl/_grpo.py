@@ -1,10 +1,15 @@
 """GRPO advantages and the PPO clipped-objective update.
 
 GRPO needs no critic: each prompt's group of completions is its own baseline, and a
-completion's advantage is its reward standardised within the group. :func:`ppo_update` then
-runs several epochs of the PPO clipped objective over the batch against the *behaviour*
-log-probs recorded at sampling time, so samples from an older policy version (async mode) are
-importance-weighted correctly; the clip bounds how far one batch moves the policy.
+completion's advantage is its reward compared with its group's (``[ppo] advantage``:
+standardised, leave-one-out or mean-centred; see :mod:`trainer.rl._advantages`).
+:func:`ppo_update` then runs several epochs of the PPO clipped objective over the batch
+against the *behaviour* log-probs recorded at sampling time, so samples from an older policy
+version (async mode) are importance-weighted correctly; the clip bounds how far one batch
+moves the policy. The per-token loss is aggregated as ``[ppo] loss_agg`` says
+(:mod:`trainer.rl._loss_agg`), with a KL estimate to the reference
+(:mod:`trainer.rl._kl`) as a loss term, or as a penalty on the reward before the advantages
+(:func:`kl_penalties`).
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ import msgspec
 import torch
 from torch import Tensor
 
+from trainer.rl._advantages import advantages
 from trainer.rl._hparams import Completion
 from trainer.rl._hparams import PPOConfig
+from trainer.rl._kl import kl_estimate
+from trainer.rl._loss_agg import aggregate
+from trainer.rl._loss_agg import loss_normaliser
 from trainer.rl._policy import Scores
 from trainer.rl._policy import TokenBatch
 from trainer.rl._tasks import Prompt
@@ -42,7 +51,7 @@ class Sample(msgspec.Struct, frozen=True):
         prompt_tokens: the prompt token ids.
         response_tokens: the sampled response token ids.
         logprobs: log-prob of each response token under the policy that sampled it.
-        advantage: the sample's advantage (see :func:`grpo_advantages`).
+        advantage: the sample's advantage (see :mod:`trainer.rl._advantages`).
         reward: the raw reward, kept for metrics.
     """
 
@@ -53,33 +62,36 @@ class Sample(msgspec.Struct, frozen=True):
     reward: float = 0.0
 
 
-def grpo_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """Group-normalised advantages ``(r - mean) / (std + eps)`` (population std).
-
-    A group whose rewards are all equal carries no learning signal and gets exactly zero
-    advantages (rather than rounding noise divided by ``eps``).
-    """
-    if not rewards or max(rewards) == min(rewards):
-        return [0.0] * len(rewards)
-    mean = statistics.fmean(rewards)
-    std = statistics.pstdev(rewards, mu=mean)
-    return [(r - mean) / (std + eps) for r in rewards]
-
-
 def group_samples(
     prompt: Prompt | Sequence[int],
     completions: Sequence[Completion],
     rewards: Sequence[float],
     eps: float = 1e-6,
+    *,
+    estimator: str = "grpo",
+    penalties: Sequence[float] | None = None,
 ) -> list[Sample]:
-    """Turn one prompt's group of completions and their rewards into training samples."""
+    """Turn one prompt's group of completions and their rewards into training samples.
+
+    Args:
+        prompt: The prompt (or its token ids).
+        completions: Its group of completions.
+        rewards: Their rewards (kept in the samples as they are).
+        eps: Added to the std (``grpo``).
+        estimator: The advantage estimator (``[ppo] advantage``).
+        penalties: Subtracted from the rewards before the advantages (the KL penalty of
+            ``kl_in_reward``, see :func:`kl_penalties`); None: none.
+    """
     if len(completions) != len(rewards):
         raise ValueError(f"{len(completions)} completions but {len(rewards)} rewards")
     tokens = prompt.tokens if isinstance(prompt, Prompt) else tuple(prompt)
-    advantages = grpo_advantages(rewards, eps)
+    shaped = list(rewards)
+    if penalties is not None:
+        shaped = [r - p for r, p in zip(rewards, penalties, strict=True)]
+    advantage = advantages(shaped, estimator, eps)
     return [
         Sample(tokens, c.tokens, c.logprobs, a, float(r))
-        for c, r, a in zip(completions, rewards, advantages, strict=True)
+        for c, r, a in zip(completions, rewards, advantage, strict=True)
     ]
 
 
@@ -103,8 +115,11 @@ def _minibatch_loss(
     old_logprobs: Tensor,
     ref_logprobs: Tensor | None,
     config: PPOConfig,
+    normaliser: float,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The PPO loss of one minibatch and its per-token statistics (see :func:`ppo_update`)."""
+    """The PPO loss of one minibatch (or a micro-batch of it: ``normaliser`` is the whole
+    minibatch's, see :func:`~trainer.rl._loss_agg.loss_normaliser`) and its per-token
+    statistics (see :func:`ppo_update`)."""
     logprobs, entropy, mask = policy.response_logprobs(
         [s.prompt_tokens for s in samples],
         [s.response_tokens for s in samples],
@@ -122,18 +137,21 @@ def _minibatch_loss(
     if config.dual_clip is not None:
         pg = torch.where(adv < 0, torch.minimum(pg, -adv * config.dual_clip), pg)
     loss_tokens = pg - config.entropy_coef * entropy
-    kl = torch.zeros(())
+    kl = kl_k3 = torch.zeros(())
     if ref_logprobs is not None:
-        ref_log_ratio = torch.where(mask, ref_logprobs[:, :width] - logprobs, 0.0)
-        kl_tokens = _k3_kl(ref_log_ratio.clamp(-20.0, 20.0))
-        loss_tokens = loss_tokens + config.kl_coef * kl_tokens
-        kl = _masked_mean(kl_tokens, mask)
-    loss = _masked_mean(loss_tokens, mask)
+        to_ref = torch.where(mask, logprobs - ref_logprobs[:, :width], 0.0)
+        kl_tokens = kl_estimate(to_ref, config.kl_estimator)
+        if not config.kl_in_reward:  # else the reward carried the penalty already
+            loss_tokens = loss_tokens + config.kl_coef * kl_tokens
+        kl = _masked_mean(kl_tokens.detach(), mask)
+        kl_k3 = _masked_mean(kl_estimate(to_ref.detach(), "k3"), mask)
+    loss = aggregate(loss_tokens, mask, config.aggregation, normaliser)
     with torch.no_grad():
         stats = {
             "loss": loss.detach(),
             "pg_loss": _masked_mean(pg, mask),
-            "kl": kl.detach(),
+            "kl": kl,
+            "kl_k3": kl_k3,
             "approx_kl": _masked_mean(_k3_kl(-log_ratio), mask),
             "clip_frac": _masked_mean((clipped > unclipped).float(), mask),
             "entropy": _masked_mean(entropy, mask),
@@ -151,13 +169,17 @@ def ppo_update(
     config: PPOConfig,
     *,
     generator: torch.Generator | None = None,
+    ref_logprobs: Tensor | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    constant_length: int | None = None,
 ) -> dict[str, float]:
     """Run ``config.epochs`` epochs of the PPO clipped objective over ``samples``.
 
     The per-token loss is ``max(-A * r, -A * clip(r, 1 - eps, 1 + eps_high))`` (with the dual
-    clip for negative ``A``) plus ``kl_coef * KL(current || ref)`` minus
-    ``entropy_coef * entropy``, where ``r = pi(token) / pi_behaviour(token)`` and ``A`` is the
-    sample's advantage, averaged over all response tokens of a minibatch (token-mean).
+    clip for negative ``A``) plus ``kl_coef * KL(current || ref)`` (the ``kl_estimator``'s
+    estimate; not with ``kl_in_reward``) minus ``entropy_coef * entropy``, where
+    ``r = pi(token) / pi_behaviour(token)`` and ``A`` is the sample's advantage, aggregated
+    over a minibatch's response tokens as ``config.aggregation`` says (token-mean unless set).
 
     Args:
         policy: the policy to train (its parameters must be the optimizer's).
@@ -166,15 +188,22 @@ def ppo_update(
         samples: the batch; behaviour log-probs come from the samples themselves.
         config: hyper-parameters.
         generator: RNG for the minibatch shuffle (global torch RNG if None).
+        ref_logprobs: the reference's log-probs of the samples' responses, when the caller
+            has them already (:func:`reference_logprobs`); None computes them here.
+        scheduler: stepped after each optimiser step (the learning-rate schedule).
+        constant_length: the constant of ``seq-mean-token-sum-norm`` (the completion
+            budget, ``max_new_tokens``); None takes the batch's longest response.
 
     Returns:
-        Metrics. Averaged over optimiser steps (each a token-mean over its minibatch):
-        ``loss``, ``pg_loss``, ``kl`` (to the reference; 0 when off), ``approx_kl``
+        Metrics. Averaged over optimiser steps (each over its minibatch):
+        ``loss``, ``pg_loss``, ``kl`` (the estimator's, to the reference; 0 when off),
+        ``kl_k3`` (k3's, whichever estimator), ``approx_kl``
         (behaviour to current), ``clip_frac``, ``entropy``, ``ratio_mean``. Also
         ``ratio_max``, ``grad_norm`` (mean pre-clip norm; NaN if every step was skipped),
         ``grad_norm_max``, ``reward_mean``, ``adv_abs_mean``, ``zero_adv_frac`` (samples
         with zero advantage, i.e. no signal), ``response_len``, ``num_samples``,
-        ``num_tokens``, ``optimizer_steps``, ``skipped_steps`` (non-finite gradients), ``lr``.
+        ``num_tokens``, ``optimizer_steps``, ``skipped_steps`` (non-finite gradients), ``lr``
+        (of the last optimiser step).
 
     Raises:
         ValueError: if ``samples`` is empty or a sample's log-probs and tokens differ in length.
@@ -186,14 +215,11 @@ def ppo_update(
     params = [p for group in optimizer.param_groups for p in group["params"]]
     device = params[0].device
     old_logprobs = _padded_logprobs([s.logprobs for s in samples], device)
-    ref_logprobs = None
-    if config.kl_coef > 0 and ref_policy is not None:
-        with torch.no_grad():  # once per batch: the reference never changes
-            ref_logprobs, _, _ = ref_policy.response_logprobs(
-                [s.prompt_tokens for s in samples],
-                [s.response_tokens for s in samples],
-                config.temperature,
-            )
+    if ref_logprobs is None and config.kl_coef > 0 and ref_policy is not None:
+        ref_logprobs = reference_logprobs(ref_policy, samples, config.temperature)
+    if constant_length is None:
+        constant_length = max(len(s.response_tokens) for s in samples)
+    lr = float(optimizer.param_groups[0]["lr"])
 
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
     size = config.minibatch_size or len(samples)
@@ -209,18 +235,26 @@ def ppo_update(
         for start in range(0, len(samples), size):
             idx = order[start : start + size]
             rows = idx.tolist()
+            minibatch = [samples[i] for i in rows]
+            normaliser = loss_normaliser(
+                config.aggregation, [len(s.response_tokens) for s in minibatch], constant_length
+            )
             loss, stats = _minibatch_loss(
                 policy,
-                [samples[i] for i in rows],
+                minibatch,
                 old_logprobs[idx],
                 ref_logprobs[idx] if ref_logprobs is not None else None,
                 config,
+                normaliser,
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             if math.isfinite(grad_norm):
+                lr = float(optimizer.param_groups[0]["lr"])
                 optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
                 grad_norms.append(grad_norm)
             else:
                 # A non-finite gradient would poison Adam's moments: skip the step instead.
@@ -245,6 +279,38 @@ def ppo_update(
         num_tokens=float(n_tokens),
         optimizer_steps=float(n_steps - skipped),
         skipped_steps=float(skipped),
-        lr=float(optimizer.param_groups[0]["lr"]),
+        lr=lr,
     )
     return metrics
+
+
+def reference_logprobs(
+    ref_policy: TrainablePolicy, samples: Sequence[Sample], temperature: float
+) -> Tensor:
+    """The reference policy's log-probs of the samples' responses ``[B, R]`` (right-padded),
+    without gradients: once per batch, since the reference never changes."""
+    with torch.no_grad():
+        logprobs, _, _ = ref_policy.response_logprobs(
+            [s.prompt_tokens for s in samples], [s.response_tokens for s in samples], temperature
+        )
+    return logprobs
+
+
+def kl_penalties(
+    behaviour: Sequence[Sequence[float]], ref_logprobs: Tensor, config: PPOConfig
+) -> tuple[list[float], float]:
+    """``kl_in_reward``: each completion's penalty ``kl_coef * sum_t KL_t``, where ``KL_t``
+    is the ``kl_estimator``'s estimate from the behaviour log-probs (those it was sampled
+    with) to the reference's, as verl's ``apply_kl_penalty`` takes it off the reward.
+
+    Returns:
+        The penalties, one per completion, and the estimate's mean per token (``actor/kl``).
+    """
+    behaviour_logprobs = _padded_logprobs(behaviour, ref_logprobs.device)
+    width = ref_logprobs.shape[1]
+    lengths = torch.tensor([len(row) for row in behaviour], device=ref_logprobs.device)
+    mask = torch.arange(width, device=ref_logprobs.device).unsqueeze(0) < lengths.unsqueeze(1)
+    to_ref = torch.where(mask, behaviour_logprobs[:, :width] - ref_logprobs, 0.0)
+    kl = kl_estimate(to_ref, config.kl_estimator)
+    per_completion = (config.kl_coef * kl.sum(dim=1)).tolist()
+    return per_completion, float(_masked_mean(kl, mask))

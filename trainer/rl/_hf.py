@@ -27,6 +27,7 @@ __all__ = [
     "datasets",
     "fit_error",
     "load_error",
+    "peft",
     "raised_not_logged",
     "tokenizer_error",
     "transformers",
@@ -67,6 +68,18 @@ def transformers() -> ModuleType:
         raise MissingExtraError(f"Hugging Face models need transformers: {_HINT}") from exc
     module.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     module.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    return module
+
+
+def peft() -> ModuleType:
+    """The ``peft`` module (LoRA adapters), offline."""
+    _offline()
+    try:
+        import peft as module
+    except ImportError as exc:
+        raise MissingExtraError(
+            "LoRA ([model.lora]) needs peft: install the extra: pip install 'trainbus[peft]'"
+        ) from exc
     return module
 
 

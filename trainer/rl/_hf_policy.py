@@ -10,6 +10,11 @@ sampled token under the tempered distribution, exactly what :meth:`response_logp
 recomputes for the update, so on-policy ratios start at 1. Prompts of different lengths
 are left-padded for sampling (with position ids that skip the padding) and right-padded
 for the update; dropout is off in both (``eval()``), so both evaluate the same function.
+
+With ``[model.lora]`` the model is wrapped in a peft LoRA adapter: only the adapter's
+parameters require gradients, :meth:`HFPolicy.base_reference` scores with the adapter
+switched off (the base model, without a second copy), and :meth:`HFPolicy.trainable_state`
+is what changes in training (the adapter), for weight sync and checkpoints.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from __future__ import annotations
 import inspect
 import pickle
 import threading
+import warnings
+from collections.abc import Iterator
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +38,18 @@ from ._hf import ModelLoadError
 from ._hf import check_model_folder
 from ._hf import fit_error
 from ._hf import load_error
+from ._hf import peft
 from ._hf import tokenizer_error
 from ._hf import transformers
 from ._hf import weights_error
 from ._hparams import Completion
+from ._hparams import LoraConfig
 from ._hparams import WorkloadError
 from ._policy import Scores
 from ._policy import TokenBatch
 from ._policy import score_responses
 
-__all__ = ["HFPolicy", "ModelLoadError", "check_model_folder", "resolve_device"]
+__all__ = ["BaseReference", "HFPolicy", "ModelLoadError", "check_model_folder", "resolve_device"]
 
 
 # from_pretrained builds the model under a process-wide "meta device" context: two threads
@@ -90,12 +100,38 @@ class HFPolicy(nn.Module):
         self.eos_id: int = int(tokenizer.eos_token_id)
         self.pad_id: int = int(tokenizer.pad_token_id)
         # transformers renamed ``past_key_values`` to ``cache`` within 5.x: take either.
-        accepted = inspect.signature(model.forward).parameters
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's
+        accepted = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
+        # The adapters' dropout layers: on only while the update computes gradients.
+        self._lora_dropout = [
+            module
+            for name, module in model.named_modules()
+            if name.endswith("lora_dropout.default") and isinstance(module, nn.Dropout)
+        ]
+
+    @property
+    def adapter(self) -> bool:
+        """Whether the model is a LoRA adapter over a frozen base (``[model.lora]``)."""
+        return hasattr(self.model, "disable_adapter")
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> HFPolicy:
+    def load(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        *,
+        lora: LoraConfig | None = None,
+        seed: int = 0,
+    ) -> HFPolicy:
         """Load a model folder written by ``save_pretrained`` (nothing is downloaded).
+
+        Args:
+            path: The model folder.
+            device: Where to put it (``auto``: CUDA when there is one).
+            lora: Wrap the model in a new LoRA adapter (its initial weights drawn from
+                ``seed``); None trains the whole model.
+            seed: Seeds the adapter's initialisation (without touching the global RNG).
 
         Raises:
             ModelLoadError: The folder lacks a config, weights or tokenizer, one of them
@@ -132,6 +168,8 @@ class HFPolicy(nn.Module):
             unfit = fit_error(folder, info)
             if unfit is not None:
                 raise unfit
+            if lora is not None:  # on the CPU, so that its initialisation is the CPU RNG's
+                model = _with_adapter(model, lora, folder, seed)
             model = model.to(target)
         notices = []
         if tokenizer.pad_token_id is None:
@@ -188,9 +226,23 @@ class HFPolicy(nn.Module):
         return text
 
     def save_pretrained(self, folder: str | Path) -> None:
-        """Write the model and tokenizer in Hugging Face format."""
+        """Write the model and tokenizer in Hugging Face format (with ``[model.lora]``, the
+        adapter in peft's format: ``PeftModel.from_pretrained(base, folder)`` loads it)."""
         self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """The entries of ``state_dict()`` that training changes: the adapter's with
+        ``[model.lora]``, else all of them."""
+        state = self.state_dict()
+        if not self.adapter:
+            return state
+        names = {name for name, p in self.named_parameters() if p.requires_grad}
+        return {name: value for name, value in state.items() if name in names}
+
+    def base_reference(self) -> BaseReference:
+        """The base model (the adapter switched off) as the KL reference: no second copy."""
+        return BaseReference(self)
 
     # --- scoring ------------------------------------------------------------------------
 
@@ -206,10 +258,22 @@ class HFPolicy(nn.Module):
         self, prompts: TokenBatch, responses: TokenBatch, temperature: float = 1.0
     ) -> Scores:
         """Per-token log-probs and entropies of ``responses`` (see
-        :func:`~trainer.rl._policy.score_responses`), right-padded."""
-        return score_responses(
-            self._forward, prompts, responses, temperature, pad=self.pad_id, device=self.device
-        )
+        :func:`~trainer.rl._policy.score_responses`), right-padded. The adapters' dropout
+        (``[model.lora] dropout``) is on when gradients are, else off."""
+        with self._adapter_dropout(torch.is_grad_enabled()):
+            return score_responses(
+                self._forward, prompts, responses, temperature, pad=self.pad_id, device=self.device
+            )
+
+    @contextmanager
+    def _adapter_dropout(self, on: bool) -> Iterator[None]:
+        for module in self._lora_dropout:
+            module.train(on)
+        try:
+            yield
+        finally:
+            for module in self._lora_dropout:
+                module.train(False)
 
     # --- sampling -----------------------------------------------------------------------
 
@@ -325,6 +389,53 @@ class HFPolicy(nn.Module):
                 length = toks.index(self.eos_id) + 1
             out[row // n].append(Completion(tuple(toks[:length]), tuple(lps[:length])))
         return out
+
+
+class BaseReference:
+    """A LoRA policy's base model as the KL reference: it scores with the adapter off.
+
+    It holds no weights of its own (:meth:`parameters` are the policy's frozen base
+    parameters, the same tensors), so the reference costs no memory.
+    """
+
+    def __init__(self, policy: HFPolicy) -> None:
+        self.policy = policy
+
+    def response_logprobs(
+        self, prompts: TokenBatch, responses: TokenBatch, temperature: float = 1.0
+    ) -> Scores:
+        """The base model's log-probs of ``responses`` (see :meth:`HFPolicy.response_logprobs`)."""
+        with self.policy.model.disable_adapter():
+            return self.policy.response_logprobs(prompts, responses, temperature)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """The base model's parameters (the policy's, without the adapter's)."""
+        return (p for name, p in self.policy.named_parameters() if ".lora_" not in name)
+
+
+def _with_adapter(model: Any, lora: LoraConfig, folder: Path, seed: int) -> Any:
+    """``model`` wrapped in a new LoRA adapter (peft), its initial weights drawn from ``seed``."""
+    library = peft()
+    config = library.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+        # PeftModel.from_pretrained(base, run/model) users find the base here.
+        base_model_name_or_path=str(folder.resolve()),
+    )
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft's notices (a GPT-2 Conv1D layer transposed, a deprecated transformers
+        # property it reads) say nothing to act on.
+        warnings.simplefilter("ignore")
+        torch.manual_seed(seed)
+        try:
+            wrapped = library.get_peft_model(model, config)
+        except ValueError as exc:  # e.g. target_modules naming no module of the model
+            raise ModelLoadError(f"model.lora: {exc}") from None
+    wrapped.peft_config["default"].base_model_name_or_path = str(folder.resolve())
+    return wrapped.eval()
 
 
 def _draw(

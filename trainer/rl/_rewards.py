@@ -44,6 +44,7 @@ __all__ = [
     "combine",
     "judge",
     "load_rewards",
+    "reward_names",
 ]
 
 TASK_REWARD = "trainer:task_reward"
@@ -243,6 +244,21 @@ def load_rewards(
         load_reward(spec, 1.0 if weights is None else float(weights[i]))
         for i, spec in enumerate(names)
     )
+
+
+def reward_names(specs: Sequence[str]) -> list[str]:
+    """The metric name of each reward function (``reward/<name>/mean``): its attribute
+    name, with ``_2``, ``_3``... for a name that repeats (the task's own when ``specs`` is
+    empty)."""
+    names: list[str] = []
+    for spec in list(specs) or [TASK_REWARD]:
+        name = spec.rpartition(":")[2]
+        candidate, n = name, 1
+        while candidate in names:
+            n += 1
+            candidate = f"{name}_{n}"
+        names.append(candidate)
+    return names
 
 
 def is_async(function: RewardFunction) -> bool:

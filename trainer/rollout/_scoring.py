@@ -174,6 +174,21 @@ class RewardScorer:
             completion_ids: The completions' token ids (TRL's ``completion_ids``).
             state: Training progress (TRL's ``trainer_state``).
         """
+        return self.score_each(
+            prompts, completions, columns, completion_ids=completion_ids, state=state
+        )[0]
+
+    def score_each(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: dict[str, list[Any]],
+        *,
+        completion_ids: Sequence[Sequence[int]] = (),
+        state: TrainerState | None = None,
+    ) -> tuple[list[float | RewardFailure], list[tuple[float | None, ...]]]:
+        """:meth:`score`, and each function's own value per completion (None where it did
+        not score it or failed), for the per-function metrics."""
         n = len(completions)
         rows: dict[str, list[Any]] = {
             "prompts": list(prompts),
@@ -185,7 +200,11 @@ class RewardScorer:
         judged = [self._judged(function, rows, common, n) for function in self.functions]
         out = combine(self.functions, judged)
         self._count(out)
-        return out
+        parts = [
+            tuple(v if isinstance(v, float) else None for v in values)
+            for values in zip(*judged, strict=True)
+        ]
+        return out, parts or [()] * n
 
     def _judged(
         self,

@@ -34,13 +34,15 @@ from ..rl._tasks import make_task
 from ._scoring import HANGING_REWARD
 from ._scoring import RewardScorer
 
-__all__ = ["Outcome", "WorkerSpec", "Workload", "build_workload", "worker_spec"]
+__all__ = ["Outcome", "Scored", "WorkerSpec", "Workload", "build_workload", "worker_spec"]
 
 # Completion budget with a dataset when task.max_new_tokens is unset.
 _DATASET_MAX_NEW_TOKENS = 64
 
 Outcome = tuple[Completion | None, float | RewardFailure]
 """One rollout: its completion (None if it never ran) and its reward or why it has none."""
+Scored = tuple[float | RewardFailure, tuple[float | None, ...]]
+"""A completion's reward (or why it has none) and each reward function's own value."""
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,7 +134,7 @@ class Workload:
             state = TrainerState(global_step=max(0, step - 1), max_steps=self.spec.max_steps)
             scores = iter(self._score(taken, groups, hang_reward, state))
         for i, group in zip(fits, groups, strict=True):
-            out[i] = [(completion, next(scores)) for completion in group]
+            out[i] = [_scored(completion, *next(scores)) for completion in group]
         return out
 
     def _refuse(self, prompt: Prompt) -> RewardFailure | None:
@@ -151,8 +153,9 @@ class Workload:
         groups: list[list[Completion]],
         hang_reward: bool,
         state: TrainerState,
-    ) -> list[float | RewardFailure]:
-        """A reward (or why there is none) per completion, group after group."""
+    ) -> list[Scored]:
+        """A reward (or why there is none) per completion, group after group, with each
+        reward function's own value (empty: the built-in task's reward)."""
         raise NotImplementedError
 
     def _scorer(self, functions: Sequence[RewardFunction], hang_reward: bool) -> RewardScorer:
@@ -185,12 +188,13 @@ class _Builtin(Workload):
         groups: list[list[Completion]],
         hang_reward: bool,
         state: TrainerState,
-    ) -> list[float | RewardFailure]:
+    ) -> list[Scored]:
         if hang_reward:  # the task's own reward cannot hang: only the injected one does
             count = sum(map(len, groups))
-            return self._scorer((), True).score([""] * count, [""] * count, {}, state=state)
+            scores = self._scorer((), True).score([""] * count, [""] * count, {}, state=state)
+            return [(score, ()) for score in scores]
         return [
-            self.task.reward(prompt, completion.tokens)
+            (self.task.reward(prompt, completion.tokens), ())
             for prompt, group in zip(prompts, groups, strict=True)
             for completion in group
         ]
@@ -235,7 +239,7 @@ class _HuggingFace(Workload):
         groups: list[list[Completion]],
         hang_reward: bool,
         state: TrainerState,
-    ) -> list[float | RewardFailure]:
+    ) -> list[Scored]:
         from ..rl._datasets import TextPrompt
 
         texts: list[Any] = []
@@ -258,7 +262,11 @@ class _HuggingFace(Workload):
             name: [row.get(name) for row in rows] for name in names
         }
         scorer = self._scorer(self.scorer.functions, True) if hang_reward else self.scorer
-        return scorer.score(contents, texts, columns_arg, completion_ids=ids, state=state)
+        scores, parts = scorer.score_each(
+            contents, texts, columns_arg, completion_ids=ids, state=state
+        )
+        functions = len(self.scorer.functions)  # (not the injected hanging one)
+        return [(score, part[:functions]) for score, part in zip(scores, parts, strict=True)]
 
 
 def worker_spec(config: TrainerConfig) -> WorkerSpec:
@@ -300,9 +308,17 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
     if policy is None:
         from ..rl._hf_policy import HFPolicy
 
-        policy = HFPolicy.load(spec.policy.path, spec.device)
+        # The adapter's weights come with the first weight sync; its structure is needed now.
+        policy = HFPolicy.load(spec.policy.path, spec.device, lora=spec.policy.lora)
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
+
+
+def _scored(
+    completion: Completion, reward: float | RewardFailure, parts: tuple[float | None, ...]
+) -> Outcome:
+    """A rollout's outcome, its completion carrying each reward function's value."""
+    return (msgspec.structs.replace(completion, rewards=parts) if parts else completion), reward
 
 
 def _no_phase(name: str, rollouts: int = 0) -> AbstractContextManager[None]:

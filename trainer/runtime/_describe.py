@@ -23,6 +23,7 @@ import msgspec
 from eventbus import BatchReconciled
 from eventbus import CheckpointRestored
 from eventbus import CheckpointSaved
+from eventbus import CompletionsSampled
 from eventbus import Event
 from eventbus import ExtensionFailed
 from eventbus import FaultInjected
@@ -118,6 +119,7 @@ def _step_started(e: StepStarted, context: Context) -> str:
 # The reference KL is 0 throughout when the KL penalty is off: then it is left out.
 _STEP_METRICS: tuple[tuple[str, str, bool], ...] = (
     ("reward/mean", "reward {:.3f}", True),
+    ("val/reward_mean", "val reward {:.3f}", True),  # on the steps that validate
     ("actor/kl", "kl(ref) {:.4f}", False),
     ("actor/approx_kl", "kl(old) {:.4f}", True),
     ("actor/clip_frac", "clip {:.3f}", True),
@@ -142,6 +144,21 @@ def _step_finished(e: StepFinished, context: Context) -> str:
             f"{skipped:.0f} of {skipped + taken:.0f} optimiser steps skipped (non-finite gradients)"
         )
     return f"{step_label(e.step, context)}: {', '.join(shown)}"
+
+
+def _completions_sampled(e: CompletionsSampled, context: Context) -> str:
+    lines = [f"{step_label(e.step, context)}: {len(e.samples)} sample completions"]
+    for sample in e.samples:
+        lines.append(
+            f"    reward {sample.reward:.3f}, advantage {sample.advantage:+.3f}: "
+            f"{_quoted(sample.prompt)} -> {_quoted(sample.completion)}"
+        )
+    return "\n".join(lines)
+
+
+def _quoted(text: str, limit: int = 60) -> str:
+    shown = text if len(text) <= limit else text[: limit - 3] + "..."
+    return repr(shown)
 
 
 def skipped_updates(e: StepFinished) -> bool:
@@ -292,6 +309,7 @@ DESCRIBERS: dict[type[Event], Callable[[Any, Context], str]] = {
     FitFailed: _fit_failed,
     StepStarted: _step_started,
     StepFinished: _step_finished,
+    CompletionsSampled: _completions_sampled,
     SampleWait: _sample_wait,
     SafePointReached: _safe_point_reached,
     SafePointResolved: _safe_point_resolved,

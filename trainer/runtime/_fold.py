@@ -147,6 +147,7 @@ class RunFold:
             s.failed_rollouts = dict(s.failed_rollouts)
             s.dropped_rollouts = dict(s.dropped_rollouts)
             s.after_fit_errors = list(s.after_fit_errors)
+            s.notices = list(s.notices)
             return s
 
     # --- the folds (called with the lock held) ----------------------------------------------
@@ -233,6 +234,7 @@ class RunFold:
         s.start_step = e.start_step
         s.status, s.error, s.stop_reason = "running", None, None
         s.after_fit_errors = []
+        s.notices = list(e.notices)
         self._open = AttemptSummary(start_step=e.start_step, end_step=e.start_step, began=began)
         self._opened_at = began
         s.attempts.append(self._open)

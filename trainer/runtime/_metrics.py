@@ -31,8 +31,10 @@ class Metric:
             the slash names); None for metrics that exist only under ``name``.
         when: Where it has a value. ``step``: every step, in ``metrics.jsonl`` and
             ``StepFinished``. ``validation``: there too, but only on the steps that run the
-            validation. ``occurred``: there too, on the steps where it happened (one metric
-            per kind of a thing, such as a failure's). ``events``: not in
+            validation. ``setting``: there too, every step, but only when a setting asks
+            for it (``ppo.kl_in_reward``, reward functions). ``occurred``: there too, on
+            the steps where it happened (one metric per kind of a thing, such as a
+            failure's). ``events``: not in
             ``metrics.jsonl``; exporters derive it, per step, from the run's events
             (restarts, drops).
     """
@@ -40,7 +42,7 @@ class Metric:
     name: str
     meaning: str
     short: str | None = None
-    when: Literal["step", "validation", "occurred", "events"] = "step"
+    when: Literal["step", "validation", "setting", "occurred", "events"] = "step"
 
     @property
     def per_step(self) -> bool:
@@ -51,12 +53,37 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("reward/mean", "mean reward of the rollouts trained on", "reward_mean"),
     Metric("reward/max", "best reward of the rollouts trained on", "reward_max"),
+    Metric(
+        "reward/<function>/mean",
+        "mean of one reward function's values over the rollouts trained on that it scored "
+        "(TRL's rewards/<function>/mean; a Hugging Face model's run)",
+        when="setting",
+    ),
+    Metric(
+        "reward/<function>/std",
+        "sample std of one reward function's values over the rollouts it scored",
+        when="setting",
+    ),
     Metric("actor/loss", "the PPO loss, averaged over the update's optimiser steps", "loss"),
     Metric("actor/pg_loss", "the policy-gradient (clipped surrogate) part of the loss", "pg_loss"),
     Metric(
         "actor/kl",
-        "KL to the reference policy (verl's actor/kl_loss); 0 when ppo.kl_coef = 0",
+        "KL to the reference policy, ppo.kl_estimator's estimate per token (verl's "
+        "actor/kl_loss; with ppo.kl_in_reward, the behaviour policy's); 0 when ppo.kl_coef = 0",
         "kl",
+    ),
+    Metric(
+        "actor/kl_k3",
+        "KL to the reference policy, k3's estimate per token (low_var_kl) whatever "
+        "ppo.kl_estimator is; 0 when ppo.kl_coef = 0",
+        "kl_k3",
+    ),
+    Metric(
+        "actor/reward_kl_penalty",
+        "ppo.kl_in_reward: mean penalty taken off a completion's reward (kl_coef x its "
+        "summed KL); absent otherwise",
+        "kl_penalty",
+        when="setting",
     ),
     Metric(
         "actor/approx_kl",

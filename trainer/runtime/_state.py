@@ -219,7 +219,7 @@ class RunState:
         if not differences:
             # The same folder may hold another model now (written over since): its weights
             # would not load, or load into an architecture they were not trained in.
-            differences = _weights_differ(state["policy"], self.learner.policy.state_dict())
+            differences = _weights_differ(state["policy"], self.learner.policy_state())
         if differences:
             raise RunFolderError(
                 f"the checkpoints in {stored.path.parent} are of another model "

@@ -88,6 +88,8 @@ class FitSummary(msgspec.Struct, kw_only=True):
         workers_lost: Rollout workers that died.
         extension_failures: Extension hook calls that raised.
         after_fit_errors: Extensions that failed at the last attempt's ``AFTER_FIT``.
+        notices: What loading the workload had to assume or leave out, as the last attempt
+            said (``FitStarted.notices``): prompts dropped for their length, EOS as pad.
         attempts: Every attempt, oldest first.
     """
 
@@ -119,4 +121,5 @@ class FitSummary(msgspec.Struct, kw_only=True):
     workers_lost: int = 0
     extension_failures: int = 0
     after_fit_errors: list[str] = msgspec.field(default_factory=list)
+    notices: list[str] = msgspec.field(default_factory=list)
     attempts: list[AttemptSummary] = msgspec.field(default_factory=list)

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from eventbus import Capability
+from eventbus import CompletionsSampled
 from eventbus import EventBus
 from eventbus import FitFailed
 from eventbus import FitFinished
@@ -309,6 +310,7 @@ class PPOTrainer:
                         resumed=start_step > 0,
                         start_s=time.perf_counter() - began,
                         changed=self.state.changed,
+                        notices=tuple(self.workload.notices),
                     )
                 )
             if resumed is not None:
@@ -462,6 +464,9 @@ class PPOTrainer:
         )
         metrics = named(metrics)  # the slash names of the one table (``_metrics.METRICS``)
         self._waiting.counted()  # StepFinished carries this wait
+        if learner.logged and bus.wants(CompletionsSampled):  # [log] completions
+            samples = self.workload.completion_samples(learner.logged)
+            bus.publish(CompletionsSampled(step=step, samples=samples))
         self.files.append_metrics(step, metrics)
         if bus.wants(StepFinished):
             bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))

@@ -15,23 +15,31 @@ import logging
 import os
 import shutil
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
 import torch
 
+from eventbus import CompletionSample
+
 from ..config._schema import TrainerConfig
+from ..rl._grpo import Sample
+from ..rl._hparams import Completion
 from ..rl._policy import Policy
 from ..rl._policy import build_policy
 from ..rl._rewards import RewardFailure
 from ..rl._rewards import check_columns
 from ..rl._rewards import load_rewards
+from ..rl._rewards import reward_names
 from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
 from ..rl._tasks import PromptStream
 from ..rl._tasks import Task
 from ..rl._tasks import make_task
+from ..rl._tasks import render
 from ..rollout._logs import ALSO_AN_EVENT
 from ..rollout._workload import Workload
 from ..rollout._workload import build_workload
@@ -39,6 +47,7 @@ from ..rollout._workload import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
     from ..rl._datasets import PromptTable
+    from ..rl._datasets import TextPromptStream
     from ..rl._hf_policy import HFPolicy
 
 __all__ = ["RunWorkload", "export_model"]
@@ -78,7 +87,9 @@ class RunWorkload:
             from ..rl._datasets import load_prompt_table
             from ..rl._hf_policy import HFPolicy
 
-            hf = HFPolicy.load(config.model.path, config.run.device)
+            hf = HFPolicy.load(
+                config.model.path, config.run.device, lora=config.model.lora, seed=seed
+            )
             self.policy, self.notices = hf, list(hf.notices)
             for notice in self.notices:
                 # The command line prints the notices itself (notice: ...): marked, said once.
@@ -94,13 +105,32 @@ class RunWorkload:
                 check_columns(rewards, source.columns, source.source)
             stream = TextPromptStream(source, hf.encode, seed)
             stream.check()  # a prompt the tokenizer cannot render fails now
+            limit = _prompt_limit(config, hf.context_length)
+            if limit is not None:
+                self._limit(stream, *limit)
             self.stream = stream
             if task.val_dataset is not None:
                 table = load_prompt_table(task.val_dataset, task.prompt_column)
                 check_columns(rewards, table.columns, table.source)
                 val = TextPromptStream(table, hf.encode, seed, prefix="val", shuffle=False)
-                self.val_prompts = [val.prompt_at(i) for i in range(len(table))]
+                if limit is not None:
+                    self._limit(val, *limit)
+                self.val_prompts = [val.prompt_at(i) for i in range(len(val))]
         self._evaluator: Workload | None = None
+
+    def _limit(self, stream: TextPromptStream, max_tokens: int, limit_name: str) -> None:
+        """Apply ``task.prompt_overflow`` to ``stream``'s prompts; a drop is a notice."""
+        overflow = self.config.task.prompt_overflow
+        total = len(stream)
+        dropped = stream.limit(max_tokens, overflow, limit_name)
+        if dropped:
+            notice = (
+                f"dropped {dropped} of {total} prompts of "
+                f"{getattr(stream.source, 'source', stream.source)}: longer than "
+                f"{limit_name} (task.prompt_overflow = 'drop')"
+            )
+            self.notices.append(notice)
+            logger.warning("%s", notice, extra=ALSO_AN_EVENT)
 
     @property
     def is_hf(self) -> bool:
@@ -138,10 +168,53 @@ class RunWorkload:
             "val/failed": float(failed),
         }
 
+    def completion_samples(
+        self, logged: Sequence[tuple[Prompt, Completion, Sample]]
+    ) -> tuple[CompletionSample, ...]:
+        """The learner's logged rollouts as text (``[log] completions``)."""
+        names = reward_names(self.config.task.rewards) if self.is_hf else []
+        out = []
+        for prompt, completion, sample in logged:
+            if self.is_hf:
+                content = getattr(prompt, "content", "")
+                prompt_text = (
+                    content
+                    if isinstance(content, str)
+                    else "\n".join(f"{m.get('role')}: {m.get('content')}" for m in content)
+                )
+                completion_text = cast("HFPolicy", self.policy).decode(completion.tokens)
+            else:
+                prompt_text, completion_text = render(prompt.tokens), render(completion.tokens)
+            out.append(
+                CompletionSample(
+                    prompt=prompt_text,
+                    completion=completion_text,
+                    reward=sample.reward,
+                    advantage=sample.advantage,
+                    rewards=dict(zip(names, completion.rewards, strict=False)),
+                )
+            )
+        return tuple(out)
+
     def export(self, out_dir: Path) -> None:
         """Write ``out_dir/model`` (Hugging Face format) when the policy is a HF model."""
         if self.is_hf:
             export_model(self.policy, out_dir / "model")
+
+
+def _prompt_limit(config: TrainerConfig, context: int | None) -> tuple[int, str] | None:
+    """The most tokens a prompt may have, and that limit in words; None: no limit."""
+    limits: list[tuple[int, str]] = []
+    if config.task.max_prompt_tokens is not None:
+        limits.append(
+            (
+                config.task.max_prompt_tokens,
+                f"task.max_prompt_tokens ({config.task.max_prompt_tokens})",
+            )
+        )
+    if context is not None:
+        limits.append((context - 1, f"the model's context ({context}) less a token to generate"))
+    return min(limits) if limits else None
 
 
 def export_model(policy: Any, folder: Path) -> None:

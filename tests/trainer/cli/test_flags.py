@@ -29,9 +29,12 @@ def command(*names: str) -> argparse.ArgumentParser:
 
 
 def schema_type(dotted: str) -> Any:
-    """The schema's type at a config key (``run.mode``), Optional stripped."""
-    section, key = dotted.split(".")
-    kind = get_type_hints(get_type_hints(TrainerConfig)[section])[key]
+    """The schema's type at a config key (``run.mode``, ``model.lora.r``), Optional
+    stripped."""
+    kind: Any = TrainerConfig
+    for part in dotted.split("."):
+        kind = next((t for t in get_args(kind) if isinstance(t, type)), kind)  # T | None
+        kind = get_type_hints(kind)[part]
     return next((t for t in get_args(kind) if get_origin(t) is Literal), kind)
 
 

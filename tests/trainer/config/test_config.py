@@ -109,6 +109,21 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
             "rollout.ray_address is 'auto' but rollout.backend is 'local'",
         ),
         ({"rollout.standby": 2}, "rollout.standby is 2 but rollout.backend is 'local'"),
+        (
+            {"ppo.kl_estimator": "low_var_kl"},
+            "ppo.kl_estimator: 'low_var_kl' is not one of 'k1', 'k2', 'k3'",
+        ),
+        ({"ppo.kl_in_reward": True}, "ppo.kl_in_reward: the penalty is kl_coef times the KL"),
+        ({"ppo.advantage": "gae"}, "ppo.advantage: 'gae' is not one of 'dr_grpo', 'grpo', 'rloo'"),
+        ({"ppo.loss_agg": "token_mean"}, "; did you mean 'token-mean'?"),
+        ({"optimizer.schedule": "cosin"}, "; did you mean 'cosine'?"),
+        ({"optimizer.betas": [0.9, 1.0]}, "optimizer.betas: each must be below 1, got [0.9, 1.0]"),
+        ({"optimizer.betas": [0.9]}, "optimizer.betas: expected `array` of length 2"),
+        ({"optimizer.min_lr_ratio": 2.0}, "optimizer.min_lr_ratio: expected `float` <= 1"),
+        ({"model.lora.r": 8}, "model.lora: LoRA adapts a Hugging Face model; set model.path"),
+        ({"model.lora.rank": 8}, "model.lora.rank: unknown key"),
+        ({"model.lora.r": 0}, "model.lora.r: expected `int` >= 1"),
+        ({"model.lora.target_modules": []}, "model.lora.target_modules: name at least one"),
     ],
 )
 def test_bad_values_name_the_key_and_the_problem(
@@ -335,11 +350,13 @@ def test_config_show_marks_the_builtin_networks_keys_unused_with_a_model(hf_mode
     shown = to_toml(config)
     model = shown.split("[model]\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert model[0] == f"path = {json.dumps(str(hf_model))}"
-    assert model[1:] == [
+    unused = [
         f"# {key} = {json.dumps(getattr(config.model, key))}  # the built-in network's; unused "
         "with model.path"
         for key in BUILTIN_NETWORK_KEYS
     ]
+    assert [line for line in model if line in unused] == unused
+    assert not [line for line in model[1:] if line.startswith(BUILTIN_NETWORK_KEYS)]
     assert load_config_text(shown) == config  # still what it shows
     assert "# kind" not in to_toml(load_config())  # the built-in network uses them
 

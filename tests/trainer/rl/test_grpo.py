@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from trainer.rl._advantages import grpo_advantages
 from trainer.rl._grpo import PPOConfig
 from trainer.rl._grpo import Sample
 from trainer.rl._grpo import group_samples
-from trainer.rl._grpo import grpo_advantages
 from trainer.rl._grpo import ppo_update
 from trainer.rl._policy import Completion
 from trainer.rl._policy import Policy

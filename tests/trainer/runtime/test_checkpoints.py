@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -46,6 +48,50 @@ async def test_n_steps_straight_equal_half_resume_half(tmp_path: Path) -> None:
         assert torch.equal(a, b)
     lines = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4  # one line per step across the resume
+
+
+async def test_a_resumed_run_continues_the_same_learning_rate_curve(tmp_path: Path) -> None:
+    # 2 optimiser steps an update (2 epochs of the whole batch), 8 in the run: warmup over
+    # 3, then a cosine decay to 0.1 x lr at the 8th.
+    schedule = {
+        "optimizer__lr": 0.01,
+        "optimizer__warmup_steps": 3,
+        "optimizer__schedule": "cosine",
+        "optimizer__min_lr_ratio": 0.1,
+        "optimizer__weight_decay": 0.01,
+    }
+    config = tiny_config(run__steps=4, **schedule)
+    straight = PPOTrainer(config, out_dir=tmp_path / "straight")
+    await straight.fit()
+    first = PPOTrainer(config, out_dir=tmp_path / "split")  # the same run, stopped at step 2
+    first.register_runtime_extension(_StopAfter(first, 2))
+    assert (await first.fit()).steps == 2
+    second = PPOTrainer(config, out_dir=tmp_path / "split")
+    await second.fit()
+
+    for a, b in zip(parameters(straight), parameters(second), strict=True):
+        assert torch.equal(a, b)
+    rates = [
+        [json.loads(line)["actor/lr"] for line in (tmp_path / run / "metrics.jsonl").open()]
+        for run in ("straight", "split")
+    ]
+    assert rates[0] == rates[1]
+    # Each step reports the rate of its last optimiser step: 1, 3, 5, 7.
+    cosine = [0.1 + 0.45 * (1 + math.cos(math.pi * s / 5)) for s in (0, 2, 4)]
+    assert rates[0] == pytest.approx([0.01 / 3, *(0.01 * f for f in cosine)])
+
+
+class _StopAfter:
+    name = "stop-after"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS,)
+
+    def __init__(self, trainer: PPOTrainer, step: int) -> None:
+        self.trainer, self.step = trainer, step
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        if isinstance(event, StepFinished) and event.step == self.step:
+            self.trainer.request_stop("the test stops it here")
 
 
 async def test_a_different_seed_gives_different_parameters(tmp_path: Path) -> None:

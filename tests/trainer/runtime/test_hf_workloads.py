@@ -149,24 +149,27 @@ async def test_a_reward_that_raises_hangs_or_miscounts_fails_only_its_rollouts(
     assert failed == [{"reward_error": 4}, {"reward_timeout": 16}, {"reward_invalid": 4}]
 
 
-async def test_a_prompt_longer_than_the_context_fails_at_once_without_a_grace_wait(
+def test_a_prompt_longer_than_the_context_that_reaches_a_worker_fails_without_sampling(
     hf_model: Path, tmp_path: Path
 ) -> None:
-    data = tmp_path / "long.jsonl"
-    rows = [{"prompt": "1" * 40, "target": "1"}] + [{"prompt": "12=", "target": "21"}] * 7
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = _config(
-        hf_model,
-        data,
-        "trainer:task_reward",
-        run__steps=1,
-        rollout__grace_s=30.0,  # a retryable failure would wait this long for a retry
-    )
-    summary = await PPOTrainer(config, out_dir=tmp_path / "run").fit()
-    assert summary.status == "finished"
-    report = _reports(tmp_path / "run")[1]
-    assert report.failed == {"context_length": 4}
-    assert report.grace_polls == 0
+    # The run refuses (or drops, or cuts) such prompts when they load; a worker handed one
+    # anyway (a prompt in flight in a checkpoint of another model) fails it, it does not
+    # sample a model that has no room left.
+    from trainer.rl._datasets import TextPrompt
+    from trainer.rl._rewards import RewardFailure
+    from trainer.rollout._workload import build_workload
+    from trainer.rollout._workload import worker_spec
+
+    data = tmp_path / "short.jsonl"
+    data.write_text(json.dumps({"prompt": "12=", "target": "21"}) + "\n")
+    workload = build_workload(worker_spec(_config(hf_model, data, "trainer:task_reward")))
+    long = TextPrompt("p0", (1,) * 40, content="1" * 40, columns={"target": "1"})
+    short = TextPrompt("p1", (1, 7, 8, 17), content="12=", columns={"target": "21"})
+    (refused, sampled) = workload.rollouts([long, short], 2, torch.Generator())
+    assert [(c, r.kind) for c, r in refused if isinstance(r, RewardFailure)] == [
+        (None, "context_length")
+    ] * 2
+    assert all(c is not None for c, _ in sampled)
 
 
 async def test_chat_prompts_render_with_the_template_and_score_conversationally(

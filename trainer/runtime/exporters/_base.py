@@ -33,6 +33,8 @@ from eventbus import BatchReconciled
 from eventbus import Capability
 from eventbus import CheckpointRestored
 from eventbus import CheckpointSaved
+from eventbus import CompletionSample
+from eventbus import CompletionsSampled
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
@@ -130,7 +132,8 @@ class Exporter:
     ``StepFinished.metrics`` plus the batch's dropped rollouts and the run's restart counts,
     named as in ``trainer.runtime._metrics.METRICS``), :meth:`write_text` for notable
     safe-point decisions, restarts, recoveries and diagnosed stalls, :meth:`write_checkpoint`
-    for each saved checkpoint and :meth:`close` when the run ends. Only
+    for each saved checkpoint, :meth:`write_completions` for a step's sample completions
+    (``[log] completions``) and :meth:`close` when the run ends. Only
     :meth:`write_scalars` is required.
 
     Args:
@@ -174,6 +177,9 @@ class Exporter:
 
     def write_checkpoint(self, step: int, path: Path) -> None:
         """A checkpoint of ``step`` was saved at ``path``."""
+
+    def write_completions(self, step: int, samples: tuple[CompletionSample, ...]) -> None:
+        """Sample completions of ``step`` (``[log] completions``), for a table."""
 
     def close(self, end: RunEnd) -> None:
         """The run ended: flush and close the exported run."""
@@ -261,6 +267,8 @@ class Exporter:
             self._put(("write_text", event.step, "stalls", event.headline()))
         elif isinstance(event, CheckpointSaved):
             self._put(("write_checkpoint", event.step, Path(event.path)))
+        elif isinstance(event, CompletionsSampled):
+            self._put(("write_completions", event.step, event.samples))
 
     async def _end(self, event: FitFinished | FitFailed) -> None:
         thread = self._thread

@@ -10,6 +10,7 @@ Hugging Face model run, the ``model/`` folder at each checkpoint).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -17,6 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from eventbus import CompletionSample
 from eventbus import ExtensionError
 
 from ._base import Exporter
@@ -151,6 +155,14 @@ class MlflowExporter(Exporter):
         model = self.out_dir / "model"
         if self.log_model and model.is_dir():
             self._client.log_artifacts(self.mlflow_run_id, str(model), "model")
+
+    def write_completions(self, step: int, samples: tuple[CompletionSample, ...]) -> None:
+        """The step's sample completions as the artifact ``completions/step-NNNNNNNN.jsonl``
+        (one JSON object a completion)."""
+        text = "".join(
+            json.dumps(msgspec.to_builtins(sample), ensure_ascii=False) + "\n" for sample in samples
+        )
+        self._client.log_text(self.mlflow_run_id, text, f"completions/step-{step:08d}.jsonl")
 
     def close(self, end: RunEnd) -> None:
         """Attach ``summary.json`` (a finished run's) and end the MLflow run."""

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eventbus import CompletionSample
+
 from ._base import Exporter
 from ._base import RunEnd
 from ._base import RunStart
@@ -95,12 +97,34 @@ class TensorBoardExporter(Exporter):
         self._notes.append((step, tag, text))
         self._writer.add_text(tag, text, step)
 
+    def write_completions(self, step: int, samples: tuple[CompletionSample, ...]) -> None:
+        """The step's sample completions as a table in the text view (tag ``completions``)."""
+        self._writer.add_text("completions", completions_markdown(samples), step)
+
     def close(self, end: RunEnd) -> None:
         """Note how the run ended; flush and close the files."""
         note = f"{end.status} at step {end.step}" + (f": {end.error}" if end.error else "")
         self._writer.add_text("status", note, end.step)
         self._writer.close()
         self._writer = None
+
+
+def completions_markdown(samples: tuple[CompletionSample, ...]) -> str:
+    """``samples`` as a Markdown table: prompt, completion, reward, advantage, and a column
+    per reward function."""
+    functions = list(dict.fromkeys(name for s in samples for name in s.rewards))
+    head = ["prompt", "completion", "reward", "advantage", *functions]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in samples:
+        cells = [_cell(s.prompt), _cell(s.completion), f"{s.reward:.4g}", f"{s.advantage:.4g}"]
+        cells += ["" if s.rewards.get(f) is None else f"{s.rewards[f]:.4g}" for f in functions]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    # A table cell is one line, and a pipe would end it.
+    return text.replace("|", "\\|").replace("\n", "<br>")
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eventbus import CompletionSample
+
 from ._base import Exporter
 from ._base import RunEnd
 from ._base import RunStart
@@ -94,6 +96,26 @@ class WandbExporter(Exporter):
         self._run.log(
             {"step": step, "notes": wandb.Table(columns=["step", "kind", "text"], data=self._notes)}
         )
+
+    def write_completions(self, step: int, samples: tuple[CompletionSample, ...]) -> None:
+        """The step's sample completions as a W&B table (``completions``), as TRL logs them."""
+        import wandb
+
+        functions = list(dict.fromkeys(name for s in samples for name in s.rewards))
+        rows: list[list[Any]] = [
+            [
+                step,
+                s.prompt,
+                s.completion,
+                s.reward,
+                s.advantage,
+                *(s.rewards.get(f) for f in functions),
+            ]
+            for s in samples
+        ]
+        columns: list[str | int] = ["step", "prompt", "completion", "reward", "advantage"]
+        columns += functions
+        self._run.log({"step": step, "completions": wandb.Table(columns=columns, data=rows)})
 
     def close(self, end: RunEnd) -> None:
         """Record how the run ended and finish the W&B run."""

@@ -39,7 +39,8 @@ def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env.delenv("WANDB_MODE", raising=False)  # offline: nothing leaves the machine
         env.setenv("WANDB_SILENT", "true")
         for steps in (2, 4):
-            trainer = PPOTrainer(tiny_config(run__steps=steps, export__to=EXPORTS), out_dir=out)
+            config = tiny_config(run__steps=steps, export__to=EXPORTS, log__completions=2)
+            trainer = PPOTrainer(config, out_dir=out)
             summary = trainer.run()
             assert summary.status == "finished" and summary.extension_failures == 0
     return out
@@ -64,6 +65,11 @@ def test_tensorboard_holds_every_step_once(resumed_run: Path) -> None:
     assert sorted(rewards) == [1, 2, 3, 4]
     assert {"actor/kl", "timing_s/wait", "rollout/restarts"} <= set(events.Tags()["scalars"])
     assert "config/text_summary" in events.Tags()["tensors"]
+    tables = events.Tensors("completions/text_summary")  # [log] completions
+    assert sorted(t.step for t in tables) == [1, 2, 3, 4]
+    text = tables[0].tensor_proto.string_val[0].decode()
+    assert text.startswith("| prompt | completion | reward | advantage |")
+    assert text.count("\n") == 3  # the header, its rule and 2 rows
 
 
 def test_mlflow_holds_one_run_with_metrics_params_and_summary(resumed_run: Path) -> None:
@@ -82,6 +88,8 @@ def test_mlflow_holds_one_run_with_metrics_params_and_summary(resumed_run: Path)
     assert run.data.params["rollout.group_size"] == "4"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "summary.json" in artifacts
+    tables = [a.path for a in client.list_artifacts(run.info.run_id, "completions")]
+    assert tables == [f"completions/step-{step:08d}.jsonl" for step in (1, 2, 3, 4)]
 
 
 def test_wandb_offline_runs_share_the_trainbus_run_id(resumed_run: Path) -> None:
@@ -91,8 +99,22 @@ def test_wandb_offline_runs_share_the_trainbus_run_id(resumed_run: Path) -> None
     assert {run.run_id for run in runs} == {_run_id(resumed_run)}
     assert all(run.exit_code == 0 for run in runs)
     assert runs[0].config["rollout"]["group_size"] == 4
-    rewards = {row["step"]: row["reward/mean"] for run in runs for row in run.history}
+    rewards = {
+        row["step"]: row["reward/mean"]
+        for run in runs
+        for row in run.history
+        if "reward/mean" in row
+    }
     assert rewards == pytest.approx(_rewards(resumed_run))
+    # A table is logged as a file its history row points at (nested keys, joined with "/").
+    tables = [row["step"] for run in runs for row in run.history if "completions/_type" in row]
+    assert sorted(tables) == [1, 2, 3, 4]
+    assert {
+        row["completions/_type"]
+        for run in runs
+        for row in run.history
+        if "completions/_type" in row
+    } == {"table-file"}
 
 
 class _Pause:

@@ -39,6 +39,11 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         heads: attention heads (transformer only); must divide ``d_model``.
         ffn_mult: feed-forward width as a multiple of ``d_model`` (transformer only).
         max_seq_len: longest prompt plus response (transformer position table size).
+        dtype: A Hugging Face model's compute dtype: ``auto`` (bf16 on a GPU that supports
+            it, float32 on the CPU), ``float32`` or ``bfloat16``. The learner keeps float32
+            master weights and optimizer state and runs its forward and backward passes
+            under autocast to it; rollouts sample from a copy in it. The built-in network
+            trains in float32.
     """
 
     # Bounds well past any network built from scratch here (the largest LLM vocabularies
@@ -52,6 +57,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     heads: Annotated[int, Meta(ge=1, le=1024)] = 4
     ffn_mult: Annotated[int, Meta(ge=1, le=64)] = 4
     max_seq_len: Annotated[int, Meta(ge=2, le=2**20)] = 32
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in ("transformer", "gru"):
@@ -59,11 +65,16 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         check_fields(self)  # (decoding a file checks them; a Struct built in Python does not)
         if self.d_model % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model})")
+        if self.path is None and self.dtype == "bfloat16":
+            raise ValueError(
+                "dtype 'bfloat16' needs a Hugging Face model (path); the built-in network "
+                "trains in float32"
+            )
         if self.path is not None:
             shaped = [
                 f.name
                 for f in msgspec.structs.fields(self)
-                if f.name != "path" and getattr(self, f.name) != f.default
+                if f.name not in ("path", "dtype") and getattr(self, f.name) != f.default
             ]
             if shaped:
                 raise ValueError(
@@ -98,6 +109,11 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         entropy_coef: weight of the entropy bonus (0 disables it).
         max_grad_norm: global gradient-norm clip; None disables clipping.
         temperature: sampling temperature the behaviour log-probs were recorded at.
+        micro_batch_tokens: most tokens (rows x the longest prompt plus response among
+            them) one forward and backward pass takes: a minibatch larger than that runs in
+            micro-batches whose gradients add up to the minibatch's (the same update, with
+            memory bounded by the micro-batch); the reference policy's forward too. None:
+            each minibatch in one pass.
     """
 
     epochs: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 2
@@ -112,6 +128,7 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     entropy_coef: Annotated[float, Meta(ge=-FLOAT32_MAX, le=FLOAT32_MAX)] = 0.0
     max_grad_norm: Annotated[float, Meta(gt=0)] | None = 1.0
     temperature: Annotated[float, Meta(gt=0)] = 1.0
+    micro_batch_tokens: Annotated[int, Meta(ge=1, le=MAX_COUNT)] | None = 16_384
 
     def __post_init__(self) -> None:
         # Decoding the file checks the declared bounds; a PPOConfig built in Python is not

@@ -1,16 +1,14 @@
-"""Small autoregressive policies over the task vocabulary, batched sampling, and weight transport.
+"""Small autoregressive policies over the task vocabulary, and their batched sampling.
 
 Two policies share one interface (``policy(tokens) -> logits``, ``[B, T] -> [B, T, V]``): a
 pre-LayerNorm causal transformer (the default) and a GRU (better at sorting at this size).
 :func:`generate` samples groups of completions and records the behaviour log-probs PPO needs;
-:func:`response_logprobs` recomputes them with gradients for the update. Weights travel to
-rollout workers as bytes (:func:`weights_to_bytes` / :func:`load_weights`).
+:func:`response_logprobs` recomputes them with gradients for the update.
 """
 
 from __future__ import annotations
 
 import copy
-import io
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import TypeVar
@@ -144,20 +142,6 @@ def frozen_copy(policy: ModuleT) -> ModuleT:
     ref = copy.deepcopy(policy).eval()
     ref.requires_grad_(False)
     return ref
-
-
-def weights_to_bytes(policy: nn.Module) -> bytes:
-    """Serialise the policy's ``state_dict`` (for weight sync to rollout workers)."""
-    buffer = io.BytesIO()
-    # On the CPU: a worker may sit on another device (or have none but the CPU).
-    torch.save({key: value.cpu() for key, value in policy.state_dict().items()}, buffer)
-    return buffer.getvalue()
-
-
-def load_weights(policy: nn.Module, data: bytes) -> None:
-    """Load weights produced by :func:`weights_to_bytes` into ``policy`` (shapes must match)."""
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    policy.load_state_dict(state)  # copies into the parameters, on whatever device they are
 
 
 def _tokens_of(prompt: Prompt | Sequence[int]) -> tuple[int, ...]:

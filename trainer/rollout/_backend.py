@@ -29,6 +29,7 @@ from ..config._schema import RolloutWorkers
 from ..config._schema import within
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
+    from ..rl._weights import PolicyWeights
     from ._faults import FaultInjector
     from ._stacks import StackReader
     from ._worker import RolloutWork
@@ -170,14 +171,15 @@ class RolloutBackend(Protocol):
     name: str
     workers: int
 
-    async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
+    async def start(self, sink: ResultSink, weights: PolicyWeights, version: int) -> None:
         """Start the workers with ``weights`` as policy ``version``."""
 
     def submit(self, work: RolloutWork) -> None:
         """Queue ``work``; results arrive through the sink. Never blocks."""
 
-    async def update_weights(self, weights: bytes, version: int) -> None:
-        """Make every worker sample from ``version`` for work it starts from now on."""
+    async def update_weights(self, weights: PolicyWeights, version: int) -> None:
+        """Make every worker sample from ``version`` for work it starts from now on, without
+        waiting for any worker (a busy or hung one loads it when it takes new work)."""
 
     async def restart(self, reason: str) -> int:
         """Stop or kill the workers and start fresh ones; queued work is dropped (the

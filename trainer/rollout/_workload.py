@@ -57,6 +57,10 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
         reward_timeout_s: Deadline of each reward call.
         device: Where a Hugging Face model samples (``auto``, ``cpu``, ``cuda``).
         torch_threads: Intra-op threads per worker (1: small models, busy event loop).
+        dtype: A Hugging Face model's ``[model] dtype``; each worker resolves ``auto`` on
+            its device and keeps its copy of the weights in it.
+        max_batch_tokens: Most tokens one generation batch holds (None: by the device).
+        cuda_graphs: Replay the decode step as a CUDA graph on a GPU.
     """
 
     task_name: str
@@ -70,6 +74,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     reward_timeout_s: float = 30.0
     device: str = "cpu"
     torch_threads: int = 1
+    dtype: str = "auto"
+    max_batch_tokens: int | None = None
+    cuda_graphs: bool = True
 
 
 class Workload:
@@ -212,6 +219,8 @@ class _HuggingFace(Workload):
             generator,
             temperature,
             top_p=self.spec.top_p,
+            max_batch_tokens=self.spec.max_batch_tokens,
+            cuda_graphs=self.spec.cuda_graphs,
         )
 
     def _score(
@@ -264,6 +273,9 @@ def worker_spec(config: TrainerConfig) -> WorkerSpec:
         reward_weights=tuple(task.reward_weights) if task.reward_weights else None,
         reward_timeout_s=task.reward_timeout_s,
         device=device,
+        dtype=config.model.dtype,
+        max_batch_tokens=config.rollout.max_batch_tokens,
+        cuda_graphs=config.rollout.cuda_graphs,
     )
 
 
@@ -280,8 +292,12 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
         return _Builtin(policy, spec)
     if policy is None:
         from ..rl._hf_policy import HFPolicy
+        from ..rl._hf_policy import resolve_device
+        from ..rl._hf_policy import resolve_dtype
 
-        policy = HFPolicy.load(spec.policy.path, spec.device)
+        device = resolve_device(spec.device)
+        dtype = resolve_dtype(spec.dtype, device)  # type: ignore[arg-type]  # a DtypeName
+        policy = HFPolicy.load(spec.policy.path, device, dtype)
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
 

@@ -24,8 +24,8 @@ from ..rl._grpo import ppo_update
 from ..rl._hparams import Completion
 from ..rl._policy import Policy
 from ..rl._policy import frozen_copy
-from ..rl._policy import weights_to_bytes
 from ..rl._tasks import Prompt
+from ..rl._weights import PolicyWeights
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
     from ..rl._hf_policy import HFPolicy
@@ -39,6 +39,8 @@ class Learner:
     Args:
         config: The run configuration (PPO hyper-parameters, optimizer, seed).
         policy: The policy to train (the built-in network, or a Hugging Face model).
+        rollout_dtype: The dtype the weights are published to the workers in (None: the
+            policy's own).
 
     Attributes:
         policy: The policy being trained.
@@ -49,9 +51,16 @@ class Learner:
             per update).
     """
 
-    def __init__(self, config: TrainerConfig, policy: Policy | HFPolicy) -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        policy: Policy | HFPolicy,
+        *,
+        rollout_dtype: torch.dtype | None = None,
+    ) -> None:
         seed = config.run.seed
         self.policy = policy
+        self.rollout_dtype = rollout_dtype
         self.reference = frozen_copy(self.policy) if config.ppo.kl_coef > 0 else None
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.optimizer.lr)
         self._hparams = config.ppo
@@ -59,9 +68,10 @@ class Learner:
         self.step = 0
         self.policy_version = 0
 
-    def weights(self) -> bytes:
-        """The policy's weights, as rollout workers load them."""
-        return weights_to_bytes(self.policy)
+    def weights(self) -> PolicyWeights:
+        """The policy's weights as rollout workers load them: a copy on the learner's
+        device, in the dtype rollouts sample in."""
+        return PolicyWeights.of(self.policy, self.rollout_dtype)
 
     def update(self, batch: tuple[GroupResult, ...]) -> dict[str, float]:
         """One PPO update on a batch (call it off the event loop); returns its metrics.

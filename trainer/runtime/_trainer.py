@@ -112,7 +112,9 @@ class PPOTrainer:
         # Loads the model, the datasets and the reward functions (WorkloadError if it can't).
         self.workload = RunWorkload(config)
         self.stream = self.workload.stream
-        self.learner = Learner(config, self.workload.policy)
+        self.learner = Learner(
+            config, self.workload.policy, rollout_dtype=self.workload.rollout_dtype
+        )
         self.backend = backend if backend is not None else make_backend(config, faults)
         self.membership = MembershipRequests()
         self.bus = bus or EventBus(

@@ -4,7 +4,9 @@ GRPO needs no critic: each prompt's group of completions is its own baseline, an
 completion's advantage is its reward standardised within the group. :func:`ppo_update` then
 runs several epochs of the PPO clipped objective over the batch against the *behaviour*
 log-probs recorded at sampling time, so samples from an older policy version (async mode) are
-importance-weighted correctly; the clip bounds how far one batch moves the policy.
+importance-weighted correctly; the clip bounds how far one batch moves the policy. A
+minibatch larger than ``micro_batch_tokens`` runs as micro-batches whose gradients add up to
+the minibatch's (:func:`micro_batches`), so memory is bounded by the micro-batch.
 """
 
 from __future__ import annotations
@@ -90,6 +92,47 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
 def _k3_kl(log_ratio: Tensor) -> Tensor:
     """Per-token KL estimate ``exp(x) - x - 1`` with x = log(p_other / p_current): >= 0."""
     return torch.exp(log_ratio) - log_ratio - 1
+
+
+def micro_batches(
+    samples: Sequence[Sample], rows: Sequence[int], max_tokens: int | None
+) -> list[list[int]]:
+    """``rows`` (indices into ``samples``) in micro-batches of at most ``max_tokens`` padded
+    tokens each (rows x the longest prompt plus response among them): longest first, as many
+    as fit, at least one a micro-batch. All in one, in their order, when they fit (or
+    ``max_tokens`` is None): the same sums as a plain minibatch."""
+    size = {
+        row: len(samples[row].prompt_tokens) + len(samples[row].response_tokens) for row in rows
+    }
+    if max_tokens is None or len(rows) * max(size.values(), default=0) <= max_tokens:
+        return [list(rows)]
+    order = sorted(rows, key=lambda row: -size[row])
+    parts: list[list[int]] = []
+    for row in order:
+        part = parts[-1] if parts else None
+        if part is not None and (len(part) + 1) * size[part[0]] <= max_tokens:
+            part.append(row)
+        else:
+            parts.append([row])
+    return parts
+
+
+def _reference_logprobs(
+    reference: TrainablePolicy, samples: Sequence[Sample], config: PPOConfig, device: torch.device
+) -> Tensor:
+    """The reference policy's log-probs of every response, ``[B, R]``, micro-batch by
+    micro-batch (no gradients)."""
+    width = max(1, *(len(s.response_tokens) for s in samples))
+    out = torch.zeros((len(samples), width), device=device)
+    with torch.no_grad():
+        for part in micro_batches(samples, range(len(samples)), config.micro_batch_tokens):
+            logprobs, _, _ = reference.response_logprobs(
+                [samples[i].prompt_tokens for i in part],
+                [samples[i].response_tokens for i in part],
+                config.temperature,
+            )
+            out[torch.tensor(part, device=device), : logprobs.shape[1]] = logprobs
+    return out
 
 
 def _padded_logprobs(rows: Sequence[Sequence[float]], device: torch.device) -> Tensor:
@@ -187,13 +230,8 @@ def ppo_update(
     device = params[0].device
     old_logprobs = _padded_logprobs([s.logprobs for s in samples], device)
     ref_logprobs = None
-    if config.kl_coef > 0 and ref_policy is not None:
-        with torch.no_grad():  # once per batch: the reference never changes
-            ref_logprobs, _, _ = ref_policy.response_logprobs(
-                [s.prompt_tokens for s in samples],
-                [s.response_tokens for s in samples],
-                config.temperature,
-            )
+    if config.kl_coef > 0 and ref_policy is not None:  # once per batch: it never changes
+        ref_logprobs = _reference_logprobs(ref_policy, samples, config, device)
 
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
     size = config.minibatch_size or len(samples)
@@ -207,17 +245,28 @@ def ppo_update(
         else:
             order = torch.arange(len(samples))
         for start in range(0, len(samples), size):
-            idx = order[start : start + size]
-            rows = idx.tolist()
-            loss, stats = _minibatch_loss(
-                policy,
-                [samples[i] for i in rows],
-                old_logprobs[idx],
-                ref_logprobs[idx] if ref_logprobs is not None else None,
-                config,
-            )
+            rows = order[start : start + size].tolist()
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
+            # Micro-batch losses weighted by their share of the minibatch's response tokens
+            # add up to the minibatch's token-mean loss, and so do their gradients.
+            tokens = max(1, sum(len(samples[i].response_tokens) for i in rows))
+            stats: dict[str, Tensor] = {}
+            for part in micro_batches(samples, rows, config.micro_batch_tokens):
+                idx = torch.tensor(part, device=device)
+                loss, part_stats = _minibatch_loss(
+                    policy,
+                    [samples[i] for i in part],
+                    old_logprobs[idx],
+                    ref_logprobs[idx] if ref_logprobs is not None else None,
+                    config,
+                )
+                weight = sum(len(samples[i].response_tokens) for i in part) / tokens
+                (loss * weight).backward()  # type: ignore[no-untyped-call]
+                for key, value in part_stats.items():
+                    if key == "ratio_max":
+                        stats[key] = torch.maximum(stats.get(key, value), value)
+                    else:
+                        stats[key] = stats.get(key, torch.zeros_like(value)) + value * weight
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             if math.isfinite(grad_norm):
                 optimizer.step()

@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -41,6 +40,7 @@ from ._hf import tokenizer_error
 from ._hf import transformers
 from ._hf import weights_error
 from ._hparams import Completion
+from ._hparams import DtypeName
 from ._hparams import WorkloadError
 from ._policy import Scores
 from ._policy import TokenBatch
@@ -55,16 +55,12 @@ from ._sampler import pick
 from ._sampler import plan_batches
 
 __all__ = [
-    "DtypeName",
     "HFPolicy",
     "ModelLoadError",
     "check_model_folder",
     "resolve_device",
     "resolve_dtype",
 ]
-
-DtypeName = Literal["auto", "float32", "bfloat16"]
-"""``[model] dtype``, ``--dtype``."""
 
 
 # from_pretrained builds the model under a process-wide "meta device" context: two threads

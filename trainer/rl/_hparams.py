@@ -17,7 +17,10 @@ from ._bounds import MAX_COUNT
 from ._bounds import check_fields
 from ._tasks import VOCAB_SIZE
 
-__all__ = ["Completion", "PPOConfig", "PolicyConfig", "WorkloadError"]
+__all__ = ["Completion", "DtypeName", "PPOConfig", "PolicyConfig", "WorkloadError"]
+
+DtypeName = Literal["auto", "float32", "bfloat16"]
+"""``[model] dtype``, ``--dtype``."""
 
 
 class WorkloadError(ValueError):
@@ -57,7 +60,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     heads: Annotated[int, Meta(ge=1, le=1024)] = 4
     ffn_mult: Annotated[int, Meta(ge=1, le=64)] = 4
     max_seq_len: Annotated[int, Meta(ge=2, le=2**20)] = 32
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    dtype: DtypeName = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in ("transformer", "gru"):

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..config._schema import TrainerConfig
 from ..rl._hparams import Completion
+from ..rl._hparams import DtypeName
 from ..rl._hparams import PolicyConfig
 from ..rl._policy import build_policy
 from ..rl._policy import generate
@@ -74,7 +75,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     reward_timeout_s: float = 30.0
     device: str = "cpu"
     torch_threads: int = 1
-    dtype: str = "auto"
+    dtype: DtypeName = "auto"
     max_batch_tokens: int | None = None
     cuda_graphs: bool = True
 
@@ -296,7 +297,7 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
         from ..rl._hf_policy import resolve_dtype
 
         device = resolve_device(spec.device)
-        dtype = resolve_dtype(spec.dtype, device)  # type: ignore[arg-type]  # a DtypeName
+        dtype = resolve_dtype(spec.dtype, device)
         policy = HFPolicy.load(spec.policy.path, device, dtype)
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)

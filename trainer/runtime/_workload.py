@@ -77,7 +77,6 @@ class RunWorkload:
             from ..rl._datasets import TextPromptStream
             from ..rl._datasets import load_prompt_table
             from ..rl._hf_policy import HFPolicy
-
             from ..rl._hf_policy import resolve_dtype
 
             # Float32 master weights (and optimizer state); forward and backward passes

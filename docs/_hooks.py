@@ -75,6 +75,7 @@ def _metric_table(which: str) -> str:
         when = {
             "step": "every step",
             "validation": "validation steps",
+            "gpu": "every step on a GPU",
             "events": "exporters, from events",
         }[metric.when]
         short = f"`{metric.short}`" if metric.short else ""

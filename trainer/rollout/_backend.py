@@ -86,6 +86,8 @@ class BackendStatistics:
         workers_lost: Workers that died or were lost.
         weight_syncs: Weight updates pushed.
         busy_s: Seconds the workers spent running work, summed over workers.
+        generated_tokens: Tokens the workers generated.
+        generate_s: Seconds they spent generating them, summed over workers.
     """
 
     name: str
@@ -96,6 +98,8 @@ class BackendStatistics:
     workers_lost: int
     weight_syncs: int
     busy_s: float = 0.0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -111,6 +115,13 @@ class BackendCounters:
     workers_lost: int = 0
     weight_syncs: int = 0
     busy_s: float = 0.0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+
+    def add_generation(self, generated: tuple[int, float]) -> None:
+        """Count what a worker generated during a piece of work (tokens, seconds)."""
+        self.generated_tokens += generated[0]
+        self.generate_s += generated[1]
 
     def snapshot(self, name: str, workers: int) -> BackendStatistics:
         """The counters now, with the backend's name and the workers alive."""

@@ -340,6 +340,7 @@ class LocalBackend(BackendBase):
                 finally:
                     with self._lock:
                         self._counts.busy_s += time.perf_counter() - began
+                        self._counts.add_generation(worker.workload.take_generation())
                 if faults is not None:
                     results = faults.after_work(
                         worker_id,

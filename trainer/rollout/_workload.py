@@ -8,6 +8,7 @@ the trainer's validation, on its own copy of the policy.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -100,6 +101,12 @@ class Workload:
         self.policy = policy
         self.spec = spec
         self.phase: Callable[..., AbstractContextManager[None]] = _no_phase
+        self._generated = (0, 0.0)
+
+    def take_generation(self) -> tuple[int, float]:
+        """Tokens generated, and seconds spent generating them, since the last call."""
+        generated, self._generated = self._generated, (0, 0.0)
+        return generated
 
     def rollouts(
         self,
@@ -128,8 +135,14 @@ class Workload:
             return out
         taken = [prompts[i] for i in fits]
         temperature = 0.0 if greedy else self.spec.temperature
+        began = time.perf_counter()
         with self.phase("generate"):
             groups = self._sample(taken, n, generator, temperature)
+        tokens, seconds = self._generated
+        self._generated = (
+            tokens + sum(len(c.tokens) for group in groups for c in group),
+            seconds + time.perf_counter() - began,
+        )
         with self.phase("reward", sum(map(len, groups))):
             scores = iter(self._score(taken, groups, hang_reward))
         for i, group in zip(fits, groups, strict=True):

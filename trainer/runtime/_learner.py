@@ -102,6 +102,7 @@ class Learner:
             self._hparams,
             generator=self._generator,
         )
+        metrics["prompt_len"] = sum(len(s.prompt_tokens) for s in samples) / len(samples)
         metrics["reward_mean"] = sum(rewards) / len(rewards)
         metrics["reward_max"] = max(rewards)
         metrics["groups"] = float(len(batch))

@@ -96,7 +96,7 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("bus", "replay", "runtime", "recovery", "chaos")  # also: learning (no --quick)
+BENCHMARKS = ("bus", "replay", "runtime", "recovery", "chaos", "gpu")  # also: learning
 
 
 def _bench(args: argparse.Namespace) -> int:

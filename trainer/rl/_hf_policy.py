@@ -87,6 +87,19 @@ def resolve_dtype(name: DtypeName, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def _explicit_mask_attention(model: Any) -> str:
+    """Make ``model`` attend with SDPA, else eager attention (the two that take an explicit
+    mask, which the static-cache decoder builds), and say which; a model that takes neither
+    keeps its own."""
+    for name in ("sdpa", "eager"):
+        try:
+            model.set_attn_implementation(name)
+        except (ValueError, ImportError, AttributeError):
+            continue
+        return name
+    return "other"
+
+
 def _weight_errors() -> tuple[type[BaseException], ...]:
     """What reading a damaged weights file raises: safetensors' header errors, torch.load's
     unpickling and zip-archive errors (RuntimeError), a file that ends early."""
@@ -110,9 +123,20 @@ class HFPolicy(nn.Module):
             them).
         autocast: Run forward passes under autocast to this dtype (None: in the weights'
             own dtype). The learner sets bf16 over its float32 master weights.
+        attention: The model's attention implementation, ``sdpa`` or ``eager`` (both take
+            the explicit masks the static-cache decoder passes); another: decoded with the
+            model's own cache.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, path: Path, notices: list[str]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        path: Path,
+        notices: list[str],
+        *,
+        attention: str = "sdpa",
+    ) -> None:
         super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -126,6 +150,7 @@ class HFPolicy(nn.Module):
         accepted = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
         self.autocast: torch.dtype | None = None
+        self.attention = attention
         self._decoders = DecoderCache()
         self._static: bool | None = None  # whether the static-cache decoder fits the model
 
@@ -175,12 +200,13 @@ class HFPolicy(nn.Module):
             unfit = fit_error(folder, info)
             if unfit is not None:
                 raise unfit
+            attention = _explicit_mask_attention(model)
             model = model.to(target)
         notices = []
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
             notices.append(f"the tokenizer in {folder} has no pad token: using EOS for padding")
-        return cls(model, tokenizer, folder, notices)
+        return cls(model, tokenizer, folder, notices, attention=attention)
 
     def train(self, mode: bool = True) -> HFPolicy:
         """Always eval mode: dropout would make the sampled log-probs differ from the
@@ -371,7 +397,9 @@ class HFPolicy(nn.Module):
 
     def _supports_static(self) -> bool:
         if self._static is None:
-            self._static = StaticDecoder.supports(self.model)
+            self._static = self.attention in ("sdpa", "eager") and StaticDecoder.supports(
+                self.model
+            )
         return self._static
 
     def _decoder(
@@ -386,7 +414,7 @@ class HFPolicy(nn.Module):
                 max_new_tokens=max_new_tokens,
                 settings=settings,
                 graphs=graphs,
-                mask_dtype=self.compute_dtype,
+                mask_dtype=self.compute_dtype if self.attention == "eager" else None,
             )
 
         return self._decoders.get((rows, slots, max_new_tokens, settings, graphs), build)

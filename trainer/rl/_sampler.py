@@ -179,7 +179,8 @@ class StaticDecoder:
         max_new_tokens: The completion budget (the output buffers' width).
         settings: Temperature, top-p, EOS, padding, context.
         graphs: Capture the decode step as a CUDA graph (a CUDA device only).
-        mask_dtype: The dtype attention computes in (an additive mask is built in it).
+        mask_dtype: For eager attention, the dtype it computes in: the mask is then added
+            to the scores, built in it. None: a boolean mask (SDPA's, True to attend).
     """
 
     def __init__(
@@ -192,7 +193,7 @@ class StaticDecoder:
         max_new_tokens: int,
         settings: DecodeSettings,
         graphs: bool,
-        mask_dtype: torch.dtype,
+        mask_dtype: torch.dtype | None,
     ) -> None:
         from transformers import StaticCache
 
@@ -203,10 +204,10 @@ class StaticDecoder:
         self.device = device = next(model.parameters()).device
         self.graphs = graphs and device.type == "cuda"
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
-        # The eager implementation adds the mask; SDPA takes it as booleans (True: attend).
-        self._additive = model.config._attn_implementation == "eager"
-        self._blocked = torch.tensor(torch.finfo(mask_dtype).min, dtype=mask_dtype, device=device)
-        self._open = torch.zeros((), dtype=mask_dtype, device=device)
+        additive = mask_dtype or torch.float32
+        self._additive = mask_dtype is not None
+        self._blocked = torch.tensor(torch.finfo(additive).min, dtype=additive, device=device)
+        self._open = torch.zeros((), dtype=additive, device=device)
         long = {"dtype": torch.long, "device": device}
         self.columns = torch.arange(slots, **long)
         self.tokens = torch.full((rows, 1), settings.pad_id, **long)  # each row's last token
@@ -225,13 +226,11 @@ class StaticDecoder:
 
     @staticmethod
     def supports(model: Any) -> bool:
-        """Whether ``model`` can decode into a static cache with an explicit mask: one
-        full-attention cache layer per block, eager or SDPA attention."""
+        """Whether ``model``'s cache can be static: one full-attention cache layer per block
+        (its attention must also take an explicit mask: eager or SDPA)."""
         from transformers import StaticCache
         from transformers.cache_utils import StaticLayer
 
-        if getattr(model.config, "_attn_implementation", None) not in ("eager", "sdpa"):
-            return False
         try:
             cache = StaticCache(config=model.config, max_cache_len=1)
         except (ValueError, KeyError, TypeError, AttributeError):

@@ -23,11 +23,17 @@ torch.set_num_threads(1)
 TEXTS = ("12345=", "7=", "906=", "1111111111=", "42=")  # prompts of five lengths
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "gpt2-eager"])
 def policy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HFPolicy:
+    architecture, _, attention = request.param.partition("-")
     folder = tmp_path_factory.mktemp(request.param) / "model"
-    init_model(folder, texts=["="], architecture=request.param, context=40, seed=3)
-    return HFPolicy.load(folder)
+    init_model(folder, texts=["="], architecture=architecture, context=40, seed=3)
+    policy = HFPolicy.load(folder)
+    assert policy.attention == "sdpa"  # what loading picks where the model has it
+    if attention:  # eager attention: the decoder adds its mask to the scores instead
+        policy.model.set_attn_implementation(attention)
+        policy.attention = attention
+    return policy
 
 
 def _tokens(groups: list[Any]) -> list[list[tuple[int, ...]]]:

@@ -269,7 +269,9 @@ class HFPolicy(nn.Module):
         if self.autocast is None:
             yield
             return
-        with torch.autocast(self.device.type, dtype=self.autocast):
+        # No cast cache: a CUDA graph captured in here must cast the weights as it replays
+        # (a cached cast is freed when the block ends, and the weights move on anyway).
+        with torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=False):
             yield
 
     @property

@@ -398,6 +398,15 @@ class DecoderCache:
         """Drop every decoder (their caches and graphs)."""
         self._decoders.clear()
 
+    def __len__(self) -> int:
+        return len(self._decoders)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DecoderCache:
+        # A copy of the policy (the KL reference) decodes with its own weights: it builds
+        # its own decoders (a captured graph reads the original's tensors, and cannot be
+        # copied anyway).
+        return DecoderCache(self.size)
+
 
 def graph_rows(rows: int, capacity: int) -> int:
     """A batch's row count as decoded with graphs: the next power of two, within capacity."""

@@ -118,4 +118,7 @@ class PolicyWeights:
                 if key in written:
                     continue  # tied to one already written
                 written.add(key)
-                target.copy_(self.tensors[name], non_blocking=True)
+                source = self.tensors[name]
+                # Asynchronous on one device (ordered on its stream); across devices a copy
+                # into pageable memory must complete before the caller reads it.
+                target.copy_(source, non_blocking=source.device == target.device)

@@ -4,6 +4,7 @@ cache, a decode step that only touches fixed buffers, and few host synchronisati
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,17 @@ def test_a_bf16_sampler_records_what_the_bf16_learner_recomputes(hf_model: Path)
         recorded[row, : len(completion.tokens)] = torch.tensor(completion.logprobs)
     gap = (logprobs - recorded)[mask].abs()
     assert gap.mean() < 0.02 and gap.max() < 0.1  # bf16 rounding, not another distribution
+
+
+def test_a_copy_of_the_policy_builds_its_own_decoders(hf_model: Path) -> None:
+    policy = HFPolicy.load(hf_model)
+    prompts = [policy.encode("123=")]
+    first = policy.generate(prompts, 2, 5, torch.Generator().manual_seed(0))
+    reference = copy.deepcopy(policy)  # as the KL reference is made
+    # Nothing of the original's decoders (on a GPU: graphs reading the original's weights).
+    assert (len(policy._decoders), len(reference._decoders)) == (1, 0)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.mul_(0.0)  # the original moves on; the copy must not sample with it
+    again = reference.generate(prompts, 2, 5, torch.Generator().manual_seed(0))
+    assert again == first

@@ -27,6 +27,7 @@ COMPARED = (
     "best reward",
     "validation reward",
     "time",
+    "throughput",
     "restarts",
     "stalls",
     "dropped rollouts",

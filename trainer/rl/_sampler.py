@@ -178,7 +178,8 @@ class StaticDecoder:
         slots: Cache length (prompt width plus completion budget).
         max_new_tokens: The completion budget (the output buffers' width).
         settings: Temperature, top-p, EOS, padding, context.
-        graphs: Capture the decode step as a CUDA graph (a CUDA device only).
+        graphs: Capture the decode step as a CUDA graph (the caller asks for it only on a
+            CUDA device).
         mask_dtype: For eager attention, the dtype it computes in: the mask is then added
             to the scores, built in it. None: a boolean mask (SDPA's, True to attend).
     """
@@ -202,7 +203,11 @@ class StaticDecoder:
         self.rows, self.slots, self.steps = rows, slots, max_new_tokens
         self.settings = settings
         self.device = device = next(model.parameters()).device
-        self.graphs = graphs and device.type == "cuda"
+        self.graphs = graphs
+        # The prompts' width: what the cache holds beyond the completion (and, to capture a
+        # graph, beyond the warm-up steps, which may outrun a short completion).
+        beyond = max(max_new_tokens, _WARMUP_STEPS + 1) if self.graphs else max_new_tokens
+        self.width = slots - beyond
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
         additive = mask_dtype or torch.float32
         self._additive = mask_dtype is not None
@@ -283,8 +288,7 @@ class StaticDecoder:
         self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], generator: torch.Generator
     ) -> None:
         """The prompts into the cache in one forward pass; draws each row's first token."""
-        device, settings = self.device, self.settings
-        width = self.slots - self.steps
+        device, settings, width = self.device, self.settings, self.width
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         rows = [[settings.pad_id] * (width - len(p)) + list(p) for p in prompts]
         input_ids = torch.tensor(rows, device=device)

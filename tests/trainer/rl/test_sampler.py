@@ -212,3 +212,96 @@ def test_a_copy_of_the_policy_builds_its_own_decoders(hf_model: Path) -> None:
             parameter.mul_(0.0)  # the original moves on; the copy must not sample with it
     again = reference.generate(prompts, 2, 5, torch.Generator().manual_seed(0))
     assert again == first
+
+
+class _Capture:
+    """torch.cuda's graph API as the CPU can play it: inside ``graph(...)`` a decode step is
+    recorded, not run (as stream capture records kernels without running them), and
+    ``replay()`` runs the recorded step. Streams are no-ops."""
+
+    def __init__(self) -> None:
+        self.capturing: Any = None
+        self.graphs: list[Any] = []
+        self.steps_run = 0
+        outer = self
+
+        class Graph:
+            def __init__(self) -> None:
+                self.step: Any = None
+                self.replays = 0
+                outer.graphs.append(self)
+
+            def replay(self) -> None:
+                self.replays += 1
+                self.step()
+
+        class Stream:
+            def __init__(self, device: Any = None) -> None: ...
+            def wait_stream(self, other: Any) -> None: ...
+
+        @contextlib.contextmanager
+        def graph(graph: Graph, capture_error_mode: str = "global") -> Iterator[None]:
+            self.capturing = graph
+            try:
+                yield
+            finally:
+                self.capturing = None
+
+        self.Graph, self.Stream, self.graph = Graph, Stream, graph
+
+    def install(self, patch: pytest.MonkeyPatch) -> None:
+        original = StaticDecoder.step
+        outer = self
+
+        def step(decoder: StaticDecoder) -> None:
+            if outer.capturing is not None:
+                outer.capturing.step = lambda: original(decoder)  # recorded, not run
+                return
+            outer.steps_run += 1
+            original(decoder)
+
+        patch.setattr(StaticDecoder, "step", step)
+        patch.setattr(torch.cuda, "CUDAGraph", self.Graph)
+        patch.setattr(torch.cuda, "Stream", self.Stream)
+        patch.setattr(torch.cuda, "graph", self.graph)
+        patch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+        patch.setattr(torch.cuda, "current_stream", lambda device=None: self.Stream())
+
+
+def test_the_captured_decode_step_replays_what_the_eager_one_computes(policy: HFPolicy) -> None:
+    # The capture path's logic on the CPU: the warm-up steps run before the capture move
+    # every buffer and write into the cache, and the batch's own prefill must undo all of it.
+    from trainer.rl._sampler import DecodeSettings
+
+    prompts = _prompts(policy)
+    budgets = [12, 12, 3, 12, 9]
+    settings = DecodeSettings(1.0, 1.0, policy.eos_id, policy.pad_id, policy.context_length)
+
+    def decoder(graphs: bool) -> StaticDecoder:
+        slots = cache_length(max(map(len, prompts)), 12, graphs)
+        return StaticDecoder(
+            policy.model,
+            policy._cache_arg,
+            rows=8,  # three rows beyond the batch, as a shape bucket has
+            slots=slots,
+            max_new_tokens=12,
+            settings=settings,
+            graphs=graphs,
+            mask_dtype=None if policy.attention == "sdpa" else torch.float32,
+        )
+
+    with torch.inference_mode():
+        eager = decoder(False).run(prompts, budgets, torch.Generator().manual_seed(5), 1)
+        capture = _Capture()
+        with pytest.MonkeyPatch.context() as patch:
+            capture.install(patch)
+            graphed = decoder(True)
+            first = graphed.run(prompts, budgets, torch.Generator().manual_seed(5), 1)
+            second = graphed.run(prompts, budgets, torch.Generator().manual_seed(5), 1)
+    for run in (first, second):  # and a second batch replays the same graph
+        assert run[0] == eager[0]
+        # More left padding (the graph's coarser cache length) sums in another order.
+        torch.testing.assert_close(torch.tensor(run[1]), torch.tensor(eager[1]), atol=1e-5, rtol=0)
+    [graph] = capture.graphs
+    assert graph.replays == 2 * (len(eager[0][0]) - 1)  # every token after the prefill's
+    assert capture.steps_run == 3  # the warm-up, once: the capture itself runs nothing

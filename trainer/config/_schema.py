@@ -227,7 +227,7 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         max_batch_tokens: Most tokens one generation batch of a Hugging Face model holds
             (rows x (the longest prompt + max_new_tokens): its KV cache). A worker's
             rollouts are generated in as few batches as fit. Unset: 16384 on the CPU; on a
-            GPU what a quarter of its free memory holds.
+            GPU what a quarter of its free memory holds at the first batch.
         cuda_graphs: Replay a Hugging Face model's decode step as a CUDA graph when
             sampling on a GPU (the CPU decodes eagerly).
     """

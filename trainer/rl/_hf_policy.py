@@ -153,6 +153,7 @@ class HFPolicy(nn.Module):
         self.attention = attention
         self._decoders = DecoderCache()
         self._static: bool | None = None  # whether the static-cache decoder fits the model
+        self._auto_batch_tokens: int | None = None
 
     @classmethod
     def load(
@@ -339,7 +340,7 @@ class HFPolicy(nn.Module):
                 else the model's own); False recomputes the whole sequence each token (for
                 tests).
             max_batch_tokens: Most rows x (padded prompt + ``max_new_tokens``) one batch
-                holds; None: :func:`~._sampler.auto_batch_tokens`.
+                holds; None: :func:`~._sampler.auto_batch_tokens`, at the first batch.
             cuda_graphs: Replay the decode step as a CUDA graph (a CUDA device only).
             eos_check_every: Tokens between two checks whether every row has ended (each
                 check waits for the device); None: 1 on the CPU, where it costs nothing,
@@ -367,7 +368,11 @@ class HFPolicy(nn.Module):
         ]
         static = use_cache and self._supports_static()
         graphs = static and cuda_graphs and device.type == "cuda"
-        capacity = max_batch_tokens or auto_batch_tokens(self.model, device, self.compute_dtype)
+        if max_batch_tokens is None and self._auto_batch_tokens is None:
+            # Sized once, at the first batch: a budget that moved with the free memory
+            # would change the batch shapes, and with them the captured graphs.
+            self._auto_batch_tokens = auto_batch_tokens(self.model, device, self.compute_dtype)
+        capacity = max_batch_tokens or self._auto_batch_tokens or 1
         check = eos_check_every or (1 if device.type == "cpu" else 8)
         settings = DecodeSettings(temperature, top_p, self.eos_id, self.pad_id, context)
         drawn: list[tuple[list[int], list[float]]] = [([], [])] * len(rows)

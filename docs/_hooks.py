@@ -77,6 +77,7 @@ def _metric_table(which: str) -> str:
             "validation": "validation steps",
             "occurred": "the steps where it occurred",
             "setting": "every step, when its setting is on",
+            "gpu": "every step on a GPU",
             "events": "exporters, from events",
         }[metric.when]
         short = f"`{metric.short}`" if metric.short else ""

@@ -53,3 +53,21 @@ def test_dev_runs_in_the_callers_folder(
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [str(caller), given]
     assert "setting up .venv" not in done.stderr  # the stand-in was taken as set up
+
+
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="no network namespaces here (./dev refuses)")
+def test_dev_bench_runs_trainbus_bench_in_the_repository_on_loopback_only(
+    repo: Path, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        ["bash", str(repo / "dev"), "bench", "gpu"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [str(repo), "bench gpu"]

@@ -25,6 +25,7 @@ if _typing.TYPE_CHECKING:
     from .rl._tasks import TASKS as TASKS
     from .rl._tasks import make_task as make_task
     from .rl._text_tasks import task_reward as task_reward
+    from .rl._weights import PolicyWeights as PolicyWeights
     from .rollout._backend import BackendStatistics as BackendStatistics
     from .rollout._backend import Holding as Holding
     from .rollout._backend import ResultSink as ResultSink

@@ -99,7 +99,7 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("bus", "replay", "runtime", "recovery", "chaos")  # also: learning (no --quick)
+BENCHMARKS = ("bus", "replay", "runtime", "recovery", "chaos", "gpu")  # also: learning
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -107,7 +107,7 @@ def _bench(args: argparse.Namespace) -> int:
     and memory never skew the next) and let them print their tables."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
     if not root.is_dir():
         raise UsageError("bench: no benchmarks/ folder next to the package; run from a checkout")
     names = args.names or list(BENCHMARKS)

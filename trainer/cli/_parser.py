@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..config._schema import BackendName
     from ..config._schema import Device
     from ..config._schema import RunMode
+    from ..rl._hparams import DtypeName
 
     parser = Parser(prog="trainbus", description="RL trainer runtime with a typed event bus.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -157,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="run.device",
         choices=get_args(Device),
         help="where the learner runs",
+    )
+    train.add_argument(
+        "--dtype",
+        dest="model.dtype",
+        choices=get_args(DtypeName),
+        help="a Hugging Face model's compute dtype (auto: bf16 on a GPU, float32 on the CPU)",
     )
     train.add_argument("--no-progress", action="store_true", help="plain lines, no live view")
     train.add_argument("-v", "--verbose", action="store_true", help="log at INFO, with tracebacks")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,6 +91,7 @@ def report_json(run: RunData) -> dict[str, Any]:
         "restarts": [describe(e) for e in run.fold.restart_events] if run.fold else None,
         "notable_decisions": [describe(e) for e in run.fold.notable_events] if run.fold else None,
         "stalls": _stalls(run).splitlines()[1:],
+        "throughput": throughput(run.metrics),
         "notes": list(run.notes),
     }
 
@@ -104,6 +106,7 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         ("best reward", _best_reward(run)),
         *_validation(run.metrics),
         ("time", _duration(s)),
+        *_throughput(run.metrics),
         ("restarts", _restarts(run)),
         ("stalls", _stalls(run)),
         ("failed rollouts", _failed(s)),
@@ -202,6 +205,38 @@ def _validation(metrics: Sequence[dict[str, float]]) -> list[tuple[str, str]]:
     if failed:
         text += f"; {failed:.0f} validation rollouts without a reward"
     return [("validation reward", text)]
+
+
+_PERF = ("perf/tokens_per_s", "perf/gen_tokens_per_s", "perf/mfu", "perf/gpu_mem_peak_gb")
+
+
+def throughput(metrics: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The run's ``perf/*`` metrics: the median over its steps (the first, which warms up,
+    left out when there are more), peak memory the largest; empty for a run without them."""
+    steps = [m for m in metrics if "perf/tokens_per_s" in m]
+    steps = steps[1:] or steps
+    out = {}
+    for key in _PERF:
+        values = [m[key] for m in steps if key in m]
+        if values:
+            out[key] = max(values) if key.endswith("_peak_gb") else statistics.median(values)
+    return out
+
+
+def _throughput(metrics: Sequence[dict[str, float]]) -> list[tuple[str, str]]:
+    """The throughput row, for runs that report it."""
+    perf = throughput(metrics)
+    if not perf:
+        return []
+    parts = [
+        f"{perf['perf/tokens_per_s']:,.0f} tokens/s trained",
+        f"{perf.get('perf/gen_tokens_per_s', 0.0):,.0f} tokens/s generated",
+    ]
+    if "perf/mfu" in perf:
+        parts.append(f"MFU {100 * perf['perf/mfu']:.1f}%")
+    if "perf/gpu_mem_peak_gb" in perf:
+        parts.append(f"peak GPU memory {perf['perf/gpu_mem_peak_gb']:.1f} GB")
+    return [("throughput", "; ".join(parts) + " (median step)")]
 
 
 def _duration(s: FitSummary) -> str:

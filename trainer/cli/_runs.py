@@ -28,6 +28,7 @@ COMPARED = (
     "best reward",
     "validation reward",
     "time",
+    "throughput",
     "restarts",
     "stalls",
     "failed rollouts",

@@ -35,6 +35,8 @@ def readable(message: str, schema: type[msgspec.Struct]) -> str:
         return f"{f'{key}.' if key else ''}{name}: unknown key{did_you_mean(name, known)}"
     if not key:
         return text
+    # An optional key is unset by leaving it out: TOML has no null to offer.
+    text = text.replace(" | null`", "`")
     bad_value = re.fullmatch(r"Invalid enum value (.+)", text)
     allowed = _allowed_values(schema, key)
     if bad_value and allowed:

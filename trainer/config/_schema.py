@@ -37,6 +37,7 @@ from ._messages import readable
 from ._ray_address import check_ray_address
 
 __all__ = [
+    "DEFAULT_WORKERS",
     "AutoscaleConfig",
     "CheckpointConfig",
     "ConfigError",
@@ -81,6 +82,9 @@ StandbyActors = Annotated[int, Meta(ge=0, le=64)]
 RolloutWorkers = Annotated[int, Meta(ge=1, le=64)]
 """How many rollout workers: ``rollout.workers``, ``autoscale.min_workers`` and ``max_workers``,
 the backends' ``workers`` (constructed and resized)."""
+DEFAULT_WORKERS = 2
+"""Rollout workers when ``rollout.workers`` is unset, but for a Hugging Face model sampling on
+a GPU of the local backend (one sampler per device); the backends' default."""
 
 
 class ConfigError(ValueError):
@@ -224,7 +228,9 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
 
     Attributes:
         backend: ``local`` (in-process workers) or ``ray`` (Ray actors).
-        workers: Rollout workers.
+        workers: Rollout workers. Unset: 2, but one for a Hugging Face model sampling on a
+            GPU with the local backend (one sampler per device, each step's rollouts
+            generated in batches as large as max_batch_tokens allows).
         prompts_per_step: Prompt groups per training batch.
         group_size: Rollouts per prompt (the GRPO group, >= 2).
         max_off_policy: Async mode: how many policy versions old a group may be.
@@ -253,10 +259,16 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
             once.
         device: Where rollout workers run a Hugging Face model (default: run.device).
         top_p: Nucleus sampling for a Hugging Face model (1 samples from every token).
+        max_batch_tokens: Most tokens one generation batch of a Hugging Face model holds
+            (rows x (the longest prompt + max_new_tokens): its KV cache). A worker's
+            rollouts are generated in as few batches as fit. Unset: 16384 on the CPU; on a
+            GPU what a quarter of its free memory holds at the first batch.
+        cuda_graphs: Replay a Hugging Face model's decode step as a CUDA graph when
+            sampling on a GPU (the CPU decodes eagerly).
     """
 
     backend: BackendName = "local"
-    workers: RolloutWorkers = 2
+    workers: RolloutWorkers | None = None
     prompts_per_step: PromptsPerStep = 32
     group_size: GroupSize = 8
     max_off_policy: NonNegativeInt = 2
@@ -274,6 +286,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
     standby: StandbyActors = 0
     device: Device | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    max_batch_tokens: PositiveInt | None = None
+    cuda_graphs: bool = True
 
 
 class CheckpointConfig(_Section, frozen=True, kw_only=True):

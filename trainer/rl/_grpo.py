@@ -9,7 +9,9 @@ version (async mode) are importance-weighted correctly; the clip bounds how far 
 moves the policy. The per-token loss is aggregated as ``[ppo] loss_agg`` says
 (:mod:`trainer.rl._loss_agg`), with a KL estimate to the reference
 (:mod:`trainer.rl._kl`) as a loss term, or as a penalty on the reward before the advantages
-(:func:`kl_penalties`).
+(:func:`kl_penalties`). A minibatch larger than ``micro_batch_tokens`` runs as micro-batches
+(:func:`micro_batches`) whose losses share the minibatch's normaliser, so their gradients add
+up to the minibatch's whatever the aggregation, and memory is bounded by the micro-batch.
 """
 
 from __future__ import annotations
@@ -102,6 +104,29 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
 def _k3_kl(log_ratio: Tensor) -> Tensor:
     """Per-token KL estimate ``exp(x) - x - 1`` with x = log(p_other / p_current): >= 0."""
     return torch.exp(log_ratio) - log_ratio - 1
+
+
+def micro_batches(
+    samples: Sequence[Sample], rows: Sequence[int], max_tokens: int | None
+) -> list[list[int]]:
+    """``rows`` (indices into ``samples``) in micro-batches of at most ``max_tokens`` padded
+    tokens each (rows x the longest prompt plus response among them): longest first, as many
+    as fit, at least one a micro-batch. All in one, in their order, when they fit (or
+    ``max_tokens`` is None): the same sums as a plain minibatch."""
+    size = {
+        row: len(samples[row].prompt_tokens) + len(samples[row].response_tokens) for row in rows
+    }
+    if max_tokens is None or len(rows) * max(size.values(), default=0) <= max_tokens:
+        return [list(rows)]
+    order = sorted(rows, key=lambda row: -size[row])
+    parts: list[list[int]] = []
+    for row in order:
+        part = parts[-1] if parts else None
+        if part is not None and (len(part) + 1) * size[part[0]] <= max_tokens:
+            part.append(row)
+        else:
+            parts.append([row])
+    return parts
 
 
 def _padded_logprobs(rows: Sequence[Sequence[float]], device: torch.device) -> Tensor:
@@ -216,7 +241,7 @@ def ppo_update(
     device = params[0].device
     old_logprobs = _padded_logprobs([s.logprobs for s in samples], device)
     if ref_logprobs is None and config.kl_coef > 0 and ref_policy is not None:
-        ref_logprobs = reference_logprobs(ref_policy, samples, config.temperature)
+        ref_logprobs = reference_logprobs(ref_policy, samples, config)  # once: it never changes
     if constant_length is None:
         constant_length = max(len(s.response_tokens) for s in samples)
     lr = float(optimizer.param_groups[0]["lr"])
@@ -233,22 +258,35 @@ def ppo_update(
         else:
             order = torch.arange(len(samples))
         for start in range(0, len(samples), size):
-            idx = order[start : start + size]
-            rows = idx.tolist()
-            minibatch = [samples[i] for i in rows]
+            rows = order[start : start + size].tolist()
             normaliser = loss_normaliser(
-                config.aggregation, [len(s.response_tokens) for s in minibatch], constant_length
-            )
-            loss, stats = _minibatch_loss(
-                policy,
-                minibatch,
-                old_logprobs[idx],
-                ref_logprobs[idx] if ref_logprobs is not None else None,
-                config,
-                normaliser,
+                config.aggregation, [len(samples[i].response_tokens) for i in rows], constant_length
             )
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
+            # Each micro-batch's loss is divided by the minibatch's normaliser: the losses,
+            # and their gradients, add up to the minibatch's. Its per-token statistics are
+            # weighted by its share of the minibatch's response tokens.
+            tokens = max(1, sum(len(samples[i].response_tokens) for i in rows))
+            stats: dict[str, Tensor] = {}
+            for part in micro_batches(samples, rows, config.micro_batch_tokens):
+                idx = torch.tensor(part, device=device)
+                loss, part_stats = _minibatch_loss(
+                    policy,
+                    [samples[i] for i in part],
+                    old_logprobs[idx],
+                    ref_logprobs[idx] if ref_logprobs is not None else None,
+                    config,
+                    normaliser,
+                )
+                loss.backward()  # type: ignore[no-untyped-call]
+                weight = sum(len(samples[i].response_tokens) for i in part) / tokens
+                for key, value in part_stats.items():
+                    if key == "ratio_max":
+                        stats[key] = torch.maximum(stats.get(key, value), value)
+                    elif key == "loss":  # a share of the minibatch's already
+                        stats[key] = stats.get(key, torch.zeros_like(value)) + value
+                    else:
+                        stats[key] = stats.get(key, torch.zeros_like(value)) + value * weight
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             if math.isfinite(grad_norm):
                 lr = float(optimizer.param_groups[0]["lr"])
@@ -285,15 +323,25 @@ def ppo_update(
 
 
 def reference_logprobs(
-    ref_policy: TrainablePolicy, samples: Sequence[Sample], temperature: float
+    reference: TrainablePolicy, samples: Sequence[Sample], config: PPOConfig
 ) -> Tensor:
-    """The reference policy's log-probs of the samples' responses ``[B, R]`` (right-padded),
-    without gradients: once per batch, since the reference never changes."""
+    """The reference policy's log-probs of the samples' responses, ``[B, R]`` (right-padded),
+    micro-batch by micro-batch and without gradients: once per batch, since the reference
+    never changes."""
+    width = max(1, *(len(s.response_tokens) for s in samples))
+    out: Tensor | None = None
     with torch.no_grad():
-        logprobs, _, _ = ref_policy.response_logprobs(
-            [s.prompt_tokens for s in samples], [s.response_tokens for s in samples], temperature
-        )
-    return logprobs
+        for part in micro_batches(samples, range(len(samples)), config.micro_batch_tokens):
+            logprobs, _, _ = reference.response_logprobs(
+                [samples[i].prompt_tokens for i in part],
+                [samples[i].response_tokens for i in part],
+                config.temperature,
+            )
+            if out is None:
+                out = torch.zeros((len(samples), width), device=logprobs.device)
+            out[torch.tensor(part, device=logprobs.device), : logprobs.shape[1]] = logprobs
+    assert out is not None  # (samples is never empty)
+    return out
 
 
 def kl_penalties(

@@ -2,14 +2,19 @@
 the log-probs the update needs.
 
 :class:`HFPolicy` wraps any ``transformers`` causal LM saved with ``save_pretrained`` and
-its tokenizer, loaded from disk only. It samples with its own loop over the model's
-``past_key_values`` rather than ``generate()``: the loop draws from an explicit
-``torch.Generator`` (so a piece of work samples the same tokens whichever worker runs it,
-and two worker threads never share the global RNG) and records the log-prob of every
-sampled token under the tempered distribution, exactly what :meth:`response_logprobs`
-recomputes for the update, so on-policy ratios start at 1. Prompts of different lengths
-are left-padded for sampling (with position ids that skip the padding) and right-padded
-for the update; dropout is off in both (``eval()``), so both evaluate the same function.
+its tokenizer, loaded from disk only. It samples with its own decoding rather than
+``generate()`` (:mod:`._sampler`: batches bounded by a token budget, a static KV cache,
+CUDA graphs on a GPU): draws come from an explicit ``torch.Generator`` (so a piece of work
+samples the same tokens whichever worker runs it, and two worker threads never share the
+global RNG) and the log-prob of every sampled token is recorded under the tempered
+distribution, exactly what :meth:`response_logprobs` recomputes for the update, so
+on-policy ratios start at 1. Prompts of different lengths are left-padded for sampling
+(with position ids that skip the padding) and right-padded for the update; dropout is off in
+both (``eval()``), so both evaluate the same function.
+
+Precision: the weights are stored in the dtype the policy is loaded in (the learner's in
+float32, a sampler's in bf16 on a GPU by default), and :attr:`HFPolicy.autocast` runs the
+forward passes under autocast (the learner's bf16 compute over float32 master weights).
 
 With ``[model.lora]`` the model is wrapped in a peft LoRA adapter: only the adapter's
 parameters require gradients, :meth:`HFPolicy.base_reference` scores with the adapter
@@ -19,18 +24,17 @@ is what changes in training (the adapter), for weight sync and checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import pickle
 import threading
 import warnings
 from collections.abc import Iterator
 from collections.abc import Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch import nn
 
@@ -43,13 +47,29 @@ from ._hf import tokenizer_error
 from ._hf import transformers
 from ._hf import weights_error
 from ._hparams import Completion
+from ._hparams import DtypeName
 from ._hparams import LoraConfig
 from ._hparams import WorkloadError
 from ._policy import Scores
 from ._policy import TokenBatch
 from ._policy import score_responses
+from ._sampler import DecoderCache
+from ._sampler import DecodeSettings
+from ._sampler import StaticDecoder
+from ._sampler import auto_batch_tokens
+from ._sampler import cache_length
+from ._sampler import graph_rows
+from ._sampler import pick
+from ._sampler import plan_batches
 
-__all__ = ["BaseReference", "HFPolicy", "ModelLoadError", "check_model_folder", "resolve_device"]
+__all__ = [
+    "BaseReference",
+    "HFPolicy",
+    "ModelLoadError",
+    "check_model_folder",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 
 # from_pretrained builds the model under a process-wide "meta device" context: two threads
@@ -64,6 +84,29 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but torch sees no CUDA device")
     return torch.device(device)
+
+
+def resolve_dtype(name: DtypeName, device: torch.device) -> torch.dtype:
+    """The compute dtype ``[model] dtype`` names on ``device``: ``auto`` is bf16 on a CUDA
+    device that supports it, float32 elsewhere (the CPU included)."""
+    if name == "bfloat16":
+        return torch.bfloat16
+    if name == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _explicit_mask_attention(model: Any) -> str:
+    """Make ``model`` attend with SDPA, else eager attention (the two that take an explicit
+    mask, which the static-cache decoder builds), and say which; a model that takes neither
+    keeps its own."""
+    for name in ("sdpa", "eager"):
+        try:
+            model.set_attn_implementation(name)
+        except (ValueError, ImportError, AttributeError):
+            continue
+        return name
+    return "other"
 
 
 def _weight_errors() -> tuple[type[BaseException], ...]:
@@ -87,9 +130,22 @@ class HFPolicy(nn.Module):
         notices: What loading had to assume (e.g. EOS used as the pad token), for the user
             (its caller shows them: the run's workload logs them, the command line prints
             them).
+        autocast: Run forward passes under autocast to this dtype (None: in the weights'
+            own dtype). The learner sets bf16 over its float32 master weights.
+        attention: The model's attention implementation, ``sdpa`` or ``eager`` (both take
+            the explicit masks the static-cache decoder passes); another: decoded with the
+            model's own cache.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, path: Path, notices: list[str]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        path: Path,
+        notices: list[str],
+        *,
+        attention: str = "sdpa",
+    ) -> None:
         super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -103,6 +159,11 @@ class HFPolicy(nn.Module):
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's
         accepted = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
+        self.autocast: torch.dtype | None = None
+        self.attention = attention
+        self._decoders = DecoderCache()
+        self._static: bool | None = None  # whether the static-cache decoder fits the model
+        self._auto_batch_tokens: int | None = None
         # The adapters' dropout layers: on only while the update computes gradients.
         self._lora_dropout = [
             module
@@ -120,15 +181,18 @@ class HFPolicy(nn.Module):
         cls,
         path: str | Path,
         device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
         *,
         lora: LoraConfig | None = None,
         seed: int = 0,
     ) -> HFPolicy:
-        """Load a model folder written by ``save_pretrained`` (nothing is downloaded).
+        """Load a model folder written by ``save_pretrained`` (nothing is downloaded),
+        its weights in ``dtype``.
 
         Args:
             path: The model folder.
             device: Where to put it (``auto``: CUDA when there is one).
+            dtype: The weights' dtype.
             lora: Wrap the model in a new LoRA adapter (its initial weights drawn from
                 ``seed``); None trains the whole model.
             seed: Seeds the adapter's initialisation (without touching the global RNG).
@@ -160,6 +224,7 @@ class HFPolicy(nn.Module):
                     local_files_only=True,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
+                    dtype=dtype,
                 )
             except _weight_errors() as exc:
                 raise weights_error(folder, exc) from None
@@ -168,6 +233,7 @@ class HFPolicy(nn.Module):
             unfit = fit_error(folder, info)
             if unfit is not None:
                 raise unfit
+            attention = _explicit_mask_attention(model)
             if lora is not None:  # on the CPU, so that its initialisation is the CPU RNG's
                 model = _with_adapter(model, lora, folder, seed)
             model = model.to(target)
@@ -175,7 +241,7 @@ class HFPolicy(nn.Module):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
             notices.append(f"the tokenizer in {folder} has no pad token: using EOS for padding")
-        return cls(model, tokenizer, folder, notices)
+        return cls(model, tokenizer, folder, notices, attention=attention)
 
     def train(self, mode: bool = True) -> HFPolicy:
         """Always eval mode: dropout would make the sampled log-probs differ from the
@@ -246,12 +312,32 @@ class HFPolicy(nn.Module):
 
     # --- scoring ------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def amp(self) -> Iterator[None]:
+        """Autocast to :attr:`autocast` for the block (nothing when it is None)."""
+        if self.autocast is None:
+            yield
+            return
+        # No cast cache: a CUDA graph captured in here must cast the weights as it replays
+        # (a cached cast is freed when the block ends, and the weights move on anyway).
+        with torch.autocast(self.device.type, dtype=self.autocast, cache_enabled=False):
+            yield
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype forward passes compute in."""
+        if self.autocast is not None:
+            return self.autocast
+        dtype: torch.dtype = next(self.model.parameters()).dtype
+        return dtype
+
     def _forward(self, tokens: Tensor, attention: Tensor) -> Tensor:
         # Right padding: a real token only ever attends to the real tokens before it, so the
         # plain causal mask gives it the same logits as the padding mask would, and lets the
         # model skip building a mask (a fifth of the update's time at this size).
         del attention
-        logits: Tensor = self.model(input_ids=tokens).logits
+        with self.amp():
+            logits: Tensor = self.model(input_ids=tokens).logits
         return logits
 
     def response_logprobs(
@@ -265,7 +351,7 @@ class HFPolicy(nn.Module):
                 self._forward, prompts, responses, temperature, pad=self.pad_id, device=self.device
             )
 
-    @contextmanager
+    @contextlib.contextmanager
     def _adapter_dropout(self, on: bool) -> Iterator[None]:
         for module in self._lora_dropout:
             module.train(on)
@@ -288,12 +374,17 @@ class HFPolicy(nn.Module):
         *,
         top_p: float = 1.0,
         use_cache: bool = True,
+        max_batch_tokens: int | None = None,
+        cuda_graphs: bool = True,
+        eos_check_every: int | None = None,
     ) -> list[list[Completion]]:
-        """Sample ``n`` completions per prompt, in one left-padded batch.
+        """Sample ``n`` completions per prompt, in as few batches as ``max_batch_tokens``
+        allows (see :mod:`._sampler`).
 
         A row stops after EOS, after ``max_new_tokens`` tokens, or when it fills the model's
-        context. Deterministic for a given ``generator`` state and weights; with and without
-        ``use_cache`` it samples the same tokens (up to floating-point ties).
+        context. Deterministic for a given ``generator`` state, weights and batch budget;
+        the static-cache decoder, the model's own cache and no cache at all sample the same
+        tokens (up to floating-point ties).
 
         Args:
             prompts: Prompt token ids (each shorter than the context).
@@ -305,8 +396,15 @@ class HFPolicy(nn.Module):
             top_p: Nucleus sampling: draw from the smallest set of tokens whose probability
                 reaches ``top_p`` (the recorded log-prob is still the tempered one, the
                 quantity the update recomputes).
-            use_cache: Reuse the model's key/value cache (``past_key_values``); False
-                recomputes the whole sequence each token (for tests).
+            use_cache: Decode with a KV cache (the static one where the model allows it,
+                else the model's own); False recomputes the whole sequence each token (for
+                tests).
+            max_batch_tokens: Most rows x (padded prompt + ``max_new_tokens``) one batch
+                holds; None: :func:`~._sampler.auto_batch_tokens`, at the first batch.
+            cuda_graphs: Replay the decode step as a CUDA graph (a CUDA device only).
+            eos_check_every: Tokens between two checks whether every row has ended (each
+                check waits for the device); None: 1 on the CPU, where it costs nothing,
+                8 on a GPU.
 
         Returns:
             For each prompt in order, ``n`` :class:`Completion`.
@@ -321,26 +419,100 @@ class HFPolicy(nn.Module):
         lengths = [len(p) for p in prompts]
         if context is not None and max(lengths) >= context:
             raise ValueError(f"a prompt of {max(lengths)} tokens fills the context ({context})")
-        width = max(lengths)
-        rows = torch.tensor(
-            [[self.pad_id] * (width - len(p)) + list(p) for p in prompts], device=device
-        ).repeat_interleave(n, dim=0)
-        pads = torch.tensor([width - length for length in lengths], device=device)
-        attention = (torch.arange(width, device=device).unsqueeze(0) >= pads.unsqueeze(1)).long()
-        attention = attention.repeat_interleave(n, dim=0)
-        # Each row's budget: max_new_tokens, or what is left of the context.
-        prompt_lens = torch.tensor(lengths, device=device).repeat_interleave(n)
-        budget = torch.full_like(prompt_lens, max_new_tokens)
-        if context is not None:
-            budget = torch.minimum(budget, context - prompt_lens)
-        steps = int(budget.max())
-        done = torch.zeros(rows.shape[0], dtype=torch.bool, device=device)
+        # Row r samples completion r % n of prompt r // n; its budget: max_new_tokens, or
+        # what is left of the context.
+        rows = [prompts[r // n] for r in range(len(prompts) * n)]
+        budgets = [
+            max_new_tokens if context is None else min(max_new_tokens, context - len(p))
+            for p in rows
+        ]
+        static = use_cache and self._supports_static()
+        graphs = static and cuda_graphs and device.type == "cuda"
+        if max_batch_tokens is None and self._auto_batch_tokens is None:
+            # Sized once, at the first batch: a budget that moved with the free memory
+            # would change the batch shapes, and with them the captured graphs.
+            self._auto_batch_tokens = auto_batch_tokens(self.model, device, self.compute_dtype)
+        capacity = max_batch_tokens or self._auto_batch_tokens or 1
+        check = eos_check_every or (1 if device.type == "cpu" else 8)
+        settings = DecodeSettings(temperature, top_p, self.eos_id, self.pad_id, context)
+        drawn: list[tuple[list[int], list[float]]] = [([], [])] * len(rows)
+        batches = plan_batches([len(p) for p in rows], max_new_tokens, capacity, graphs=graphs)
+        with self.amp():
+            for batch in batches:
+                batch_rows = [rows[r] for r in batch]
+                batch_budgets = [budgets[r] for r in batch]
+                if static:
+                    slots = cache_length(len(batch_rows[0]), max_new_tokens, graphs)
+                    size = (
+                        graph_rows(len(batch), max(1, capacity // slots)) if graphs else len(batch)
+                    )
+                    decoder = self._decoder(size, slots, max_new_tokens, settings, graphs)
+                    out = decoder.run(batch_rows, batch_budgets, generator, check)
+                else:
+                    out = self._decode_plain(
+                        batch_rows, batch_budgets, generator, settings, use_cache, check
+                    )
+                for row, tokens, logprobs in zip(batch, *out, strict=True):
+                    drawn[row] = (tokens, logprobs)
+        groups: list[list[Completion]] = [[] for _ in prompts]
+        for row, ((tokens, logprobs), budget) in enumerate(zip(drawn, budgets, strict=True)):
+            length = min(len(tokens), budget)
+            if self.eos_id in tokens[:length]:
+                length = tokens.index(self.eos_id) + 1
+            groups[row // n].append(Completion(tuple(tokens[:length]), tuple(logprobs[:length])))
+        return groups
+
+    def _supports_static(self) -> bool:
+        if self._static is None:
+            self._static = self.attention in ("sdpa", "eager") and StaticDecoder.supports(
+                self.model
+            )
+        return self._static
+
+    def _decoder(
+        self, rows: int, slots: int, max_new_tokens: int, settings: DecodeSettings, graphs: bool
+    ) -> StaticDecoder:
+        def build() -> StaticDecoder:
+            return StaticDecoder(
+                self.model,
+                self._cache_arg,
+                rows=rows,
+                slots=slots,
+                max_new_tokens=max_new_tokens,
+                settings=settings,
+                graphs=graphs,
+                mask_dtype=self.compute_dtype if self.attention == "eager" else None,
+            )
+
+        return self._decoders.get((rows, slots, max_new_tokens, settings, graphs), build)
+
+    def _decode_plain(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: Sequence[int],
+        generator: torch.Generator,
+        settings: DecodeSettings,
+        use_cache: bool,
+        eos_check_every: int,
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """One batch with the model's own cache (``use_cache``) or none: the decoding of a
+        model the static decoder does not fit, and the reference the tests compare it with.
+        It draws exactly as :meth:`StaticDecoder.run` does."""
+        device = self.device
+        width = max(len(p) for p in prompts)
+        sequence = torch.tensor(
+            [[settings.pad_id] * (width - len(p)) + list(p) for p in prompts], device=device
+        )
+        pads = torch.tensor([width - len(p) for p in prompts], device=device)
+        mask = (torch.arange(width, device=device).unsqueeze(0) >= pads.unsqueeze(1)).long()
+        limit = torch.tensor(list(budgets), device=device)
+        steps = max(budgets)
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
         tokens_out: list[Tensor] = []
         logprobs_out: list[Tensor] = []
         past: Any = None
-        sequence, mask = rows, attention
-        step_input = rows
-        for t in range(steps):
+        step_input = sequence
+        while True:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             if use_cache:
                 out = self.model(
@@ -360,35 +532,24 @@ class HFPolicy(nn.Module):
                     logits_to_keep=1,
                 )
             logits = out.logits[:, -1, :].float()
-            nxt, logp = _draw(logits, generator, temperature, top_p)
-            logprobs_out.append(logp)
-            nxt = nxt.masked_fill(done, self.pad_id)
+            noise = torch.empty_like(logits)
+            if settings.temperature > 0:
+                noise.exponential_(generator=generator)
+            nxt, logp = pick(logits, noise, settings.temperature, settings.top_p)
+            nxt = nxt.masked_fill(done, settings.pad_id)
             tokens_out.append(nxt)
-            done = done | (nxt == self.eos_id) | (budget <= t + 1)
-            if bool(done.all()):
+            logprobs_out.append(logp)
+            done = done | (nxt == settings.eos_id) | (limit <= len(tokens_out))
+            drawn = len(tokens_out)
+            if drawn >= steps or (drawn % eos_check_every == 0 and bool(done.all())):
                 break
             step_input = nxt.unsqueeze(1)
             sequence = torch.cat([sequence, step_input], dim=1)
             mask = torch.cat([mask, torch.ones_like(step_input)], dim=1)
-        return self._completions(tokens_out, logprobs_out, budget, len(prompts), n)
-
-    def _completions(
-        self, tokens: list[Tensor], logprobs: list[Tensor], budget: Tensor, prompts: int, n: int
-    ) -> list[list[Completion]]:
-        if not tokens:
-            return [[Completion((), ()) for _ in range(n)] for _ in range(prompts)]
-        all_tokens = torch.stack(tokens, dim=1).tolist()
-        all_logprobs = torch.stack(logprobs, dim=1).tolist()
-        limits = budget.tolist()
-        out: list[list[Completion]] = [[] for _ in range(prompts)]
-        for row, (toks, lps, limit) in enumerate(
-            zip(all_tokens, all_logprobs, limits, strict=True)
-        ):
-            length = min(len(toks), int(limit))
-            if self.eos_id in toks[:length]:
-                length = toks.index(self.eos_id) + 1
-            out[row // n].append(Completion(tuple(toks[:length]), tuple(lps[:length])))
-        return out
+        return (
+            torch.stack(tokens_out, dim=1).tolist(),
+            torch.stack(logprobs_out, dim=1).tolist(),
+        )
 
 
 class BaseReference:
@@ -436,23 +597,3 @@ def _with_adapter(model: Any, lora: LoraConfig, folder: Path, seed: int) -> Any:
             raise ModelLoadError(f"model.lora: {exc}") from None
     wrapped.peft_config["default"].base_model_name_or_path = str(folder.resolve())
     return wrapped.eval()
-
-
-def _draw(
-    logits: Tensor, generator: torch.Generator, temperature: float, top_p: float
-) -> tuple[Tensor, Tensor]:
-    """One token per row and its log-prob (see :meth:`HFPolicy.generate`)."""
-    if temperature <= 0:
-        logp = F.log_softmax(logits, dim=-1)
-        nxt = logp.argmax(dim=-1)
-        return nxt, logp.gather(1, nxt.unsqueeze(1)).squeeze(1)
-    logp = F.log_softmax(logits / temperature, dim=-1)
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # Keep each token whose preceding mass is below top_p (the first always stays).
-        outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(1, order, sorted_probs)
-    nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return nxt, logp.gather(1, nxt.unsqueeze(1)).squeeze(1)

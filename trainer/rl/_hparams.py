@@ -20,6 +20,7 @@ from ._tasks import VOCAB_SIZE
 
 __all__ = [
     "Completion",
+    "DtypeName",
     "KLEstimator",
     "LoraConfig",
     "LossAgg",
@@ -34,6 +35,8 @@ LossAgg = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
 """``[ppo] loss_agg`` (see :mod:`trainer.rl._loss_agg`)."""
+DtypeName = Literal["auto", "float32", "bfloat16"]
+"""``[model] dtype``, ``--dtype``."""
 
 
 class WorkloadError(ValueError):
@@ -85,6 +88,11 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         heads: attention heads (transformer only); must divide ``d_model``.
         ffn_mult: feed-forward width as a multiple of ``d_model`` (transformer only).
         max_seq_len: longest prompt plus response (transformer position table size).
+        dtype: A Hugging Face model's compute dtype: ``auto`` (bf16 on a GPU that supports
+            it, float32 on the CPU), ``float32`` or ``bfloat16``. The learner keeps float32
+            master weights and optimizer state and runs its forward and backward passes
+            under autocast to it; rollouts sample from a copy in it. The built-in network
+            trains in float32.
         lora: ``[model.lora]``: train a LoRA adapter of the Hugging Face model (``path``);
             unset: train all of it.
     """
@@ -100,6 +108,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     heads: Annotated[int, Meta(ge=1, le=1024)] = 4
     ffn_mult: Annotated[int, Meta(ge=1, le=64)] = 4
     max_seq_len: Annotated[int, Meta(ge=2, le=2**20)] = 32
+    dtype: DtypeName = "auto"
     lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
@@ -110,6 +119,11 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"heads ({self.heads}) must divide d_model ({self.d_model})")
         if self.lora is not None and self.path is None:
             raise ValueError("lora: LoRA adapts a Hugging Face model; set model.path (--model) too")
+        if self.path is None and self.dtype == "bfloat16":
+            raise ValueError(
+                "dtype 'bfloat16' needs a Hugging Face model (path); the built-in network "
+                "trains in float32"
+            )
         if self.path is not None:
             shaped = [
                 f.name
@@ -176,6 +190,11 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             ``seq-mean-token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-sum-norm``
             (token sums over sequences x max_new_tokens, Dr. GRPO's constant normaliser).
             Unset: ``token-mean``, or ``seq-mean-token-sum-norm`` with ``dr_grpo``.
+        micro_batch_tokens: most tokens (rows x the longest prompt plus response among
+            them) one forward and backward pass takes: a minibatch larger than that runs in
+            micro-batches whose gradients add up to the minibatch's (the same update, with
+            memory bounded by the micro-batch); the reference policy's forward too. None:
+            each minibatch in one pass.
     """
 
     epochs: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 2
@@ -194,6 +213,7 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     kl_in_reward: bool = False
     advantage: AdvantageName = "grpo"
     loss_agg: LossAgg | None = None
+    micro_batch_tokens: Annotated[int, Meta(ge=1, le=MAX_COUNT)] | None = 16_384
 
     def __post_init__(self) -> None:
         # Decoding the file checks the declared bounds; a PPOConfig built in Python is not

@@ -1,18 +1,15 @@
-"""Small autoregressive policies over the task vocabulary, batched sampling, and weight transport.
+"""Small autoregressive policies over the task vocabulary, and their batched sampling.
 
 Two policies share one interface (``policy(tokens) -> logits``, ``[B, T] -> [B, T, V]``): a
 pre-LayerNorm causal transformer (the default) and a GRU (better at sorting at this size).
 :func:`generate` samples groups of completions and records the behaviour log-probs PPO needs;
-:func:`response_logprobs` recomputes them with gradients for the update. Weights travel to
-rollout workers as bytes (:func:`weights_to_bytes` / :func:`load_weights`).
+:func:`response_logprobs` recomputes them with gradients for the update.
 """
 
 from __future__ import annotations
 
 import copy
-import io
 from collections.abc import Callable
-from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -145,33 +142,6 @@ def frozen_copy(policy: ModuleT) -> ModuleT:
     ref = copy.deepcopy(policy).eval()
     ref.requires_grad_(False)
     return ref
-
-
-def weights_to_bytes(policy: nn.Module, state: Mapping[str, Tensor] | None = None) -> bytes:
-    """Serialise the policy's ``state_dict``, or the part of it in ``state`` (a LoRA
-    adapter: what training changes), for weight sync to rollout workers."""
-    buffer = io.BytesIO()
-    state = policy.state_dict() if state is None else state
-    # On the CPU: a worker may sit on another device (or have none but the CPU).
-    torch.save({key: value.cpu() for key, value in state.items()}, buffer)
-    return buffer.getvalue()
-
-
-def load_weights(policy: nn.Module, data: bytes) -> None:
-    """Load weights produced by :func:`weights_to_bytes` into ``policy`` (shapes must match;
-    entries the message does not hold, a LoRA adapter's frozen base, stay as they are).
-
-    Raises:
-        RuntimeError: The message holds an entry the policy does not have.
-    """
-    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    # Copies into the parameters, on whatever device they are.
-    unexpected = policy.load_state_dict(state, strict=False).unexpected_keys
-    if unexpected:
-        raise RuntimeError(
-            f"the weights hold {unexpected[0]!r}, which the policy does not have "
-            f"({len(unexpected)} such)"
-        )
 
 
 def _tokens_of(prompt: Prompt | Sequence[int]) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ from ..config._schema import RolloutWorkers
 from ..config._schema import within
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
+    from ..rl._weights import PolicyWeights
     from ._faults import FaultInjector
     from ._stacks import StackReader
     from ._worker import RolloutWork
@@ -85,6 +86,8 @@ class BackendStatistics:
         workers_lost: Workers that died or were lost.
         weight_syncs: Weight updates pushed.
         busy_s: Seconds the workers spent running work, summed over workers.
+        generated_tokens: Tokens the workers generated.
+        generate_s: Seconds they spent generating them, summed over workers.
     """
 
     name: str
@@ -95,6 +98,8 @@ class BackendStatistics:
     workers_lost: int
     weight_syncs: int
     busy_s: float = 0.0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -110,6 +115,13 @@ class BackendCounters:
     workers_lost: int = 0
     weight_syncs: int = 0
     busy_s: float = 0.0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+
+    def add_generation(self, generated: tuple[int, float]) -> None:
+        """Count what a worker generated during a piece of work (tokens, seconds)."""
+        self.generated_tokens += generated[0]
+        self.generate_s += generated[1]
 
     def snapshot(self, name: str, workers: int) -> BackendStatistics:
         """The counters now, with the backend's name and the workers alive."""
@@ -170,14 +182,15 @@ class RolloutBackend(Protocol):
     name: str
     workers: int
 
-    async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
+    async def start(self, sink: ResultSink, weights: PolicyWeights, version: int) -> None:
         """Start the workers with ``weights`` as policy ``version``."""
 
     def submit(self, work: RolloutWork) -> None:
         """Queue ``work``; results arrive through the sink. Never blocks."""
 
-    async def update_weights(self, weights: bytes, version: int) -> None:
-        """Make every worker sample from ``version`` for work it starts from now on."""
+    async def update_weights(self, weights: PolicyWeights, version: int) -> None:
+        """Make every worker sample from ``version`` for work it starts from now on, without
+        waiting for any worker (a busy or hung one loads it when it takes new work)."""
 
     async def restart(self, reason: str) -> int:
         """Stop or kill the workers and start fresh ones; queued work is dropped (the

@@ -44,6 +44,7 @@ from replay import WaitInterrupts
 from ..config._schema import TrainerConfig
 from ..rl._tasks import Prompt
 from ..rl._tasks import PromptSource
+from ..rl._weights import PolicyWeights
 from ._backend import RolloutBackend
 from ._failures import FailureLog
 from ._logs import ALSO_AN_EVENT
@@ -214,7 +215,7 @@ class RolloutDriver(ABC):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def start(self, weights: bytes, version: int) -> None:
+    async def start(self, weights: PolicyWeights, version: int) -> None:
         """Start the backend's workers."""
         await self.backend.start(self, weights, version)
 

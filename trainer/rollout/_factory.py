@@ -5,24 +5,42 @@ Ray is imported only when the ``ray`` backend is chosen.
 
 from __future__ import annotations
 
+from ..config._schema import DEFAULT_WORKERS
 from ..config._schema import TrainerConfig
 from ._backend import RolloutBackend
 from ._faults import FaultInjector
+from ._workload import WorkerSpec
 from ._workload import worker_spec
 
-__all__ = ["make_backend"]
+__all__ = ["make_backend", "rollout_workers"]
+
+
+def rollout_workers(config: TrainerConfig, spec: WorkerSpec) -> int:
+    """``rollout.workers``, or when it is unset: one sampler per device for a Hugging Face
+    model sampling on a GPU of the local backend (a second one would hold a second copy of
+    the weights and halve every batch), else :data:`DEFAULT_WORKERS`."""
+    rollout = config.rollout
+    if rollout.workers is not None:
+        return rollout.workers
+    if rollout.backend == "local" and spec.policy.path is not None:
+        from ..rl._hf_policy import resolve_device
+
+        if resolve_device(spec.device).type == "cuda":
+            return 1
+    return DEFAULT_WORKERS
 
 
 def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> RolloutBackend:
-    """The backend of ``config.rollout.backend``, with ``config.rollout.workers`` workers."""
+    """The backend of ``config.rollout.backend``, with :func:`rollout_workers` workers."""
     spec = worker_spec(config)
     rollout = config.rollout
+    workers = rollout_workers(config, spec)
     if rollout.backend == "ray":
         from ._ray import RayBackend
 
         return RayBackend(
             spec,
-            rollout.workers,
+            workers,
             address=rollout.ray_address,
             faults=faults,
             actor_cpus=rollout.ray_actor_cpus,
@@ -32,6 +50,4 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
         )
     from ._local import LocalBackend
 
-    return LocalBackend(
-        spec, rollout.workers, faults=faults, close_timeout_s=rollout.close_timeout_s
-    )
+    return LocalBackend(spec, workers, faults=faults, close_timeout_s=rollout.close_timeout_s)

@@ -32,9 +32,11 @@ import anyio
 
 from eventbus import ThreadStack
 
+from ..config._schema import DEFAULT_WORKERS
 from ..config._schema import RolloutConfig
 from ..config._schema import Seconds
 from ..config._schema import within
+from ..rl._weights import PolicyWeights
 from ._backend import BackendBase
 from ._backend import Leave
 from ._backend import ResultSink
@@ -81,7 +83,7 @@ class LocalBackend(BackendBase):
     def __init__(
         self,
         spec: WorkerSpec,
-        workers: int = RolloutConfig().workers,
+        workers: int = DEFAULT_WORKERS,
         *,
         faults: FaultInjector | None = None,
         worker_factory: Callable[[WorkerSpec, str], RolloutWorker] = RolloutWorker,
@@ -91,13 +93,13 @@ class LocalBackend(BackendBase):
         self._factory = worker_factory
         # The [rollout] section's bound (finite, > 0), for the file and for Python alike.
         self._close_timeout_s = within("close_timeout_s", close_timeout_s, Seconds)
-        self._weights: tuple[int, bytes] = (-1, b"")
+        self._weights: tuple[int, PolicyWeights | None] = (-1, None)
         self._generation: _Generation | None = None
         self._retired: list[_Generation] = []
         self._events: dict[str, WorkerEvents] = {}  # of the running threads
         self._stall_check: asyncio.Task[None] | None = None
 
-    async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
+    async def start(self, sink: ResultSink, weights: PolicyWeights, version: int) -> None:
         """Start ``workers`` threads sampling from ``version``."""
         if self._generation is not None:
             raise RuntimeError("the local backend is already started")
@@ -115,8 +117,10 @@ class LocalBackend(BackendBase):
             self._counts.submitted += 1
         generation.work.put(work)
 
-    async def update_weights(self, weights: bytes, version: int) -> None:
-        """Workers load ``version`` before their next piece of work."""
+    async def update_weights(self, weights: PolicyWeights, version: int) -> None:
+        """Workers load ``version`` before their next piece of work: each copies it into its
+        own model, device to device (nothing serialised); nobody waits for a busy or hung
+        worker, and only the latest version is kept."""
         faults, generation = self._faults, self._generation
         if faults is not None and generation is not None and "sync-hang" in faults.names():
             # The sync-hang fault (a swap cannot hang): released by a restart or close.
@@ -319,7 +323,7 @@ class LocalBackend(BackendBase):
                 work = faults.stamp(worker_id, work)
             self._holdings.take(worker_id, work)
             version, weights = self._weights
-            if worker.version != version:
+            if worker.version != version and weights is not None:
                 worker.load_weights(weights, version)
             sink.started(tuple(g.group_id for g in work.groups))
             events.begin(work)
@@ -336,6 +340,7 @@ class LocalBackend(BackendBase):
                 finally:
                     with self._lock:
                         self._counts.busy_s += time.perf_counter() - began
+                        self._counts.add_generation(worker.workload.take_generation())
                 if faults is not None:
                     results = faults.after_work(
                         worker_id,

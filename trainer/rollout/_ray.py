@@ -6,11 +6,12 @@ refs are awaitable): one *slot* task per actor takes work from the backend's que
 actor has at most one call in flight and idle actors pull work as they free up.
 
 Weights travel through the object store: :meth:`RayBackend.update_weights` puts them there
-once per version, and the next call to each actor carries the reference (Ray resolves it in
-the actor), so an actor only fetches weights it has not loaded yet and no weight sync ever
-waits for a busy or hung actor. The warm standby gets each version pushed as it appears.
-The ``ray.put`` runs on a thread helping the trainer, off the event loop, so the trainer's
-deadline on the sync can abandon it and a stall diagnosis shows where it is.
+once per version (serialised once, in the dtype rollouts sample in), and the next call to
+each actor carries the reference (Ray resolves it in the actor), so an actor only fetches
+weights it has not loaded yet and no weight sync ever waits for a busy or hung actor. The
+warm standby gets each version pushed as it appears. The ``ray.put`` runs on a thread helping
+the trainer, off the event loop, so the trainer's deadline on the sync can abandon it and a
+stall diagnosis shows where it is.
 
 Replacing workers. A worker that dies (its process, its node) is reported lost and its place
 is filled at once: by a standby actor when there is one, else by a new actor started in the
@@ -60,11 +61,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from eventbus import ThreadStack
 
+from ..config._schema import DEFAULT_WORKERS
 from ..config._schema import ActorCpus
 from ..config._schema import RolloutConfig
 from ..config._schema import Seconds
 from ..config._schema import StandbyActors
 from ..config._schema import within
+from ..rl._weights import PolicyWeights
 from ._backend import ResultSink
 from ._faults import FaultInjector
 from ._logs import ALSO_AN_EVENT
@@ -123,7 +126,7 @@ class RayBackend(ServingActors):
     def __init__(
         self,
         spec: WorkerSpec,
-        workers: int = RolloutConfig().workers,
+        workers: int = DEFAULT_WORKERS,
         *,
         address: str | None = None,
         faults: FaultInjector | None = None,
@@ -158,7 +161,7 @@ class RayBackend(ServingActors):
 
     # --- RolloutBackend -------------------------------------------------------------------
 
-    async def start(self, sink: ResultSink, weights: bytes, version: int) -> None:
+    async def start(self, sink: ResultSink, weights: PolicyWeights, version: int) -> None:
         """Initialise Ray if needed and start ``workers`` actors sampling from ``version``,
         and the standby with them (so it is warm from the first step).
 
@@ -209,7 +212,7 @@ class RayBackend(ServingActors):
         else:  # asyncio queues are not thread-safe: let the loop put it
             loop.call_soon_threadsafe(queue.put_nowait, work)
 
-    async def update_weights(self, weights: bytes, version: int) -> None:
+    async def update_weights(self, weights: PolicyWeights, version: int) -> None:
         """Put ``version`` in the object store; each actor loads it with its next work, the
         standby at once."""
         if self._closed:
@@ -330,7 +333,9 @@ class RayBackend(ServingActors):
         """The Ray node id each standby actor runs on, by worker id."""
         return {a.worker_id: a.node for a in self._pool.standby}
 
-    async def _put_weights(self, weights: bytes, version: int, *, initial: bool = False) -> None:
+    async def _put_weights(
+        self, weights: PolicyWeights, version: int, *, initial: bool = False
+    ) -> None:
         """Put ``weights`` in the object store on a thread helping the trainer (abandoned
         if the caller's deadline cancels it: a full or unreachable object store blocks)."""
         release, faults = self._epoch.stop, None if initial else self._faults
@@ -339,7 +344,7 @@ class RayBackend(ServingActors):
             with helping("trainer"):
                 if faults is not None:
                     faults.hang_weight_sync(version, release)  # sync-hang; a restart ends it
-                return ray.put(weights)
+                return ray.put(weights.to_bytes())
 
         ref = await anyio.to_thread.run_sync(put, abandon_on_cancel=True)
         # Once per version; every actor fetches this one copy by reference. The old

@@ -35,8 +35,9 @@ from ._worker import WorkerSpec
 
 Collected = tuple[list[Event], int]
 """A worker's buffered events, oldest first, and how many were dropped before them."""
-Output = tuple[list[RolloutResult], list[Event], int]
-"""What a call returns: the results, then the worker's events (``Collected``)."""
+Output = tuple[list[RolloutResult], list[Event], int, tuple[int, float]]
+"""What a call returns: the results, the worker's events (``Collected``), then the tokens it
+generated and the seconds it spent generating them."""
 
 __all__ = ["ActorView", "Collected", "Output", "RolloutActor", "first_line", "remote_actor_class"]
 
@@ -91,7 +92,7 @@ class RolloutActor:
         results = self.worker.run(work)
         events.end(results, time.perf_counter() - began)
         collected = events.collect() if work.events is not None else ([], 0)
-        return results, *collected
+        return results, *collected, self.worker.workload.take_generation()
 
     @ray.method
     def warm(self, work: RolloutWork) -> None:
@@ -99,6 +100,7 @@ class RolloutActor:
         first forward passes are several times slower) happens before it serves, not
         after. No events: the request is stripped, and a standby has none of its own."""
         self.worker.run(msgspec.structs.replace(work, events=None, faults=()))
+        self.worker.workload.take_generation()  # not the run's: nothing of it is kept
 
     @ray.method
     def load(self, weights: bytes, version: int) -> None:

@@ -352,9 +352,10 @@ class ServingActors(BackendBase):
     ) -> list[RolloutResult]:
         """One call, timed, then the fault transformations of the results."""
         try:
-            results, events, dropped = await self._call(actor, work)
+            results, events, dropped, generated = await self._call(actor, work)
         finally:
             self._counts.busy_s += time.perf_counter() - began
+        self._counts.add_generation(generated)
         self._publish_events(actor, events, dropped)  # before the results they tell about
         self._longest_call_s = max(self._longest_call_s, time.perf_counter() - began)
         if self._faults is None:

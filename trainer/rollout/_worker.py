@@ -23,9 +23,9 @@ from replay import PromptGroup
 from replay import RolloutResult
 
 from ..rl._datasets import decode_prompt
-from ..rl._policy import load_weights
 from ..rl._rewards import RewardFailure
 from ..rl._tasks import Prompt
+from ..rl._weights import PolicyWeights
 from ._worker_events import EventRequest
 from ._worker_events import WorkerEvents
 from ._workload import WorkerSpec
@@ -88,9 +88,12 @@ class RolloutWorker:
         self.events = WorkerEvents(worker_id, self.node)
         self.workload.phase = self.events.phase  # times generation and the reward calls
 
-    def load_weights(self, weights: bytes, version: int) -> None:
-        """Sample from ``version`` from now on."""
-        load_weights(self.policy, weights)
+    def load_weights(self, weights: PolicyWeights | bytes, version: int) -> None:
+        """Sample from ``version`` from now on: ``weights`` copied into the worker's own
+        model (bytes: as a Ray actor receives them, :meth:`PolicyWeights.to_bytes`)."""
+        if isinstance(weights, bytes):
+            weights = PolicyWeights.from_bytes(weights)
+        weights.load_into(self.policy)
         self.version = version
 
     def run(self, work: RolloutWork) -> list[RolloutResult]:

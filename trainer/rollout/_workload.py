@@ -8,6 +8,7 @@ the trainer's validation, on its own copy of the policy.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -20,6 +21,7 @@ from torch import nn
 
 from ..config._schema import TrainerConfig
 from ..rl._hparams import Completion
+from ..rl._hparams import DtypeName
 from ..rl._hparams import PolicyConfig
 from ..rl._policy import build_policy
 from ..rl._policy import generate
@@ -62,6 +64,10 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
         max_steps: The step the run trains up to (reward functions' ``trainer_state``).
         device: Where a Hugging Face model samples (``auto``, ``cpu``, ``cuda``).
         torch_threads: Intra-op threads per worker (1: small models, busy event loop).
+        dtype: A Hugging Face model's ``[model] dtype``; each worker resolves ``auto`` on
+            its device and keeps its copy of the weights in it.
+        max_batch_tokens: Most tokens one generation batch holds (None: by the device).
+        cuda_graphs: Replay the decode step as a CUDA graph on a GPU.
     """
 
     task_name: str
@@ -76,6 +82,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_steps: int = 0
     device: str = "cpu"
     torch_threads: int = 1
+    dtype: DtypeName = "auto"
+    max_batch_tokens: int | None = None
+    cuda_graphs: bool = True
 
 
 class Workload:
@@ -98,6 +107,12 @@ class Workload:
         self.policy = policy
         self.spec = spec
         self.phase: Callable[..., AbstractContextManager[None]] = _no_phase
+        self._generated = (0, 0.0)
+
+    def take_generation(self) -> tuple[int, float]:
+        """Tokens generated, and seconds spent generating them, since the last call."""
+        generated, self._generated = self._generated, (0, 0.0)
+        return generated
 
     def rollouts(
         self,
@@ -128,8 +143,14 @@ class Workload:
             return out
         taken = [prompts[i] for i in fits]
         temperature = 0.0 if greedy else self.spec.temperature
+        began = time.perf_counter()
         with self.phase("generate"):
             groups = self._sample(taken, n, generator, temperature)
+        tokens, seconds = self._generated
+        self._generated = (
+            tokens + sum(len(c.tokens) for group in groups for c in group),
+            seconds + time.perf_counter() - began,
+        )
         with self.phase("reward", sum(map(len, groups))):
             state = TrainerState(global_step=max(0, step - 1), max_steps=self.spec.max_steps)
             scores = iter(self._score(taken, groups, hang_reward, state))
@@ -231,6 +252,8 @@ class _HuggingFace(Workload):
             generator,
             temperature,
             top_p=self.spec.top_p,
+            max_batch_tokens=self.spec.max_batch_tokens,
+            cuda_graphs=self.spec.cuda_graphs,
         )
 
     def _score(
@@ -291,6 +314,9 @@ def worker_spec(config: TrainerConfig) -> WorkerSpec:
         reward_timeout_s=task.reward_timeout_s,
         max_steps=config.run.steps,
         device=device,
+        dtype=config.model.dtype,
+        max_batch_tokens=config.rollout.max_batch_tokens,
+        cuda_graphs=config.rollout.cuda_graphs,
     )
 
 
@@ -307,9 +333,13 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
         return _Builtin(policy, spec)
     if policy is None:
         from ..rl._hf_policy import HFPolicy
+        from ..rl._hf_policy import resolve_device
+        from ..rl._hf_policy import resolve_dtype
 
+        device = resolve_device(spec.device)
+        dtype = resolve_dtype(spec.dtype, device)
         # The adapter's weights come with the first weight sync; its structure is needed now.
-        policy = HFPolicy.load(spec.policy.path, spec.device, lora=spec.policy.lora)
+        policy = HFPolicy.load(spec.policy.path, device, dtype, lora=spec.policy.lora)
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
 

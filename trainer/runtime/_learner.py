@@ -31,11 +31,11 @@ from ..rl._grpo import reference_logprobs
 from ..rl._hparams import Completion
 from ..rl._policy import Policy
 from ..rl._policy import frozen_copy
-from ..rl._policy import weights_to_bytes
 from ..rl._rewards import reward_names
 from ..rl._schedule import LRSchedule
 from ..rl._schedule import lr_scheduler
 from ..rl._tasks import Prompt
+from ..rl._weights import PolicyWeights
 from ..rollout._workload import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
@@ -51,6 +51,8 @@ class Learner:
     Args:
         config: The run configuration (PPO hyper-parameters, optimizer, seed).
         policy: The policy to train (the built-in network, or a Hugging Face model).
+        rollout_dtype: The dtype the weights are published to the workers in (None: the
+            policy's own).
 
     Attributes:
         policy: The policy being trained.
@@ -63,9 +65,16 @@ class Learner:
             per update).
     """
 
-    def __init__(self, config: TrainerConfig, policy: Policy | HFPolicy) -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        policy: Policy | HFPolicy,
+        *,
+        rollout_dtype: torch.dtype | None = None,
+    ) -> None:
         seed = config.run.seed
         self.policy = policy
+        self.rollout_dtype = rollout_dtype
         self._adapter = bool(getattr(policy, "adapter", False))
         self.reference: Policy | HFPolicy | BaseReference | None = None
         if config.ppo.kl_coef > 0:
@@ -109,10 +118,12 @@ class Learner:
             return cast("HFPolicy", self.policy).trainable_state()
         return self.policy.state_dict()
 
-    def weights(self) -> bytes:
-        """The policy's weights, as rollout workers load them (a LoRA policy's: its adapter,
-        far smaller than the model, whose base the workers hold already)."""
-        return weights_to_bytes(self.policy, self.policy_state())
+    def weights(self) -> PolicyWeights:
+        """The policy's weights as rollout workers load them: a copy on the learner's
+        device, in the dtype rollouts sample in (a LoRA policy's: its adapter only, far
+        smaller than the model, whose base the workers hold already)."""
+        state = self.policy_state() if self._adapter else None
+        return PolicyWeights.of(self.policy, self.rollout_dtype, state=state)
 
     def update(self, batch: tuple[GroupResult, ...]) -> dict[str, float]:
         """One PPO update on a batch (call it off the event loop); returns its metrics.
@@ -141,7 +152,7 @@ class Learner:
         ]
         ref_logprobs = None
         if self.reference is not None:  # once per batch: the reference never changes
-            ref_logprobs = reference_logprobs(self.reference, unscored, hparams.temperature)
+            ref_logprobs = reference_logprobs(self.reference, unscored, hparams)
         penalties: list[float] | None = None
         kl_metrics: dict[str, float] = {}
         if hparams.kl_in_reward and ref_logprobs is not None:
@@ -179,6 +190,7 @@ class Learner:
                 rollouts[: self._log_completions], samples, strict=False
             )
         ]
+        metrics["prompt_len"] = sum(len(s.prompt_tokens) for s in samples) / len(samples)
         metrics["reward_mean"] = sum(rewards) / len(rewards)
         metrics["reward_max"] = max(rewards)
         metrics["groups"] = float(len(batch))

@@ -32,17 +32,17 @@ class Metric:
         when: Where it has a value. ``step``: every step, in ``metrics.jsonl`` and
             ``StepFinished``. ``validation``: there too, but only on the steps that run the
             validation. ``setting``: there too, every step, but only when a setting asks
-            for it (``ppo.kl_in_reward``, reward functions). ``occurred``: there too, on
-            the steps where it happened (one metric per kind of a thing, such as a
-            failure's). ``events``: not in
-            ``metrics.jsonl``; exporters derive it, per step, from the run's events
+            for it (``ppo.kl_in_reward``, reward functions). ``gpu``: every step of a run
+            whose learner is on a GPU. ``occurred``: there too, on the steps where it
+            happened (one metric per kind of a thing, such as a failure's). ``events``: not
+            in ``metrics.jsonl``; exporters derive it, per step, from the run's events
             (restarts, drops).
     """
 
     name: str
     meaning: str
     short: str | None = None
-    when: Literal["step", "validation", "setting", "occurred", "events"] = "step"
+    when: Literal["step", "validation", "setting", "gpu", "occurred", "events"] = "step"
 
     @property
     def per_step(self) -> bool:
@@ -118,6 +118,7 @@ METRICS: tuple[Metric, ...] = (
         "zero_adv_frac",
     ),
     Metric("response_length/mean", "mean response length, in tokens", "response_len"),
+    Metric("prompt_length/mean", "mean prompt length, in tokens", "prompt_len"),
     Metric("batch/groups", "prompt groups in the batch", "groups"),
     Metric("batch/samples", "rollouts trained on", "num_samples"),
     Metric("batch/tokens", "response tokens trained on", "num_tokens"),
@@ -151,6 +152,27 @@ METRICS: tuple[Metric, ...] = (
         when="validation",
     ),
     Metric("perf/samples_per_s", "rollouts trained on per second of step time", "samples_per_s"),
+    Metric(
+        "perf/tokens_per_s",
+        "prompt and response tokens trained on per second of step time (verl's perf/throughput)",
+    ),
+    Metric(
+        "perf/gen_tokens_per_s",
+        "tokens the rollout workers generated per second spent generating (summed over workers;"
+        " with one sampler per GPU, the device's generation speed)",
+    ),
+    Metric(
+        "perf/gpu_mem_peak_gb",
+        "peak GPU memory allocated on the learner's device during the step, sampler included, GB",
+        when="gpu",
+    ),
+    Metric(
+        "perf/mfu",
+        "model FLOP utilisation: the step's model FLOPs (2N a token for a forward pass, 6N for"
+        " forward and backward) over its time and the device's peak (a device in the table of"
+        " peaks only)",
+        when="gpu",
+    ),
     Metric(
         "rollout/utilization",
         "share of the rollout workers' time spent generating during the step (1: never idle)",

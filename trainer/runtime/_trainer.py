@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 import anyio
+import torch
 
 from eventbus import Capability
 from eventbus import CompletionsSampled
@@ -66,6 +67,8 @@ from ._fold import RunFold
 from ._learner import Learner
 from ._membership import MembershipRequests
 from ._metrics import named
+from ._perf import PerfMeter
+from ._perf import StepWork
 from ._recovery import Recovery
 from ._run import FAULTS_FILE
 from ._run import RunFolder
@@ -113,7 +116,15 @@ class PPOTrainer:
         # Loads the model, the datasets and the reward functions (WorkloadError if it can't).
         self.workload = RunWorkload(config)
         self.stream = self.workload.stream
-        self.learner = Learner(config, self.workload.policy)
+        self.learner = Learner(
+            config, self.workload.policy, rollout_dtype=self.workload.rollout_dtype
+        )
+        self.perf = PerfMeter(
+            self.workload.policy,
+            self.workload.rollout_dtype or torch.float32,
+            epochs=config.ppo.epochs,
+            reference=config.ppo.kl_coef > 0,
+        )
         self.backend = backend if backend is not None else make_backend(config, faults)
         self.membership = MembershipRequests()
         self.bus = bus or EventBus(
@@ -424,7 +435,8 @@ class PPOTrainer:
         bus, config, learner = self.bus, self.config, self.learner
         step = self._active_step = learner.step + 1
         began = time.perf_counter()
-        busy_before = self.backend.statistics().busy_s
+        self.perf.begin_step()
+        before = self.backend.statistics()
         if bus.wants(StepStarted):
             bus.publish(StepStarted(step=step))
         self.driver.dispatch_step(step, learner.policy_version)
@@ -450,7 +462,19 @@ class PPOTrainer:
                 metrics.update(await anyio.to_thread.run_sync(evaluate, step))
             metrics["eval_time_s"] = time.perf_counter() - eval_began
         duration = time.perf_counter() - began
-        busy = self.backend.statistics().busy_s - busy_before
+        after = self.backend.statistics()
+        busy = after.busy_s - before.busy_s
+        metrics.update(
+            self.perf.metrics(
+                StepWork(
+                    prompt_tokens=round(metrics["prompt_len"] * metrics["num_samples"]),
+                    response_tokens=round(metrics["num_tokens"]),
+                    generated_tokens=after.generated_tokens - before.generated_tokens,
+                    generate_s=after.generate_s - before.generate_s,
+                    step_s=duration,
+                )
+            )
+        )
         metrics.update(
             worker_utilization=busy / (self.backend.workers * duration) if duration > 0 else 0.0,
             step_time_s=duration,

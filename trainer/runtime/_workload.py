@@ -66,6 +66,8 @@ class RunWorkload:
         stream: The training prompts (its position is the run's data position).
         val_prompts: The validation prompts (empty: no validation).
         notices: What loading had to assume, for the user (e.g. EOS as the pad token).
+        rollout_dtype: The dtype the policy computes in and rollouts sample in (None: the
+            built-in network's float32); see ``[model] dtype``.
 
     Raises:
         WorkloadError: The model, a dataset or a reward function cannot be used (one line).
@@ -79,6 +81,7 @@ class RunWorkload:
         self.val_prompts: list[Prompt] = []
         self.stream: PromptSource
         self.policy: Policy | HFPolicy
+        self.rollout_dtype: torch.dtype | None = None
         if config.model.path is None:
             self.policy = build_policy(config.model, seed=seed)
             self.stream = PromptStream(builtin, seed)
@@ -86,10 +89,16 @@ class RunWorkload:
             from ..rl._datasets import TextPromptStream
             from ..rl._datasets import load_prompt_table
             from ..rl._hf_policy import HFPolicy
+            from ..rl._hf_policy import resolve_dtype
 
+            # Float32 master weights (and optimizer state); forward and backward passes
+            # under autocast to the run's dtype when it is lower.
             hf = HFPolicy.load(
                 config.model.path, config.run.device, lora=config.model.lora, seed=seed
             )
+            dtype = resolve_dtype(config.model.dtype, hf.device)
+            hf.autocast = dtype if dtype != torch.float32 else None
+            self.rollout_dtype = dtype
             self.policy, self.notices = hf, list(hf.notices)
             for notice in self.notices:
                 # The command line prints the notices itself (notice: ...): marked, said once.

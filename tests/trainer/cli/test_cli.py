@@ -605,3 +605,10 @@ def test_inject_help_says_what_every_fault_does_and_help_names_them(tmp_path: Pa
     assert not (tmp_path / "run").exists()
     usage = " ".join(trainbus("train", "--help", cwd=tmp_path).stdout.split())
     assert f"FAULT is one of {', '.join(FAULTS)}" in usage
+
+
+def test_bench_finds_the_checkouts_benchmarks(tmp_path: Path) -> None:
+    done = trainbus("bench", "nosuch", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "unknown benchmark 'nosuch' (known: " in done.stderr
+    assert "gpu" in done.stderr and "learning" in done.stderr

@@ -96,6 +96,11 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
             "rollout.max_failed_fraction: expected `float` <= 1",
         ),
         ({"model.heads": 3}, "model: heads (3) must divide d_model (64)"),
+        ({"model.dtype": "bfloat16"}, "model: dtype 'bfloat16' needs a Hugging Face model"),
+        ({"model.dtype": "half"}, "model.dtype: 'half' is not one of 'auto', 'bfloat16'"),
+        ({"ppo.micro_batch_tokens": 0}, "ppo.micro_batch_tokens: expected `int` >= 1"),
+        ({"rollout.max_batch_tokens": 0}, "rollout.max_batch_tokens: expected `int` >= 1"),
+        ({"rollout.cuda_graphs": "yes"}, "rollout.cuda_graphs: expected `bool`, got `str`"),
         ({"model.dropout": 0.1}, "model.dropout: unknown key"),
         ({"ppo.clipping": 0.1}, "ppo.clipping: unknown key"),
         ({"task.params": {"length": 40}}, "model.max_seq_len is 32, but task 'reverse' needs"),
@@ -371,4 +376,4 @@ def test_the_docs_key_table_is_the_schemas() -> None:
     page = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
     committed = page.split(KEY_TABLE_BEGIN + "\n", 1)[1].split(KEY_TABLE_END, 1)[0]
     assert committed == key_table()
-    assert "| `rollout.workers` | `2` | Rollout workers. |" in committed
+    assert "| `rollout.group_size` | `8` | Rollouts per prompt" in committed

@@ -17,9 +17,10 @@ from trainer import PolicyConfig
 from trainer import RayBackend
 from trainer import WorkerSpec
 from trainer import load_config
+from trainer.config._schema import DEFAULT_WORKERS
 from trainer.config._schema import RolloutConfig
 from trainer.rl._policy import build_policy
-from trainer.rl._policy import weights_to_bytes
+from trainer.rl._weights import PolicyWeights
 
 torch.set_num_threads(1)
 
@@ -41,7 +42,8 @@ class Sink:
 def test_the_local_backends_defaults_are_the_rollout_sections() -> None:
     defaults = inspect.signature(LocalBackend).parameters
     section = RolloutConfig()
-    assert defaults["workers"].default == section.workers
+    assert section.workers is None  # resolved by the device: DEFAULT_WORKERS on the CPU
+    assert defaults["workers"].default == DEFAULT_WORKERS
     assert defaults["close_timeout_s"].default == section.close_timeout_s
 
 
@@ -78,7 +80,7 @@ async def test_resizing_out_of_the_bound_is_refused_and_changes_nothing(
     workers: int, bound: str
 ) -> None:
     backend = LocalBackend(SPEC, 1)
-    await backend.start(Sink(), weights_to_bytes(build_policy(SPEC.policy, seed=0)), 0)
+    await backend.start(Sink(), PolicyWeights.of(build_policy(SPEC.policy, seed=0)), 0)
     try:
         with pytest.raises(ValueError, match=f"^{re.escape(f'workers: {bound}, got {workers}')}$"):
             await backend.resize(workers, "out of bounds")

@@ -28,10 +28,11 @@ from trainer import RolloutWorker
 from trainer import WorkerSpec
 from trainer import load_config
 from trainer import make_task
+from trainer.config._schema import DEFAULT_WORKERS
 from trainer.config._schema import RolloutConfig
 from trainer.rl._policy import build_policy
-from trainer.rl._policy import weights_to_bytes
 from trainer.rl._tasks import PromptStream
+from trainer.rl._weights import PolicyWeights
 
 from ...conftest import RayCluster
 
@@ -116,8 +117,8 @@ def make_work(name: str, *, step: int = 1, groups: int = 2, n: int = 4) -> Rollo
     )
 
 
-def weights(seed: int) -> bytes:
-    return weights_to_bytes(build_policy(SPEC.policy, seed=seed))
+def weights(seed: int) -> PolicyWeights:
+    return PolicyWeights.of(build_policy(SPEC.policy, seed=seed))
 
 
 def our_actors() -> list[str]:
@@ -350,8 +351,8 @@ def test_submit_needs_a_started_backend() -> None:
 def test_the_ray_backends_defaults_are_the_rollout_sections() -> None:
     defaults = inspect.signature(RayBackend).parameters
     section = RolloutConfig()
+    assert defaults["workers"].default == DEFAULT_WORKERS  # what an unset rollout.workers is
     for argument, key in [
-        ("workers", "workers"),
         ("actor_cpus", "ray_actor_cpus"),
         ("standby", "standby"),
         ("start_timeout_s", "start_timeout_s"),

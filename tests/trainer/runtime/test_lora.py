@@ -16,7 +16,7 @@ import torch
 from trainer import PPOTrainer
 from trainer import TrainerConfig
 from trainer.rl._hf_policy import HFPolicy
-from trainer.rl._policy import weights_to_bytes
+from trainer.rl._weights import PolicyWeights
 
 from ..helpers import tiny_config
 
@@ -83,10 +83,19 @@ async def test_the_reference_is_the_base_model_under_the_adapter_not_a_copy(
 
 def test_weight_sync_ships_only_the_adapter(hf_model: Path) -> None:
     fit = PPOTrainer(lora_config(hf_model))
-    message = torch.load(__import__("io").BytesIO(fit.learner.weights()), weights_only=True)
+    weights = fit.learner.weights()
     trainable = {name for name, p in fit.policy.named_parameters() if p.requires_grad}
-    assert set(message) == trainable
-    assert len(fit.learner.weights()) < len(weights_to_bytes(fit.policy)) / 5
+    assert set(weights.tensors) == trainable and weights.partial
+    whole = PolicyWeights.of(fit.policy)
+    assert weights.nbytes < whole.nbytes / 5
+    assert len(weights.to_bytes()) < len(whole.to_bytes()) / 5  # what a Ray actor is sent
+    # A worker's model takes it into its adapter and keeps its own base.
+    worker = HFPolicy.load(hf_model, lora=fit.config.model.lora, seed=99)
+    base = {n: t.clone() for n, t in worker.state_dict().items() if n not in trainable}
+    PolicyWeights.from_bytes(weights.to_bytes()).load_into(worker)
+    for name, value in worker.state_dict().items():
+        expected = weights.tensors[name] if name in trainable else base[name]
+        assert torch.equal(value, expected), name
 
 
 async def test_a_lora_run_resumes_bit_for_bit_from_checkpoints_of_the_adapter(

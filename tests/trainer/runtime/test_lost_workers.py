@@ -15,6 +15,7 @@ from trainer import LocalBackend
 from trainer import PPOTrainer
 from trainer import RolloutWorker
 from trainer import TrainerConfig
+from trainer.rl._weights import PolicyWeights
 from trainer.rollout._worker import WorkerSpec
 from trainer.runtime._sample_wait import RolloutsLost
 
@@ -32,7 +33,7 @@ class DiesOnce:
         outer = self
 
         class Worker(RolloutWorker):
-            def load_weights(self, weights: bytes, version: int) -> None:
+            def load_weights(self, weights: PolicyWeights | bytes, version: int) -> None:
                 if version >= 1 and not outer.died:
                     outer.died = True
                     raise MemoryError("no memory for the new weights")

@@ -78,8 +78,18 @@ def test_micro_batches_cover_every_row_once_within_the_budget() -> None:
     [
         PPOConfig(epochs=2),
         PPOConfig(epochs=2, minibatch_size=8, kl_coef=0.1, entropy_coef=0.01),
+        # Each aggregation divides by the whole minibatch's normaliser, not a micro-batch's:
+        PPOConfig(epochs=1, minibatch_size=12, loss_agg="seq-mean-token-mean"),
+        PPOConfig(epochs=1, minibatch_size=12, loss_agg="seq-mean-token-sum"),
+        PPOConfig(epochs=1, loss_agg="seq-mean-token-sum-norm", kl_coef=0.1),
     ],
-    ids=["whole-batch", "minibatches-kl-entropy"],
+    ids=[
+        "whole-batch",
+        "minibatches-kl-entropy",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    ],
 )
 def test_a_micro_batched_update_is_the_one_batch_update(config: PPOConfig) -> None:
     policy = build_policy(PolicyConfig(), seed=1)

@@ -75,17 +75,29 @@ def _private_records(*, create: bool) -> Path | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return _refuse(folder, f"it cannot be read ({exc})")
-    if not stat.S_ISDIR(info.st_mode):
-        return _refuse(folder, "it is not a folder (a link or a file)")
-    if info.st_uid != os.getuid():
-        return _refuse(folder, f"it belongs to another user (uid {info.st_uid})")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return _refuse(folder, f"others may write to it (mode {stat.S_IMODE(info.st_mode):o})")
+        why = f"it cannot be read ({exc})"
+    else:
+        why = _untrusted(info)
+    if why:
+        _refuse(folder, why)
+        return None
     return folder
 
 
+def _untrusted(info: os.stat_result) -> str:
+    """Why a folder with ``info`` (its ``lstat``) cannot hold records; empty if it can."""
+    why = ""
+    if not stat.S_ISDIR(info.st_mode):
+        why = "it is not a folder (a link or a file)"
+    elif info.st_uid != os.getuid():
+        why = f"it belongs to another user (uid {info.st_uid})"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"others may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    return why
+
+
 def _refuse(folder: Path, why: str) -> None:
+    """Warn (once a folder) that ``folder`` is not used, and why."""
     if folder not in _refused:
         _refused.add(folder)
         logger.warning(
@@ -95,7 +107,6 @@ def _refuse(folder: Path, why: str) -> None:
             folder,
             why,
         )
-    return None
 
 
 def _forget(path: Path) -> None:

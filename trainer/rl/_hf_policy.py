@@ -94,8 +94,20 @@ class HFPolicy(nn.Module):
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu") -> HFPolicy:
+    def load(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        *,
+        trust_remote_code: bool = False,
+    ) -> HFPolicy:
         """Load a model folder written by ``save_pretrained`` (nothing is downloaded).
+
+        Args:
+            path: The folder.
+            device: Where the model goes.
+            trust_remote_code: Run the Python code the folder names for its config, model
+                or tokenizer (``auto_map``); off, such a folder is refused, its code unrun.
 
         Raises:
             ModelLoadError: The folder lacks a config, weights or tokenizer, one of them
@@ -108,11 +120,15 @@ class HFPolicy(nn.Module):
         # The config first: the tokenizer reads it too, and would take the blame for it.
         with _LOAD_LOCK:
             try:
-                config = hf.AutoConfig.from_pretrained(folder, local_files_only=True)
+                config = hf.AutoConfig.from_pretrained(
+                    folder, local_files_only=True, trust_remote_code=trust_remote_code
+                )
             except (OSError, ValueError, KeyError) as exc:
                 raise load_error(folder, exc) from None
             try:
-                tokenizer = hf.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+                tokenizer = hf.AutoTokenizer.from_pretrained(
+                    folder, local_files_only=True, trust_remote_code=trust_remote_code
+                )
             except (OSError, ValueError, KeyError) as exc:
                 raise tokenizer_error(folder, exc) from None
             try:
@@ -122,6 +138,7 @@ class HFPolicy(nn.Module):
                     folder,
                     config=config,
                     local_files_only=True,
+                    trust_remote_code=trust_remote_code,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
                 )

@@ -281,7 +281,9 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
     if policy is None:
         from ..rl._hf_policy import HFPolicy
 
-        policy = HFPolicy.load(spec.policy.path, spec.device)
+        policy = HFPolicy.load(
+            spec.policy.path, spec.device, trust_remote_code=spec.policy.trust_remote_code
+        )
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
 

@@ -75,7 +75,11 @@ class RunWorkload:
             from ..rl._datasets import load_prompt_table
             from ..rl._hf_policy import HFPolicy
 
-            hf = HFPolicy.load(config.model.path, config.run.device)
+            hf = HFPolicy.load(
+                config.model.path,
+                config.run.device,
+                trust_remote_code=config.model.trust_remote_code,
+            )
             self.policy, self.notices = hf, list(hf.notices)
             for notice in self.notices:
                 # The command line prints the notices itself (notice: ...): marked, said once.

@@ -72,6 +72,7 @@ from ._sample_wait import WaitClock
 from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
 from ._state import RunState
+from ._state import non_finite_weights
 from ._steering import Steering
 from ._view import TrainerView
 from ._view import ViewedParts
@@ -133,6 +134,7 @@ class PPOTrainer:
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
             before_rename=faults.before_checkpoint_rename if faults else None,
+            check=non_finite_weights,
         )
         self.driver = make_driver(
             config, self.stream, self.backend, self.bus, interrupts=interrupts_sample_wait

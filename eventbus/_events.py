@@ -242,12 +242,16 @@ class FitFinished(Event, frozen=True):
         stopped_early: A STOP decision or a stop request ended the run before its last step.
         reason: Why it stopped early (a STOP decision's deciding votes, or the stop
             request's reason, such as ``SIGTERM received``), empty otherwise.
+        closed_later: The attempt that trained the last step ended without this event (its
+            process was killed while it closed) and a later ``fit()`` over the same folder
+            recorded its end: its ``duration_s`` ends at its last event.
     """
 
     step: int
     duration_s: float = 0.0
     stopped_early: bool = False
     reason: str = ""
+    closed_later: bool = False
 
 
 class FitFailed(Event, frozen=True):

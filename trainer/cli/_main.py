@@ -329,6 +329,14 @@ def _train(args: argparse.Namespace) -> int:
             signal.signal(signum, handler_before)
         registration.close()
         view.close()  # the live view stops drawing even if the run ended without FitFinished
+    if trainer.closed_unfinished:
+        print(
+            f"run {trainer.run_id} in {out} had trained its {summary.steps} steps but was "
+            f"killed while it closed: its end is recorded now ({summary.status}, summary.json "
+            f"written); to train further, run it again with a larger --steps "
+            f"(e.g. --steps {2 * summary.steps})"
+        )
+        return 0
     if trainer.already_finished:
         # Not an error (the folder holds what was asked for), and the folder is unchanged.
         print(

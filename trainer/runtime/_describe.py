@@ -101,7 +101,10 @@ def _fit_started(e: FitStarted, context: Context) -> str:
 def _fit_finished(e: FitFinished, context: Context) -> str:
     if e.stopped_early:
         return f"stopped early at step {e.step} after {e.duration_s:.1f} s: {e.reason}"
-    return f"finished at step {e.step} after {e.duration_s:.1f} s"
+    text = f"finished at step {e.step} after {e.duration_s:.1f} s"
+    if e.closed_later:
+        text += " (recorded by a later start: its process was killed while it closed)"
+    return text
 
 
 def _fit_failed(e: FitFailed, context: Context) -> str:

@@ -129,6 +129,13 @@ class RunFold:
         while subscription.statistics().queued:
             self.apply(await anext(subscription))
 
+    def trained_all_unclosed(self) -> bool:
+        """Whether the last attempt trained every step it was asked for but has no end (its
+        process was killed while it closed, after the last step)."""
+        with self._lock:
+            s = self._summary
+            return self._open is not None and s.steps >= s.total_steps > 0
+
     def summary(self) -> FitSummary:
         """A copy of the summary so far."""
         with self._lock:
@@ -345,11 +352,13 @@ class RunFold:
         self._summary.extension_failures += 1
 
     def _fit_finished(self, e: FitFinished) -> None:
-        self._end_stalls("the run ended", e.time)
+        # An end recorded later (the attempt was killed while it closed) came at its last event.
+        at = self._last_time if e.closed_later else e.time
+        self._end_stalls("the run ended", at)
         if e.stopped_early:
-            self._close_open_attempt("stopped", None, e.time, e.reason or "stopped early")
+            self._close_open_attempt("stopped", None, at, e.reason or "stopped early")
         else:
-            self._close_open_attempt("finished", None, e.time)
+            self._close_open_attempt("finished", None, at)
 
     def _fit_failed(self, e: FitFailed) -> None:
         # The failed step's wait (its deadline, lost rollouts) cost time no StepFinished has.

@@ -171,6 +171,9 @@ class PPOTrainer:
         self._active_step: int | None = None  # the step being trained, for FitFailed
         self._waiting = WaitClock()  # how long the step being trained waited, for FitFailed
         self.already_finished = False  # the last fit() found the run done and did nothing
+        # The last fit() found the run's steps all trained but its end unrecorded (killed
+        # while closing), and recorded it: FitFinished and summary.json, nothing else.
+        self.closed_unfinished = False
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._diagnoser: StallDiagnoser | None = None  # one per fit(), when diagnosis is on
@@ -240,7 +243,9 @@ class PPOTrainer:
 
         A run folder whose run already has ``config.run.steps`` steps is left as it is: no
         worker starts, nothing is written, the run's summary is returned and
-        ``already_finished`` is True. A larger ``run.steps`` extends the run.
+        ``already_finished`` is True. A larger ``run.steps`` extends the run. If its last
+        attempt trained every step but was killed while it closed, only its end is written
+        (``FitFinished``, ``summary.json``) and ``closed_unfinished`` is True.
 
         Returns:
             What happened: steps, rewards, restarts, waits, decisions.
@@ -283,7 +288,10 @@ class PPOTrainer:
         resumed = self.state.resume(self.out_dir)
         start_step = self.step
         self.already_finished = resumed is not None and start_step >= config.run.steps
+        self.closed_unfinished = False
         if self.already_finished:
+            if self.record.trained_all_unclosed():
+                return await self._close_unfinished()
             # A rerun of a finished run: nothing to train, so nothing is written either (a
             # larger run.steps extends it).
             logger.warning(
@@ -349,6 +357,25 @@ class PPOTrainer:
         finally:
             await self._finish(error, began, stop_reason)
         return self.record.summary()
+
+    async def _close_unfinished(self) -> FitSummary:
+        """Record the end of an attempt that trained its last step and was killed while it
+        closed (stopping the workers, ``AFTER_FIT``, the summary): ``FitFinished`` in the
+        event log, then ``summary.json``. Nothing is trained and no worker starts."""
+        self.closed_unfinished = True
+        logger.info(
+            "run %s trained its %d steps but was killed while it closed: recording its end",
+            self.run_id,
+            self.step,
+        )
+        if self.bus.wants(FitFinished):
+            attempts = self.record.summary().attempts
+            duration = attempts[-1].duration_s if attempts else 0.0
+            self.bus.publish(FitFinished(step=self.step, duration_s=duration, closed_later=True))
+        await self._drain_record()
+        summary = self.record.summary()
+        self.files.write_summary(summary)
+        return summary
 
     async def _finish(self, error: BaseException | None, began: float, stop_reason: str) -> None:
         """Shut the rollout side down, reach AFTER_FIT, publish the end, write summary.json.

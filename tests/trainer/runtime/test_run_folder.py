@@ -205,6 +205,63 @@ def test_a_checkpoint_crash_fires_once_per_run_so_the_same_command_resumes(
     assert [a["status"] for a in summary["attempts"]] == ["killed", "finished"]
 
 
+CLOSER = """
+import time
+from pathlib import Path
+
+from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability, SafePoint
+
+
+class Closer:
+    name = "closer"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.SAFE_POINTS,)
+
+    def on_safe_point(self, context, event):
+        if event.point is SafePoint.AFTER_FIT and Path("block").exists():
+            print("closing", flush=True)
+            time.sleep(600)  # killed here, while closing
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_run_killed_while_closing_after_its_last_step_gets_its_summary(
+    tmp_path: Path, backend: str
+) -> None:
+    out = tmp_path / "run"
+    (tmp_path / "closer.py").write_text(CLOSER)
+    (tmp_path / "block").touch()
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps", "4")
+    args += ("--backend", backend, "--extension", "closer:Closer", "--no-progress")
+    env = {"PYTHONPATH": str(tmp_path), "TRAINBUS_RAY_RECORDS": str(tmp_path)}
+    kill_at("closing", *args, cwd=tmp_path, env=env)
+    assert not (out / "summary.json").exists()
+    (tmp_path / "block").unlink()
+
+    again = trainbus(*args, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    run_id = summary_of(out)["run_id"]
+    assert again.stdout.splitlines()[-1] == (
+        f"run {run_id} in {out} had trained its 4 steps but was killed while it closed: its "
+        "end is recorded now (finished, summary.json written); to train further, run it "
+        "again with a larger --steps (e.g. --steps 8)"
+    )
+    summary = summary_of(out)
+    assert (summary["status"], summary["steps"]) == ("finished", 4)
+    (attempt,) = summary["attempts"]  # no attempt was added: nothing was trained
+    assert attempt["status"] == "finished" and 0 < attempt["duration_s"] < 120
+    assert summary["duration_s"] == attempt["duration_s"]
+    report = trainbus("report", out, "--no-plots", cwd=tmp_path)
+    assert report.returncode == 0 and "running" not in report.stdout
+    assert "finished" in report.stdout
+    runs = trainbus("runs", tmp_path, "--json", cwd=tmp_path)
+    assert [row["status"] for row in json.loads(runs.stdout)] == ["finished"]
+    # Once recorded, the run is finished like any other: a rerun changes nothing.
+    before = snapshot(out)
+    assert "is already finished" in trainbus(*args, cwd=tmp_path, env=env).stdout
+    assert snapshot(out) == before
+
+
 async def test_a_resume_with_other_settings_says_which_it_took(tmp_path: Path) -> None:
     # Resumed with another task and seed, a run trained on silently, its reward curve
     # joining two tasks: FitStarted (and its line in every view) names what changed.

@@ -23,6 +23,7 @@ from ._events import BatchReport as BatchReport
 from ._events import CheckpointRestored as CheckpointRestored
 from ._events import CheckpointSaved as CheckpointSaved
 from ._events import Event as Event
+from ._events import ExtensionBehind as ExtensionBehind
 from ._events import ExtensionFailed as ExtensionFailed
 from ._events import FaultInjected as FaultInjected
 from ._events import FitFailed as FitFailed

@@ -24,6 +24,7 @@ from eventbus import BatchReconciled
 from eventbus import CheckpointRestored
 from eventbus import CheckpointSaved
 from eventbus import Event
+from eventbus import ExtensionBehind
 from eventbus import ExtensionFailed
 from eventbus import FaultInjected
 from eventbus import FitFailed
@@ -260,6 +261,17 @@ def _extension_failed(e: ExtensionFailed, context: Context) -> str:
     return f"extension {e.extension} failed in {e.hook}{during}: {e.error_type}: {e.message}"
 
 
+def _extension_behind(e: ExtensionBehind, context: Context) -> str:
+    how = []
+    if e.stuck_in:
+        how.append(f"stuck in {e.stuck_in} for {e.stuck_s:.1f} s when the run ended")
+    if e.dropped:
+        how.append(f"{e.dropped} dropped from its full queue")
+    if e.left:
+        how.append(f"{e.left} left unhandled in it")
+    return f"extension {e.extension} missed {e.missed} events of this run ({'; '.join(how)})"
+
+
 def _lagged(e: Lagged, context: Context) -> str:
     return f"{e.missed} events missed (this reader fell behind)"
 
@@ -308,6 +320,7 @@ DESCRIBERS: dict[type[Event], Callable[[Any, Context], str]] = {
     WorkerRestarted: _worker_restarted,
     FaultInjected: _fault_injected,
     ExtensionFailed: _extension_failed,
+    ExtensionBehind: _extension_behind,
     Lagged: _lagged,
     StallDiagnosed: _stall_diagnosed,
     **WORKER_DESCRIBERS,

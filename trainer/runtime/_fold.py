@@ -41,6 +41,7 @@ from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
+from eventbus import ExtensionBehind
 from eventbus import ExtensionFailed
 from eventbus import FitFailed
 from eventbus import FitFinished
@@ -151,6 +152,7 @@ class RunFold:
             s.decisions = {point: dict(counts) for point, counts in s.decisions.items()}
             s.notable_decisions = [dict(d) for d in s.notable_decisions]
             s.dropped_rollouts = dict(s.dropped_rollouts)
+            s.extensions_behind = dict(s.extensions_behind)
             s.after_fit_errors = list(s.after_fit_errors)
             return s
 
@@ -351,6 +353,10 @@ class RunFold:
     def _extension_failed(self, e: ExtensionFailed) -> None:
         self._summary.extension_failures += 1
 
+    def _extension_behind(self, e: ExtensionBehind) -> None:
+        behind = self._summary.extensions_behind
+        behind[e.extension] = behind.get(e.extension, 0) + e.missed
+
     def _fit_finished(self, e: FitFinished) -> None:
         # An end recorded later (the attempt was killed while it closed) came at its last event.
         at = self._last_time if e.closed_later else e.time
@@ -391,6 +397,7 @@ FOLDS: dict[type[Event], Callable[[RunFold, Any], None]] = {
     WorkerLeft: RunFold._worker_joined_or_left,
     WorkerLost: RunFold._worker_lost,
     ExtensionFailed: RunFold._extension_failed,
+    ExtensionBehind: RunFold._extension_behind,
     FitFinished: RunFold._fit_finished,
     FitFailed: RunFold._fit_failed,
     StallDiagnosed: RunFold._stall_diagnosed,

@@ -82,6 +82,9 @@ class FitSummary(msgspec.Struct, kw_only=True):
         checkpoints: Checkpoints written.
         workers_lost: Rollout workers that died.
         extension_failures: Extension hook calls that raised.
+        extensions_behind: By extension, the events it never handled (``ExtensionBehind``):
+            its full queue dropped them, or it had not handled them when an attempt ended
+            (it never read its queue: stuck in a hook, say).
         after_fit_errors: Extensions that failed at the last attempt's ``AFTER_FIT``.
         attempts: Every attempt, oldest first.
     """
@@ -111,5 +114,6 @@ class FitSummary(msgspec.Struct, kw_only=True):
     checkpoints: int = 0
     workers_lost: int = 0
     extension_failures: int = 0
+    extensions_behind: dict[str, int] = msgspec.field(default_factory=dict)
     after_fit_errors: list[str] = msgspec.field(default_factory=list)
     attempts: list[AttemptSummary] = msgspec.field(default_factory=list)

@@ -31,6 +31,7 @@ import anyio
 
 from eventbus import Capability
 from eventbus import EventBus
+from eventbus import ExtensionBehind
 from eventbus import FitFailed
 from eventbus import FitFinished
 from eventbus import FitStarted
@@ -56,6 +57,7 @@ from ._checkpoint import CheckpointStore
 from ._decisions import RunAborted
 from ._decisions import StopRequested
 from ._decisions import interrupts_sample_wait
+from ._describe import describe
 from ._diagnosis import StallDiagnoser
 from ._diagnosis import start_stall_diagnosis
 from ._diagnosis import stop_stall_diagnosis
@@ -116,6 +118,7 @@ class PPOTrainer:
         self.learner = Learner(config, self.workload.policy)
         self.backend = backend if backend is not None else make_backend(config, faults)
         self.membership = MembershipRequests()
+        self._dropped_before: dict[int, int] = {}  # by registration, at this fit()'s start
         self.bus = bus or EventBus(
             safe_point_timeout=config.safe_point_timeout_s,
             capabilities=frozenset(Capability),
@@ -303,6 +306,8 @@ class PPOTrainer:
             )
             return self.record.summary()
         self.files.rewind_metrics(start_step)
+        # What the extensions' queues dropped before this fit() is not this run's to report.
+        self._dropped_before = {r.id: r.statistics().dropped for r in self.bus.registrations()}
         with self.stages.stage("start", start_step):  # the backend bounds it (start_timeout_s)
             await self.driver.start(self.learner.weights(), self.policy_version)
         error: BaseException | None = None
@@ -419,8 +424,45 @@ class PPOTrainer:
                         reason=stop_reason,
                     )
                 )
+            # (a stage: an extension that blocks the event loop meanwhile is diagnosed)
+            with self.stages.stage("drain", self.step):
+                await self._settle_extensions()
             await self._drain_record()
             self.files.write_summary(self.record.summary())
+
+    async def _settle_extensions(self) -> None:
+        """Give the extensions the bus's drain time to handle the run's events, then name,
+        once each, those that missed some (``ExtensionBehind``): an extension that never
+        reads its queue would otherwise only make the run's end wait, in silence.
+
+        One already inside one hook call for that long is not waited for: the bus does not
+        wait for it again either as it stops.
+        """
+        timeout = self.bus.drain_timeout
+        registrations = [r for r in self.bus.registrations() if not r.closed]
+        waited = [r for r in registrations if r.statistics().in_hook_s < timeout]
+        last = self.bus.statistics().published  # this run's events: those up to here
+        await self.bus.drain(timeout=timeout, registrations=waited)
+        behind = []
+        for registration in registrations:
+            stats = registration.statistics()
+            dropped = stats.dropped - self._dropped_before.get(registration.id, 0)
+            left = 0 if registration.caught_up(last) else stats.queued  # (all unhandled)
+            if dropped or left:
+                behind.append(
+                    ExtensionBehind(
+                        extension=registration.name,
+                        missed=dropped + left,
+                        dropped=dropped,
+                        left=left,
+                        stuck_in=stats.hook,
+                        stuck_s=stats.in_hook_s,
+                    )
+                )
+        for event in behind:  # (published after the counts: each adds to the queues)
+            logger.warning("%s", describe(event))
+            if self.bus.wants(ExtensionBehind):
+                self.bus.publish(event)
 
     async def _drain_record(self) -> None:
         if self._tap is not None:

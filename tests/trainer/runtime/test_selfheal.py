@@ -203,5 +203,5 @@ def test_killed_during_a_checkpoint_write_resumes_from_the_last_intact_one(tmp_p
     assert "resumed at step 2" in resumed.stdout
     assert "finished: 4 steps" in resumed.stdout
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert names[-1] == "step-00000004.pt"
+    assert names[-2:] == ["step-00000004.pt", "step-00000004.pt.sha256"]
     assert not any(name.endswith(".tmp") for name in names)

@@ -70,6 +70,7 @@ from ._metrics import named
 from ._recovery import Recovery
 from ._run import FAULTS_FILE
 from ._run import RunFolder
+from ._run import RunFolderWriteError
 from ._sample_wait import WaitClock
 from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
@@ -342,8 +343,8 @@ class PPOTrainer:
                         raise StopRequested(self._stop_requested)
                     try:
                         await self._train_step()
-                    except (StopRequested, RunAborted):
-                        raise
+                    except (StopRequested, RunAborted, RunFolderWriteError):
+                        raise  # (a full disk is not mended by restoring a checkpoint)
                     except Exception as exc:
                         failed = self._active_step or self.step + 1  # sync and save come after
                         if not await self.recovery.after_failure(exc, failed, self.steering):
@@ -428,7 +429,13 @@ class PPOTrainer:
             with self.stages.stage("drain", self.step):
                 await self._settle_extensions()
             await self._drain_record()
-            self.files.write_summary(self.record.summary())
+            try:
+                self.files.write_summary(self.record.summary())
+            except RunFolderWriteError:
+                if error is None:
+                    raise
+                if not isinstance(error, RunFolderWriteError):  # (else the same full disk)
+                    logger.exception("writing summary.json failed while handling an error")
 
     async def _settle_extensions(self) -> None:
         """Give the extensions the bus's drain time to handle the run's events, then name,
@@ -490,6 +497,7 @@ class PPOTrainer:
         return str(error)
 
     async def _train_step(self) -> None:
+        self.files.check_writes()  # the event log could not be written: stop here
         bus, config, learner = self.bus, self.config, self.learner
         step = self._active_step = learner.step + 1
         began = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections import Counter
 from pathlib import Path
@@ -32,6 +33,7 @@ from trainer.runtime._runlock import RunFolderLock
 from trainer.runtime._state import changed_settings
 
 from ..helpers import tiny_config
+from ..runfolder import ENV
 from ..runfolder import events_of
 from ..runfolder import kill_at
 from ..runfolder import summary_of
@@ -260,6 +262,56 @@ def test_a_run_killed_while_closing_after_its_last_step_gets_its_summary(
     before = snapshot(out)
     assert "is already finished" in trainbus(*args, cwd=tmp_path, env=env).stdout
     assert snapshot(out) == before
+
+
+def _can_mount_a_tmpfs() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = "mount -t tmpfs -o size=64k tmpfs /mnt"
+    return subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_a_tmpfs(), reason="needs a private mount namespace (root)")
+def test_a_disk_that_fills_up_stops_the_run_with_one_line_and_nothing_torn(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    config = tiny_toml(tmp_path, "[run]\n")
+    config.write_text("[checkpoint]\nevery = 1000\n")  # a checkpoint at step 0 only
+    disk, kept = tmp_path / "disk", tmp_path / "kept"
+    disk.mkdir()
+    train = [sys.executable, "-m", "trainer", "train", "--config", str(config), "--steps", "300"]
+    train += ["--no-progress", "--out", str(disk / "run")]
+    # A 400 KiB file system: the step-0 checkpoint and some 30 steps of logs fit.
+    script = (
+        f"mount -t tmpfs -o size=400k tmpfs {disk} && "
+        f"{' '.join(train)} > {tmp_path / 'out'} 2> {tmp_path / 'err'}; "
+        f"echo $? > {tmp_path / 'rc'}; cp -a {disk / 'run'} {kept}"
+    )
+    subprocess.run(["unshare", "-m", "sh", "-c", script], env=ENV, cwd=tmp_path, timeout=300)
+    assert (tmp_path / "rc").read_text().strip() == "1"
+    printed = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    progress = re.compile(r"step \d+/|run [0-9a-f]{12}: ")  # the progress lines
+    said = [line for line in printed.splitlines() if not progress.match(line)]
+    assert len(said) == 2, printed
+    assert re.fullmatch(
+        rf"failed at step \d+: RunFolderWriteError: cannot write {disk / 'run'}/"
+        r"(events|metrics)\.jsonl: no space left on device",
+        said[0],
+    )
+    assert said[1] == f"run folder: {disk / 'run'} (the same --out resumes)"
+    assert not [p.name for p in kept.rglob("*.tmp")]  # no summary.json.tmp, no torn write
+    for name in ("events.jsonl", "metrics.jsonl"):
+        assert (kept / name).read_bytes().endswith(b"\n")  # nothing half written
+    # With room again, the same command (on the copy) resumes without repairing anything.
+    resumed = trainbus(*train[3:-1], kept, "--steps", "40", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr == ""
 
 
 async def test_a_resume_with_other_settings_says_which_it_took(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..rollout._faults import FAULT_HELP
 from ..rollout._faults import FAULTS
+from ..runtime._run import check_layout
 from ..runtime._runlock import RunFolderError
 from ..runtime._runlock import check_unowned
 from ._errors import EXIT_USAGE
@@ -234,6 +235,7 @@ def _check_run_folder(out: Path) -> None:
                 else f"--out {out}: that is a file, not a folder; choose another --out"
             )
     check_unowned(out)
+    check_layout(out)
 
 
 def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | None) -> PPOTrainer:

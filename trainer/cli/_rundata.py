@@ -124,7 +124,7 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     for line in path.read_text().splitlines(keepends=True):
         try:
             row = json.loads(line) if line.endswith("\n") else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested deeper than Python goes)
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             # Older run folders have the short keys (reward_mean): renamed, so both read

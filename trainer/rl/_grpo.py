@@ -57,13 +57,17 @@ def grpo_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
     """Group-normalised advantages ``(r - mean) / (std + eps)`` (population std).
 
     A group whose rewards are all equal carries no learning signal and gets exactly zero
-    advantages (rather than rounding noise divided by ``eps``).
+    advantages (rather than rounding noise divided by ``eps``). Rewards of any finite size
+    are taken: they are divided by the largest first (the same advantages, ``eps`` scaled
+    with them), so 1e300 neither overflows nor breaks the standard deviation.
     """
     if not rewards or max(rewards) == min(rewards):
         return [0.0] * len(rewards)
-    mean = statistics.fmean(rewards)
-    std = statistics.pstdev(rewards, mu=mean)
-    return [(r - mean) / (std + eps) for r in rewards]
+    scale = max(abs(r) for r in rewards)
+    scaled = [r / scale for r in rewards]
+    mean = statistics.fmean(scaled)
+    std = statistics.pstdev(scaled, mu=mean)
+    return [(r - mean) / (std + eps / scale) for r in scaled]
 
 
 def group_samples(

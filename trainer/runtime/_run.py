@@ -38,6 +38,7 @@ from eventbus import read_events
 from ._fold import FitSummary
 from ._fold import RunFold
 from ._fold import fold_events
+from ._runlock import LOCK_FILE
 from ._runlock import RunFolderError
 from ._runlock import RunFolderLock
 
@@ -48,6 +49,7 @@ __all__ = [
     "SUMMARY_FILE",
     "RunFolder",
     "RunFolderWriteError",
+    "check_layout",
     "repair_torn_tail",
 ]
 
@@ -109,6 +111,38 @@ def repair_torn_tail(path: Path) -> int:
         removed,
     )
     return removed
+
+
+def check_layout(out_dir: Path) -> None:
+    """Refuse a run folder whose files are not what a run writes there: ``summary.json``
+    or the logs replaced by a folder, ``checkpoints/`` by a file (the run would fail when
+    it writes them, after training).
+
+    Raises:
+        RunFolderError: Naming the first such path.
+    """
+    for name, folder in _LAYOUT:
+        path = out_dir / name
+        if not os.path.lexists(path) or (path.is_dir() if folder else path.is_file()):
+            continue
+        what = "a folder" if path.is_dir() else "not a regular file"
+        if folder:
+            what = "not a folder"
+        raise RunFolderError(
+            f"--out {out_dir}: {path} is {what}, where the run keeps its "
+            f"{'checkpoints' if folder else name}; move it away, or use another run folder"
+        )
+
+
+_LAYOUT = (
+    (EVENTS_FILE, False),
+    (METRICS_FILE, False),
+    (SUMMARY_FILE, False),
+    (FAULTS_FILE, False),
+    (LOCK_FILE, False),
+    ("checkpoints", True),
+)
+"""The paths a run writes in its folder, and whether each is a folder."""
 
 
 class RunFolder:
@@ -192,6 +226,7 @@ class RunFolder:
         self._log_error = None
         try:
             if self.out_dir is not None:
+                check_layout(self.out_dir)
                 lock = RunFolderLock(self.out_dir)
                 try:
                     lock.acquire()
@@ -233,7 +268,7 @@ class RunFolder:
         for line in path.read_text().splitlines():
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # (nested deeper than Python goes)
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
                 kept.append(line)

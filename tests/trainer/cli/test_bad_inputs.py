@@ -214,3 +214,35 @@ def test_a_run_folder_on_a_read_only_file_system_is_refused(tmp_path: Path) -> N
         f"error: --out {disk / 'run'}: cannot write there: read-only file system; "
         "choose another run folder\n"
     )
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from trainer.cli import _main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20261201-101500")
+    first, made_runs = _main._new_run_folder()  # neither run has started training yet
+    second, _ = _main._new_run_folder()
+    assert (first.name, second.name, made_runs) == ("20261201-101500", "20261201-101500-2", True)
+    _main._give_back(second, False)  # a run that did not start leaves nothing
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["20261201-101500"]
+
+
+def test_a_job_array_of_runs_without_out_loses_none(tmp_path: Path) -> None:
+    import sys
+
+    command = [sys.executable, "-m", "trainer", "train", "--steps", "1", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [
+        subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
+    folders = [p for p in (tmp_path / "runs").iterdir() if p.name != "latest"]
+    assert len(folders) == 4
+    assert all((folder / "summary.json").is_file() for folder in folders)

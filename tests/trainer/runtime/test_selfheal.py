@@ -19,6 +19,7 @@ import torch
 from eventbus import BatchReconciled
 from eventbus import CheckpointRestored
 from eventbus import Event
+from eventbus import RolloutFailed
 from eventbus import RolloutRestarted
 from eventbus import SafePoint
 from eventbus import WorkerLost
@@ -138,6 +139,9 @@ async def test_a_failed_rollout_is_replaced_by_its_retry() -> None:
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert summary.retry_overwrites == run.faults.extra_results["fail-retry"] > 0
+    failed = run.events(RolloutFailed)  # (the Ray backend tells of them alike)
+    assert len(failed) == run.faults.extra_results["fail-retry"]
+    assert {(e.kind, e.step) for e in failed} == {("transient", 2)}
     run.check()
 
 

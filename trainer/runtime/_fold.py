@@ -43,6 +43,7 @@ from eventbus import Event
 from eventbus import EventBus
 from eventbus import ExtensionBehind
 from eventbus import ExtensionFailed
+from eventbus import FaultInjected
 from eventbus import FitFailed
 from eventbus import FitFinished
 from eventbus import FitStarted
@@ -104,6 +105,7 @@ class RunFold:
         self._opened_at = 0.0
         self._last_time = 0.0
         self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
+        self._killer: FaultInjected | None = None  # a fault that ended the open attempt
 
     def apply(self, event: Event) -> None:
         """Fold one event (ignored unless the summary depends on it)."""
@@ -129,6 +131,12 @@ class RunFold:
         """Fold what ``subscription`` holds now (it never waits for more)."""
         while subscription.statistics().queued:
             self.apply(await anext(subscription))
+
+    def killed_by(self) -> str | None:
+        """What killed the open attempt, when its log says: an injected fault that ends the
+        process (a run folder's reader tells it from a live run's), else None."""
+        killer = self._killer
+        return f"killed by the injected fault {killer.fault}: {killer.detail}" if killer else None
 
     def trained_all_unclosed(self) -> bool:
         """Whether the last attempt trained every step it was asked for but has no end (its
@@ -233,7 +241,9 @@ class RunFold:
         )
         # What is still open here ended without a word: its process was killed.
         self._end_stalls(_KILLED, self._last_time)
-        self._close_open_attempt("killed", None, self._last_time)
+        cause = self.killed_by()
+        self._killer = None
+        self._close_open_attempt("killed", cause, self._last_time)
         s = self._summary
         s.run_id = e.run_id or s.run_id
         s.total_steps = e.total_steps
@@ -357,6 +367,10 @@ class RunFold:
         behind = self._summary.extensions_behind
         behind[e.extension] = behind.get(e.extension, 0) + e.missed
 
+    def _fault_injected(self, e: FaultInjected) -> None:
+        if e.fault in ENDS_THE_PROCESS:
+            self._killer = e
+
     def _fit_finished(self, e: FitFinished) -> None:
         # An end recorded later (the attempt was killed while it closed) came at its last event.
         at = self._last_time if e.closed_later else e.time
@@ -377,6 +391,10 @@ class RunFold:
 
 
 _KILLED = "the process ended (killed)"
+
+ENDS_THE_PROCESS = frozenset({"checkpoint-crash"})
+"""The injected faults that kill the trainer's process: an attempt killed after one was
+killed by it (``AttemptSummary.error`` says so)."""
 
 
 def _before_fit_started(event: Event) -> bool:
@@ -401,6 +419,7 @@ FOLDS: dict[type[Event], Callable[[RunFold, Any], None]] = {
     FitFinished: RunFold._fit_finished,
     FitFailed: RunFold._fit_failed,
     StallDiagnosed: RunFold._stall_diagnosed,
+    FaultInjected: RunFold._fault_injected,
 }
 """Each event type the summary depends on, and how it changes the summary."""
 

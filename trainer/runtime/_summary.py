@@ -24,7 +24,8 @@ class AttemptSummary(msgspec.Struct, kw_only=True):
             (the last attempt, still going or killed).
         began: Wall-clock time ``fit()`` began (before the workers started).
         duration_s: Its wall time from ``began`` (for a killed one: up to its last event).
-        error: ``Type: message`` of the error that failed it.
+        error: ``Type: message`` of the error that failed it; for a killed one, the
+            cause when the log has it (an injected fault that kills the process).
         stop_reason: Why it stopped early (``stopped``, ``interrupted``): the stop
             request's reason (``SIGTERM received``) or the STOP decision's votes.
     """

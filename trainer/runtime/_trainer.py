@@ -130,8 +130,10 @@ class PPOTrainer:
             drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,
         )
         self.faults = faults
+        self.files = RunFolder(self.out_dir)
         if faults is not None:
             faults.bus = self.bus
+            faults.write_now = self.files.write_now
             if self.out_dir is not None:
                 faults.keep_record(self.out_dir / FAULTS_FILE)
         self.checkpoints = CheckpointStore(
@@ -148,7 +150,6 @@ class PPOTrainer:
             self.bus.register_extension(extension)
             for extension in configured_extensions(config, self.out_dir)
         ]
-        self.files = RunFolder(self.out_dir)
         self.record = RunFold()  # what the run did: folded from its events
         self._tap: Subscription | None = None
         self.state = RunState(

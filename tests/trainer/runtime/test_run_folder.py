@@ -19,6 +19,7 @@ from eventbus import Capability
 from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import ExtensionContext
+from eventbus import FaultInjected
 from eventbus import FitStarted
 from eventbus import SafePoint
 from eventbus import SafePointReached
@@ -199,12 +200,20 @@ def test_a_checkpoint_crash_fires_once_per_run_so_the_same_command_resumes(
     crashed = trainbus(*args, cwd=tmp_path)
     assert crashed.returncode == -signal.SIGKILL
     assert json.loads((out / "faults.json").read_text()) == {"fired": ["checkpoint-crash@4"]}
+    # What killed it is in its log, though the process died before its log's writer ran.
+    (fault,) = [e for e in events_of(out) if isinstance(e, FaultInjected)]
+    assert (fault.fault, fault.step) == ("checkpoint-crash", 4)
+    report = trainbus("report", out, "--no-plots", cwd=tmp_path)
+    assert "checkpoint-crash" in report.stdout
 
     again = trainbus(*args, cwd=tmp_path)  # "run the same command again", as the docs say
     assert again.returncode == 0, again.stderr
     summary = summary_of(out)
     assert (summary["status"], summary["steps"]) == ("finished", 6)
     assert [a["status"] for a in summary["attempts"]] == ["killed", "finished"]
+    assert summary["attempts"][0]["error"] == (
+        f"killed by the injected fault checkpoint-crash: {fault.detail}"
+    )
 
 
 CLOSER = """

@@ -99,6 +99,15 @@ def load_run(folder: Path) -> RunData:
             run.notes.append(
                 f"{log} misses {missed} events (its writer fell behind): counts may be low"
             )
+        written = _summary_file(folder / SUMMARY_FILE)
+        lost = len(written.attempts) - len(run.summary.attempts) if written is not None else 0
+        if written is not None and lost > 0 and written.run_id == run.summary.run_id:
+            # The log was deleted and the run resumed: its summary went on from summary.json.
+            run.summary, run.source = written, SUMMARY_FILE
+            run.notes.append(
+                f"{log} lacks the first {lost} attempts of the run (it was lost): the summary "
+                f"is {SUMMARY_FILE}'s"
+            )
         return run
     summary = folder / SUMMARY_FILE
     if summary.is_file():
@@ -113,6 +122,14 @@ def load_run(folder: Path) -> RunData:
     run.summary, run.source = fold_events(steps).summary(), METRICS_FILE
     run.notes.append(f"no {EVENTS_FILE}: only the steps of {METRICS_FILE} are known")
     return run
+
+
+def _summary_file(path: Path) -> FitSummary | None:
+    """``summary.json`` when it is there and reads; None otherwise."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=FitSummary)
+    except (OSError, msgspec.DecodeError):
+        return None
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:

@@ -63,7 +63,14 @@ from ._metrics import named
 from ._summary import AttemptSummary
 from ._summary import FitSummary
 
-__all__ = ["FOLDS", "AttemptSummary", "FitSummary", "RunFold", "fold_events", "live_events"]
+__all__ = [
+    "FOLDS",
+    "AttemptSummary",
+    "FitSummary",
+    "RunFold",
+    "fold_events",
+    "live_events",
+]
 
 MOVING_AVERAGE = 10
 """Steps in the reward's moving average."""
@@ -85,6 +92,10 @@ def acted_on(outcome: SafePointOutcome) -> bool:
 class RunFold:
     """Folds a run's events, in publish order, into its :class:`FitSummary`.
 
+    Args:
+        summary: The summary to go on from (:meth:`going_on_from`); default: a new run's.
+        rewards: Its mean reward by step.
+
     Thread-safe (the trainer feeds it from the event loop; nothing else writes). Events the
     summary does not depend on are ignored, so a whole log can be fed as it is.
 
@@ -95,10 +106,12 @@ class RunFold:
         notable_events: The ``SafePointResolved`` events behind ``notable_decisions``.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, summary: FitSummary | None = None, rewards: dict[int, float] | None = None
+    ) -> None:
         self._lock = threading.Lock()
-        self._summary = FitSummary()
-        self.rewards: dict[int, float] = {}
+        self._summary = summary if summary is not None else FitSummary()
+        self.rewards: dict[int, float] = dict(rewards or {})
         self.restart_events: list[Event] = []
         self.notable_events: list[SafePointResolved] = []
         self._open: AttemptSummary | None = None
@@ -106,6 +119,20 @@ class RunFold:
         self._last_time = 0.0
         self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
         self._killer: FaultInjected | None = None  # a fault that ended the open attempt
+
+    @classmethod
+    def going_on_from(cls, summary: FitSummary, rewards: dict[int, float]) -> RunFold:
+        """A fold that goes on from a written summary, for a run whose event log is gone:
+        its attempts and counts are the summary's (an attempt it has as ``running`` ended
+        without a word: killed), ``rewards`` the mean reward by step (from
+        ``metrics.jsonl``, for the moving average)."""
+        s = msgspec.json.decode(msgspec.json.encode(summary), type=FitSummary)  # (a copy)
+        for attempt in s.attempts:
+            if attempt.status == "running":
+                attempt.status = "killed"
+        if s.status == "running":
+            s.status = "killed"
+        return cls(s, {step: reward for step, reward in rewards.items() if step <= s.steps})
 
     def apply(self, event: Event) -> None:
         """Fold one event (ignored unless the summary depends on it)."""

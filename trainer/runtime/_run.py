@@ -35,9 +35,11 @@ from eventbus import JsonlSink
 from eventbus import Subscription
 from eventbus import read_events
 
+from ._fold import REWARD_METRIC
 from ._fold import FitSummary
 from ._fold import RunFold
 from ._fold import fold_events
+from ._metrics import named
 from ._runlock import LOCK_FILE
 from ._runlock import RunFolderError
 from ._runlock import RunFolderLock
@@ -199,6 +201,46 @@ class RunFolder:
             return []
         return list(read_events(path, errors="skip"))
 
+    def _earlier_record(self) -> RunFold:
+        """The record of the earlier attempts: folded from the event log; from
+        ``summary.json`` when the log is gone (deleted, say) but that summary is there, so
+        the run's summary does not lose the attempts it held."""
+        events = self.earlier_events()
+        summary = self._path(SUMMARY_FILE)
+        if events or summary is None or not summary.is_file():
+            return fold_events(events)
+        try:
+            written = msgspec.json.decode(summary.read_bytes(), type=FitSummary)
+        except (OSError, msgspec.DecodeError) as exc:
+            logger.warning("%s is unreadable (%s): the run's record starts afresh", summary, exc)
+            return fold_events(events)
+        logger.warning(
+            "%s is missing: the run's record goes on from %s (%d attempts); the earlier "
+            "events themselves are lost",
+            self._path(EVENTS_FILE),
+            summary,
+            len(written.attempts),
+        )
+        return RunFold.going_on_from(written, self._rewards())
+
+    def _rewards(self) -> dict[int, float]:
+        """The mean reward of each step ``metrics.jsonl`` holds."""
+        path = self._path(METRICS_FILE)
+        rewards: dict[int, float] = {}
+        if path is None or not path.is_file():
+            return rewards
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                continue
+            reward = named(row).get(REWARD_METRIC)
+            if isinstance(reward, int | float):
+                rewards[row["step"]] = float(reward)
+        return rewards
+
     @contextmanager
     def recording(
         self, bus: EventBus, fold: RunFold, *, diagnosed: bool
@@ -236,7 +278,7 @@ class RunFolder:
                         f"--out {self.out_dir}: cannot write there: "
                         f"{(exc.strerror or str(exc)).lower()}; choose another run folder"
                     ) from None
-                fold = fold_events(self.earlier_events())
+                fold = self._earlier_record()
                 jsonl = JsonlSink(
                     self.out_dir / EVENTS_FILE,
                     name="trainbus.events-log",

@@ -191,6 +191,32 @@ def test_a_torn_event_log_is_reported_as_far_as_it_goes_and_repaired_on_resume(
     assert summary_of(out)["steps"] == 5
 
 
+def test_a_deleted_event_log_does_not_drop_the_attempts_summary_json_held(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps")
+    for steps in ("2", "3"):
+        assert trainbus(*args, steps, cwd=tmp_path).returncode == 0
+    before = summary_of(out)
+    (out / "events.jsonl").unlink()
+
+    done = trainbus(*args, "4", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.rstrip().endswith(
+        f"WARNING trainbus.run: {out / 'events.jsonl'} is missing: the run's record goes on "
+        f"from {out / 'summary.json'} (2 attempts); the earlier events themselves are lost"
+    )
+    summary = summary_of(out)
+    assert summary["attempts"][:2] == before["attempts"]
+    assert [a["status"] for a in summary["attempts"]] == ["finished"] * 3
+    assert (summary["steps"], summary["checkpoints"]) == (4, before["checkpoints"] + 1)
+    assert summary["duration_s"] == pytest.approx(sum(a["duration_s"] for a in summary["attempts"]))
+    report = trainbus("report", out, "--no-plots", cwd=tmp_path)
+    assert "4 of 4 in 3 attempts" in report.stdout, report.stdout
+    assert "lacks the first 2 attempts of the run" in report.stdout
+
+
 def test_a_checkpoint_crash_fires_once_per_run_so_the_same_command_resumes(
     tmp_path: Path,
 ) -> None:

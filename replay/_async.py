@@ -42,8 +42,8 @@ from ._reasons import StalenessStrategy
 from ._records import Group
 from ._tracker import RolloutTracker
 from ._validate import check_count
-from ._waiting import Poll
 from ._waiting import DEFAULT_INTERRUPTS
+from ._waiting import Poll
 from ._waiting import WaitInterrupts
 
 __all__ = ["AsyncReplayBuffer", "RefillCallback"]

@@ -233,7 +233,7 @@ def test_model_init_on_a_file_is_one_line(
         (
             "broken.jsonl",
             '{"prompt": "12="}\n{"prompt": broken\n',
-            "cannot read it as json: ArrowInvalid: JSON parse error: Invalid value. in row 1",
+            "cannot read it as JSON Lines: line 2, column 12: Expecting value",
         ),
         (
             "broken.csv",

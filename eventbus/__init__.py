@@ -25,6 +25,7 @@ from ._events import CheckpointSaved as CheckpointSaved
 from ._events import CompletionSample as CompletionSample
 from ._events import CompletionsSampled as CompletionsSampled
 from ._events import Event as Event
+from ._events import ExtensionBehind as ExtensionBehind
 from ._events import ExtensionFailed as ExtensionFailed
 from ._events import FaultInjected as FaultInjected
 from ._events import FitFailed as FitFailed

@@ -155,6 +155,34 @@ class Barrier:
             if vote is None:
                 self.record(index, decision, now, reason, timed_out=True)
 
+    def expire_late(self, decision: Decision, timeout: float) -> list[Vote]:
+        """Record as timed out every vote that came after the deadline (a participant that
+        blocked the loop answers before the timer can fire): it counts as ``decision``, as
+        if the timer had fired, and its reason keeps what it answered. Returns the votes
+        replaced (their answers as given)."""
+        late: list[Vote] = []
+        for index, vote in enumerate(self.votes):
+            if vote is None or vote.timed_out or vote.latency_s <= timeout:
+                continue
+            late.append(vote)
+            answered = vote.error or vote.decision.value
+            self.votes[index] = Vote(
+                participant=vote.participant,
+                decision=decision,
+                reason=f"late: answered {answered} after {vote.latency_s:.1f} s, past the "
+                f"{timeout:g} s deadline" + (f" ({vote.reason})" if vote.reason else ""),
+                latency_s=vote.latency_s,
+                timed_out=True,
+                error=vote.error,
+            )
+        if late:
+            self.worst = max(
+                (v.decision for v in self.votes if v is not None),
+                key=lambda d: d.severity,
+                default=_CONTINUE,
+            )
+        return late
+
     def outcome(self, now: float) -> SafePointOutcome:
         """The combined decision and every vote (call after :meth:`expire`)."""
         votes: tuple[Vote, ...] = tuple(self.votes)  # type: ignore[arg-type]  # all recorded

@@ -69,7 +69,8 @@ class BusStatistics:
         subscriptions: Live subscriptions (including one mailbox per extension).
         extensions: Registered extensions.
         safe_points: Safe points that had a participant or an observer.
-        late_votes: Votes that arrived after their barrier resolved.
+        late_votes: Votes that arrived after their barrier resolved or its deadline
+            passed (recorded as timed out).
         extension_failures: Extension hook calls that raised.
         delivery_errors: Failures inside the bus while delivering (logged, never raised).
         running: Whether extension callbacks are being dispatched.
@@ -338,6 +339,12 @@ class EventBus:
     def capabilities(self) -> frozenset[Capability]:
         """The extension capabilities this host offers."""
         return self._capabilities
+
+    @property
+    def drain_timeout(self) -> float:
+        """Seconds :meth:`running` gives extensions to finish queued events as it ends (a
+        host that drains them itself before then waits as long: see :meth:`drain`)."""
+        return self._host.drain_timeout
 
     def register_extension(self, extension: object) -> Registration:
         """Validate ``extension`` against the contract and start delivering to it.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,8 +55,8 @@ class Dispatch:
         failures: Hook calls that raised (or returned an invalid decision).
         closed: The registration was closed.
         cancel: Set while a dispatcher task runs; cancels it (from any thread).
-        busy: The dispatcher is inside a hook, handling the event numbered ``handling``
-            since ``busy_since`` (on the host's monotonic clock).
+        busy: The dispatcher is inside a hook (``hook``), handling the event numbered
+            ``handling`` since ``busy_since`` (on the host's monotonic clock, ``clock``).
         stall_reported: ``busy_since`` of the stall a drain last warned about.
         drain_target: A drain waits for every event up to this ``seq`` to be handled, and
             ``drained`` is set when they are.
@@ -72,8 +73,10 @@ class Dispatch:
     closed: bool = False
     cancel: Callable[[], None] | None = None
     busy: bool = False
+    hook: str = ""
     handling: int = 0
     busy_since: float = 0.0
+    clock: Callable[[], float] = time.monotonic
     stall_reported: float = -1.0
     drain_target: int | None = None
     drained: anyio.Event | None = None
@@ -130,6 +133,7 @@ async def run_extension(
                     loop.call_soon_threadsafe(scope.cancel)
 
             dispatch.cancel = cancel
+            dispatch.clock = monotonic
             mailbox = dispatch.mailbox
             vote_points = mailbox.safe_points
             handled = 0
@@ -139,8 +143,10 @@ async def run_extension(
                 dispatch.busy_since = monotonic()
                 try:
                     if type(event) is SafePointReached and event.point in vote_points:
+                        dispatch.hook = "on_safe_point"
                         await _answer(state, dispatch, event)
                     else:
+                        dispatch.hook = "on_event"
                         await _deliver(dispatch, event)
                 finally:
                     dispatch.busy = False

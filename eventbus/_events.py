@@ -250,12 +250,16 @@ class FitFinished(Event, frozen=True):
         stopped_early: A STOP decision or a stop request ended the run before its last step.
         reason: Why it stopped early (a STOP decision's deciding votes, or the stop
             request's reason, such as ``SIGTERM received``), empty otherwise.
+        closed_later: The attempt that trained the last step ended without this event (its
+            process was killed while it closed) and a later ``fit()`` over the same folder
+            recorded its end: its ``duration_s`` ends at its last event.
     """
 
     step: int
     duration_s: float = 0.0
     stopped_early: bool = False
     reason: str = ""
+    closed_later: bool = False
 
 
 class FitFailed(Event, frozen=True):
@@ -520,6 +524,9 @@ class ExtensionFailed(Event, frozen=True):
         error_type: The exception's type name.
         message: The exception's message.
         event_type: The event being handled, when there was one.
+        repeat: How many failures of the same extension, hook and error type came before
+            this one (views show the first, 0, and the bus logs only that one and then
+            their count).
     """
 
     extension: str
@@ -527,6 +534,29 @@ class ExtensionFailed(Event, frozen=True):
     error_type: str
     message: str
     event_type: str | None = None
+    repeat: int = 0
+
+
+class ExtensionBehind(Event, frozen=True):
+    """An extension did not handle every event of a run: its queue dropped some while it
+    fell behind, or it still held some when the run ended (it never read its queue: stuck
+    in a hook, say). A host publishes it once per such extension as a run ends.
+
+    Attributes:
+        extension: The extension's name.
+        missed: Events of the run it never handled: ``dropped`` plus ``left``.
+        dropped: Events its full queue dropped.
+        left: Events still in its queue, unhandled, when the run ended.
+        stuck_in: The hook it was inside when the run ended (empty when it was not).
+        stuck_s: Seconds it had been inside that hook call.
+    """
+
+    extension: str
+    missed: int
+    dropped: int = 0
+    left: int = 0
+    stuck_in: str = ""
+    stuck_s: float = 0.0
 
 
 class Lagged(Event, frozen=True):

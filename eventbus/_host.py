@@ -157,6 +157,7 @@ class ExtensionHost:
                 error = exc
             finally:
                 await self._stop_dispatchers()
+                self.state.report_repeated_failures()
                 task_group.cancel_scope.cancel()
                 self._task_group = None
                 self.running = False
@@ -167,8 +168,17 @@ class ExtensionHost:
     async def _stop_dispatchers(self) -> None:
         for registration in self.registry.all():
             self.registry.record(registration).mailbox._end_iteration_when_empty(True)
-        pending = list(self._dispatch_done.values())
+        # One already inside one hook call for the whole drain time had its time (a host
+        # that drained before the end waited for it then): it is not waited for again.
+        pending = [
+            done
+            for registration, done in self._dispatch_done.items()
+            if not self._stuck(self.registry.record(registration))
+        ]
         self._dispatch_done.clear()
         with anyio.move_on_after(self.drain_timeout, shield=True):
             for done in pending:
                 await done.wait()
+
+    def _stuck(self, dispatch: Dispatch) -> bool:
+        return dispatch.busy and self.monotonic() - dispatch.busy_since >= self.drain_timeout

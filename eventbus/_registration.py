@@ -45,6 +45,10 @@ class RegistrationStatistics:
         votes: Safe points answered by ``on_safe_point``.
         failures: Hook calls that raised (or returned an invalid decision).
         closed: Whether the registration is closed.
+        queued: Events waiting in its queue now.
+        dropped: Events its queue dropped because it was full (the extension fell behind).
+        hook: The hook it is inside now (``on_event``, ``on_safe_point``), empty when idle.
+        in_hook_s: Seconds it has been inside that hook call (0 when idle).
     """
 
     name: str
@@ -52,6 +56,10 @@ class RegistrationStatistics:
     votes: int
     failures: int
     closed: bool
+    queued: int = 0
+    dropped: int = 0
+    hook: str = ""
+    in_hook_s: float = 0.0
 
 
 _registration_ids = itertools.count(1)
@@ -108,15 +116,27 @@ class Registration(metaclass=NoPublicConstructor):
         dispatch = self._dispatch
         return not dispatch.busy and dispatch.mailbox.statistics().queued == 0
 
+    def caught_up(self, seq: int) -> bool:
+        """True when it has handled every event routed to it up to ``seq`` (an
+        ``Event.seq``; ``EventBus.statistics().published`` is the last one so far). Call it
+        on the bus's event loop."""
+        return self._dispatch.caught_up(seq)
+
     def statistics(self) -> RegistrationStatistics:
         """A snapshot of this registration's counters."""
         dispatch = self._dispatch
+        mailbox = dispatch.mailbox.statistics()
+        busy = dispatch.busy
         return RegistrationStatistics(
             name=self.name,
             events=dispatch.events,
             votes=dispatch.votes,
             failures=dispatch.failures,
             closed=dispatch.closed,
+            queued=mailbox.queued,
+            dropped=mailbox.dropped,
+            hook=dispatch.hook if busy else "",
+            in_hook_s=dispatch.clock() - dispatch.busy_since if busy else 0.0,
         )
 
     def __enter__(self) -> Registration:

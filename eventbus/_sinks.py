@@ -6,7 +6,9 @@ Both sinks are ordinary extensions on the public contract: register them with
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import threading
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -24,6 +26,8 @@ from ._extensions import Capability
 
 __all__ = ["JsonlSink", "LoggingSink", "read_events"]
 
+logger = logging.getLogger("eventbus")
+
 
 class JsonlSink:
     """Append every event, ``Lagged`` notices and ``SampleWait`` included, as one JSON line.
@@ -37,19 +41,39 @@ class JsonlSink:
     file even while the loop cannot run (a diagnosis of the loop itself being blocked) is
     written at once from its thread with :meth:`write_now`.
 
+    A write that fails (a full disk, a quota, a read-only file system) is cut back to the
+    last whole line, so the file never ends in half a line, and the sink stops writing: the
+    error goes to ``on_error``, or is logged once, and the events after it are counted in
+    ``dropped`` (a failing sink never fails once per event).
+
     Args:
         path: The ``.jsonl`` file; appended to, created with its parent folders.
         name: The extension name (unique per bus).
+        on_error: Called once, with the error, when a write fails (default: log it).
+
+    Attributes:
+        error: The write error that stopped the sink, if one did.
+        dropped: Events not written since.
     """
 
     api_version = RUNTIME_EXTENSION_API_VERSION
     required_capabilities = (Capability.EVENTS, Capability.SAMPLE_WAIT)
 
-    def __init__(self, path: str | Path, *, name: str = "jsonl-sink") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        name: str = "jsonl-sink",
+        on_error: Callable[[OSError], None] | None = None,
+    ) -> None:
         self.name = name
         self.path = Path(path)
         self._file: IO[bytes] | None = None
+        self._end = 0  # the file's size: where the next line goes
         self.lines = 0
+        self.error: OSError | None = None
+        self.dropped = 0
+        self._on_error = on_error
         # Lines are written whole under it: write_now comes from another thread.
         self._lock = threading.Lock()
         self._ahead: list[Event] = []  # written by write_now, not yet handed to on_event
@@ -77,12 +101,43 @@ class JsonlSink:
             self._ahead.append(event)
 
     def _write(self, event: Event) -> None:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("ab")
-        self._file.write(encode_event(event) + b"\n")
-        self._file.flush()
+        if self.error is not None:
+            self.dropped += 1
+            return
+        line = encode_event(event) + b"\n"
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # Unbuffered: each line is one write, so a failed one is all that is undone.
+                self._file = self.path.open("ab", buffering=0)
+                self._end = self._file.seek(0, os.SEEK_END)
+            written = self._file.write(line)
+            if written != len(line):  # a short write: the rest would not fit either
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError as exc:
+            self._failed(exc)
+            return
+        self._end += written
         self.lines += 1
+
+    def _failed(self, error: OSError) -> None:
+        self.error = error
+        self.dropped += 1
+        if self._file is not None:
+            try:
+                self._file.truncate(self._end)  # (a truncate needs no space)
+                self._file.close()
+            except OSError:
+                pass  # the error that counts is the write's, reported below
+            self._file = None
+        if self._on_error is not None:
+            self._on_error(error)
+        else:
+            logger.error(
+                "cannot write the event log %s: %s; the events from here on are not written",
+                self.path,
+                error.strerror or error,
+            )
 
     def close(self) -> None:
         """Close the file (it reopens in append mode if more events arrive)."""

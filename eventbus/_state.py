@@ -130,6 +130,7 @@ class BusState:
         "delivery_errors",
         "error_decision",
         "extension_failures",
+        "failure_kinds",
         "late_votes",
         "lock",
         "point_routes",
@@ -163,6 +164,9 @@ class BusState:
         self.safe_points = 0
         self.late_votes = 0
         self.extension_failures = 0
+        # Failures by (extension, hook, error type): only the first of each kind is logged
+        # (an extension failing on every event would print a line per event otherwise).
+        self.failure_kinds: dict[tuple[str, str, str], int] = {}
         self.delivery_errors = 0
         # Set by the bus that owns this state to its own `publish` (the hot path lives in
         # one function there, a frame shorter); the state publishes ExtensionFailed with it.
@@ -312,6 +316,20 @@ class BusState:
         voted (whose unread ``request`` then goes first when its queue needs room)."""
         del self.barriers[request.seq]
         now = _perf_counter()
+        if now - barrier.opened > timeout:  # open past its deadline: some votes may be late
+            for vote in barrier.expire_late(self.timeout_decision, timeout):
+                self.late_votes += 1
+                logger.warning(
+                    "%r answered safe point %s%s after %.1f s, past its %g s deadline: its "
+                    "vote (%s) counts as %s, as a vote that never came",
+                    vote.participant,
+                    request.point.value,
+                    f" at step {request.step}" if request.step is not None else "",
+                    vote.latency_s,
+                    timeout,
+                    vote.error or vote.decision.value,
+                    self.timeout_decision.value,
+                )
         if barrier.remaining:
             votes = zip(barrier.roster.participants, barrier.votes, strict=True)
             late = [participant for participant, vote in votes if vote is None]
@@ -347,23 +365,29 @@ class BusState:
     # --- extension failures -------------------------------------------------------------
 
     def extension_failed(self, name: str, hook: str, error: Exception, event: Event | None) -> None:
-        """Log and count an extension's failure, and publish it as ``ExtensionFailed``."""
+        """Count an extension's failure, log the first of its kind (extension, hook, error
+        type), and publish it as ``ExtensionFailed`` (its ``repeat`` counts the earlier ones
+        of its kind; :meth:`report_repeated_failures` gives their count at the end)."""
+        kind = (name, hook, type(error).__name__)
         with self.lock:
             self.extension_failures += 1
+            repeat = self.failure_kinds.get(kind, 0)
+            self.failure_kinds[kind] = repeat + 1
         event_type = type(event).__name__ if event is not None else None
         # A failure while handling ExtensionFailed is only logged: publishing it would loop.
         published = type(event) is not ExtensionFailed and bool(self.subscribers)
-        logger.error(
-            "extension %r failed in %s (handling %s): %s",
-            name,
-            hook,
-            event_type,
-            describe_error(error),
-            exc_info=error,
-            # Marks a record that repeats the ExtensionFailed published below, so a view that
-            # shows events can leave it out (trainer/rollout/_logs.py reads the same key).
-            extra={"trainbus_also_an_event": published},
-        )
+        if not repeat:
+            logger.error(
+                "extension %r failed in %s (handling %s): %s",
+                name,
+                hook,
+                event_type,
+                describe_error(error),
+                exc_info=error,
+                # Marks a record that repeats the ExtensionFailed published below, so a view
+                # that shows events can leave it out (trainer/rollout/_logs.py reads the key).
+                extra={"trainbus_also_an_event": published},
+            )
         if published:
             self.publish(
                 ExtensionFailed(
@@ -372,8 +396,24 @@ class BusState:
                     error_type=type(error).__name__,
                     message=str(error),
                     event_type=event_type,
+                    repeat=repeat,
                 )
             )
+
+    def report_repeated_failures(self) -> None:
+        """Log, once for each kind of extension failure that repeated, how often it did, and
+        start counting afresh (the next failure of a kind is logged again)."""
+        with self.lock:
+            kinds, self.failure_kinds = self.failure_kinds, {}
+        for (name, hook, error_type), count in kinds.items():
+            if count > 1:
+                logger.warning(
+                    "extension %r failed %d times in %s with %s (only the first was shown)",
+                    name,
+                    count,
+                    hook,
+                    error_type,
+                )
 
 
 class Voting:

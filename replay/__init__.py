@@ -38,6 +38,7 @@ from ._stats import ReplayStatistics as ReplayStatistics
 from ._stats import TrackerStatistics as TrackerStatistics
 from ._sync import ReplayBuffer as ReplayBuffer
 from ._tracker import RolloutTracker as RolloutTracker
+from ._waiting import DEFAULT_INTERRUPTS as DEFAULT_INTERRUPTS
 from ._waiting import WaitInterrupts as WaitInterrupts
 
 # The re-exports above are the one list of the public API; __all__ is read from them.

@@ -42,6 +42,7 @@ from ._reasons import StalenessStrategy
 from ._records import Group
 from ._tracker import RolloutTracker
 from ._validate import check_count
+from ._waiting import DEFAULT_INTERRUPTS
 from ._waiting import Poll
 from ._waiting import WaitInterrupts
 
@@ -76,7 +77,7 @@ class AsyncReplayBuffer(BufferBase):
         self,
         tracker: RolloutTracker | None = None,
         *,
-        interrupts: WaitInterrupts,
+        interrupts: WaitInterrupts = DEFAULT_INTERRUPTS,
         max_off_policy: int = 8,
         strategy: StalenessStrategy | str = StalenessStrategy.DROP,
         refill: RefillCallback | None = None,

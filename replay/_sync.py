@@ -32,6 +32,7 @@ from ._reasons import EvictionReason
 from ._report import repeats_the_report
 from ._stats import PartitionCounts
 from ._tracker import RolloutTracker
+from ._waiting import DEFAULT_INTERRUPTS
 from ._waiting import WaitInterrupts
 
 __all__ = ["ReplayBuffer"]
@@ -60,8 +61,9 @@ class ReplayBuffer(BufferBase):
             deadline and failure policy apply. Default: ``RolloutTracker(bus=bus)``.
         interrupts: Which decisions of a ``SAMPLE_WAIT`` safe point end a wait with
             :class:`~replay.SampleWaitInterrupted`: the host's decision table, as a
-            predicate (``frozenset({...}).__contains__`` will do). The trainer's says
-            ``RESTART_REQUIRED``, ``STOP`` and ``ABORT``.
+            predicate (``frozenset({...}).__contains__`` will do). Default:
+            :data:`~replay.DEFAULT_INTERRUPTS`, the runtime contract's table
+            (``RESTART_REQUIRED``, ``STOP`` and ``ABORT``), which the trainer's is too.
         bus: Where ``SampleWait`` events and ``SAMPLE_WAIT`` safe points go (default: the
             tracker's bus).
         wait_timeout_s: The deadline of every wait (:class:`~replay.SampleDeadlineExceeded`
@@ -76,7 +78,7 @@ class ReplayBuffer(BufferBase):
         self,
         tracker: RolloutTracker | None = None,
         *,
-        interrupts: WaitInterrupts,
+        interrupts: WaitInterrupts = DEFAULT_INTERRUPTS,
         bus: EventBus | None = None,
         wait_timeout_s: float = 600.0,
         safe_point_timeout_s: float | None = None,

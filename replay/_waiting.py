@@ -29,7 +29,14 @@ from ._errors import SampleWaitInterrupted
 from ._signal import ChangeSignal
 from ._signal import Sleep
 
-__all__ = ["WaitInterrupts", "Poll", "PollTimeout", "WaitReporter", "poll_until"]
+__all__ = [
+    "DEFAULT_INTERRUPTS",
+    "Poll",
+    "PollTimeout",
+    "WaitInterrupts",
+    "WaitReporter",
+    "poll_until",
+]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -114,7 +121,14 @@ async def poll_until(
 WaitInterrupts = Callable[[Decision], bool]
 """``interrupts(decision)``: whether a ``SAMPLE_WAIT`` decision ends the wait. The host's
 decision table says so (the trainer's: restart, stop and abort do); the buffers hold no
-table of their own."""
+table of their own, only the contract's default below."""
+
+DEFAULT_INTERRUPTS: WaitInterrupts = frozenset(
+    {Decision.RESTART_REQUIRED, Decision.STOP, Decision.ABORT}
+).__contains__
+"""The ``interrupts`` of a buffer whose host names none: the runtime contract's decision
+table at ``SAMPLE_WAIT``, where ``RESTART_REQUIRED``, ``STOP`` and ``ABORT`` end a wait and
+``CONTINUE`` and ``CHECKPOINT`` keep waiting."""
 
 
 @dataclass(eq=False)

@@ -216,3 +216,25 @@ async def test_a_registration_of_another_bus_is_named_not_looked_up() -> None:
     assert foreign.statistics().failures == 0
     bus.close()
     other.close()
+
+
+async def test_the_end_of_running_does_not_wait_again_for_one_stuck_the_whole_drain_time() -> None:
+    """A host that drained before the end (the trainer, to name who missed what) gave a stuck
+    extension its time: the end of ``running()`` does not give it the same time again."""
+    clock = FakeClock()
+    bus = EventBus(drain_timeout=NEVER, capabilities=EVERY_CAPABILITY, monotonic=clock)
+    stuck = Stuck()
+    registration = bus.register_extension(stuck)
+    with anyio.move_on_after(SAFETY_NET) as safety_net:
+        async with bus.running():
+            bus.publish(StepStarted(step=1))
+            bus.publish(StepStarted(step=2))
+            await stuck.entered.wait()
+            clock.now += NEVER  # inside one on_event call for the whole drain time
+            stats = registration.statistics()
+            assert (stats.hook, stats.in_hook_s, stats.queued) == ("on_event", NEVER, 1)
+            assert not registration.caught_up(2)
+    assert not safety_net.cancel_called  # (the end would wait until it, or the drain time)
+    assert stuck.handled == 0  # cancelled, not waited for
+    assert registration.statistics().in_hook_s == 0.0
+    bus.close()

@@ -94,6 +94,9 @@ EXAMPLES: dict[type[Event], Event] = {
     eb.ExtensionFailed: eb.ExtensionFailed(
         extension="x", hook="on_event", error_type="ValueError", message="m", event_type="Lagged"
     ),
+    eb.ExtensionBehind: eb.ExtensionBehind(
+        extension="x", missed=12, dropped=10, left=2, stuck_in="on_event", stuck_s=63.5
+    ),
     eb.Lagged: eb.Lagged(missed=7),
     eb.StallDiagnosed: eb.StallDiagnosed(
         step=3,

@@ -247,6 +247,50 @@ async def test_a_raising_extension_is_isolated_logged_counted_and_published(
     assert "broken" in caplog.text and "cannot handle StepStarted" in caplog.text
 
 
+async def test_an_extension_failing_on_every_event_is_logged_once_a_kind_then_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken(Recorder):
+        def on_event(self, context: ExtensionContext, event: Event) -> None:
+            raise ValueError(f"cannot handle {type(event).__name__}")
+
+        def on_safe_point(self, context: ExtensionContext, event: SafePointReached) -> Decision:
+            raise KeyError("no vote")
+
+    bus = EventBus()
+    broken = Broken("broken", required_capabilities=(Capability.EVENTS, Capability.SAFE_POINTS))
+    registration = bus.register_extension(broken)
+    async with bus.running(), record_events(bus) as recorder:
+        for step in range(100):
+            bus.publish(StepStarted(step=step))
+        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=1)
+        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=2)
+        await bus.drain(timeout=10)
+    failed = recorder.of_type(ExtensionFailed)  # every failure is published, numbered
+    on_event = [e.repeat for e in failed if e.hook == "on_event"]
+    assert on_event[0] == 0 and on_event == sorted(set(on_event)) and len(on_event) >= 100
+    assert [e.repeat for e in failed if e.hook == "on_safe_point"] == [0, 1]
+    # It failed on its own ExtensionFailed notices too: counted, never published again.
+    total = registration.statistics().failures
+    assert total == bus.statistics().extension_failures > len(failed)
+    records = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "eventbus"]
+    assert records == [
+        ("ERROR", "extension 'broken' failed in on_event (handling StepStarted): "
+         "ValueError: cannot handle StepStarted"),
+        ("ERROR", "extension 'broken' failed in on_safe_point (handling SafePointReached): "
+         "KeyError: 'no vote'"),
+        ("WARNING", f"extension 'broken' failed {total - 2} times in on_event with "
+         "ValueError (only the first was shown)"),
+        ("WARNING", "extension 'broken' failed 2 times in on_safe_point with KeyError (only "
+         "the first was shown)"),
+    ]  # fmt: skip
+    caplog.clear()
+    async with bus.running():  # a new run: its first failure of each kind is logged again
+        bus.publish(StepStarted(step=1))
+        await bus.drain(timeout=10)
+    assert next(r.levelname for r in caplog.records if r.name == "eventbus") == "ERROR"
+
+
 async def test_a_slow_extension_never_delays_the_publisher_or_other_subscribers() -> None:
     release = anyio.Event()
 

@@ -127,6 +127,53 @@ async def test_late_vote_after_timeout_is_counted_not_applied() -> None:
     bus.close()
 
 
+async def test_a_vote_that_blocked_the_loop_past_the_deadline_is_recorded_as_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A voter that blocks the event loop answers before the deadline's timer can fire: its
+    vote is late all the same, counted as a vote that never came."""
+    import time
+
+    from eventbus import RUNTIME_EXTENSION_API_VERSION
+    from eventbus import Capability
+
+    class Blocks:
+        name = "blocks"
+        api_version = RUNTIME_EXTENSION_API_VERSION
+        required_capabilities = (Capability.SAFE_POINTS,)
+
+        def on_safe_point(self, context: object, event: SafePointReached) -> tuple[Decision, str]:
+            time.sleep(0.3)  # a synchronous call: nothing else on the loop runs meanwhile
+            return Decision.STOP, "enough"
+
+    class Quick:
+        name = "quick"
+        api_version = RUNTIME_EXTENSION_API_VERSION
+        required_capabilities = (Capability.SAFE_POINTS,)
+
+        def on_safe_point(self, context: object, event: SafePointReached) -> Decision:
+            return Decision.CHECKPOINT
+
+    bus = EventBus(timeout_decision=Decision.CONTINUE)
+    bus.register_extension(Quick())  # (registered first: it answers before the other blocks)
+    bus.register_extension(Blocks())
+    async with bus.running():
+        outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, step=4, timeout=0.1)
+    answered, late = outcome.votes
+    assert (late.participant, late.decision, late.timed_out) == ("blocks", Decision.CONTINUE, True)
+    assert late.latency_s >= 0.3
+    assert late.reason == "late: answered stop after 0.3 s, past the 0.1 s deadline (enough)"
+    assert (answered.decision, answered.timed_out) == (Decision.CHECKPOINT, False)
+    assert outcome.decision is Decision.CHECKPOINT  # STOP came too late to count
+    assert bus.statistics().late_votes == 1
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == (
+        "'blocks' answered safe point step_boundary at step 4 after 0.3 s, past its 0.1 s "
+        "deadline: its vote (stop) counts as continue, as a vote that never came"
+    )
+    bus.close()
+
+
 async def test_participant_closing_mid_barrier_gets_a_closed_vote() -> None:
     bus = EventBus()
     leaver = bus.subscribe(safe_points=True, name="leaver")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,3 +121,65 @@ async def test_a_disabled_logging_sink_decides_once_and_logs_nothing(
         bus.publish(StepStarted(step=3))
     assert sink.on_event == sink._ignore
     assert "StepStarted" not in caplog.text
+
+
+class FillsUp:
+    """A file that takes ``room`` more bytes, then writes what fits and refuses the rest
+    (a disk filling up)."""
+
+    def __init__(self, real: Any, room: int) -> None:
+        self.real, self.room = real, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) <= self.room:
+            self.room -= len(data)
+            return int(self.real.write(data))
+        written = self.real.write(data[: self.room])
+        self.room = 0
+        if not written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return int(written)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("room", [0, 30])  # nothing fits / half a line fits
+async def test_a_full_disk_stops_the_sink_once_and_never_leaves_half_a_line(
+    tmp_path: Path, room: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "events.jsonl"
+    errors: list[OSError] = []
+    sink = JsonlSink(path, on_error=errors.append)
+    bus = EventBus()
+    bus.register_extension(sink)
+    async with bus.running():
+        bus.publish(StepStarted(step=1))
+        await bus.drain()
+        assert sink._file is not None
+        sink._file = FillsUp(sink._file, room)  # type: ignore[assignment]
+        for step in range(2, 50):
+            bus.publish(StepStarted(step=step))
+    assert [e.errno for e in errors] == [errno.ENOSPC]  # told once, not once per event
+    assert (sink.lines, sink.dropped) == (1, 48)
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and data.count(b"\n") == 1  # the failed line is undone
+    assert [e.step for e in read_events(path)] == [1]  # type: ignore[attr-defined]
+    assert caplog.records == []  # the owner (on_error) says it
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+async def test_without_an_owner_a_failing_sink_logs_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = JsonlSink("/dev/full")
+    bus = EventBus()
+    bus.register_extension(sink)
+    async with bus.running():
+        for step in range(10):
+            bus.publish(StepStarted(step=step))
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot write the event log /dev/full: No space left on device; the events from here "
+        "on are not written"
+    ]
+    assert sink.dropped == 10 and bus.statistics().extension_failures == 0

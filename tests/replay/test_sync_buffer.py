@@ -138,6 +138,47 @@ async def test_the_host_says_which_decisions_interrupt_a_wait(
         ReplayBuffer(interrupts=None)  # type: ignore[arg-type]
 
 
+def test_the_default_interrupts_are_the_contracts_sample_wait_column() -> None:
+    from replay import DEFAULT_INTERRUPTS
+
+    assert {d for d in Decision if DEFAULT_INTERRUPTS(d)} == {
+        Decision.RESTART_REQUIRED,
+        Decision.STOP,
+        Decision.ABORT,
+    }
+
+
+@pytest.mark.parametrize("buffer_type", ["sync", "async"])
+@pytest.mark.parametrize("decision", list(Decision))
+async def test_a_buffer_built_with_the_tracker_alone_waits_by_the_contracts_table(
+    fake_time: FakeTime, bus: EventBus, buffer_type: str, decision: Decision
+) -> None:
+    from replay import AsyncReplayBuffer
+
+    voter = ScriptedVoter([decision], sample_wait=True)
+    bus.register_extension(voter)
+    tracker = RolloutTracker(
+        clock=fake_time.clock, sleep=fake_time.sleep, poll_interval_s=0.25, bus=bus
+    )
+    groups = groups_for(2, count=1, n=1)
+    fake_time.during_sleep = lambda n: succeed_all(buffer.add, groups) if n == 3 else None
+    async with bus.running():
+        if buffer_type == "sync":
+            buffer: ReplayBuffer | AsyncReplayBuffer = ReplayBuffer(tracker)
+            buffer.register(groups)
+            wait = buffer.sample(2, 1)
+        else:
+            buffer = AsyncReplayBuffer(tracker)
+            buffer.register(groups)
+            wait = buffer.wait_for_sampleable(2, 1, policy_version=2)
+        if decision >= Decision.RESTART_REQUIRED:
+            with pytest.raises(SampleWaitInterrupted) as caught:
+                await wait
+            assert caught.value.decision is decision
+        else:
+            await wait  # CONTINUE and CHECKPOINT keep it waiting until the group is done
+
+
 async def test_checkpoint_and_continue_keep_waiting(fake_time: FakeTime, bus: EventBus) -> None:
     voter = ScriptedVoter([Decision.CHECKPOINT, Decision.CONTINUE], sample_wait=True)
     bus.register_extension(voter)

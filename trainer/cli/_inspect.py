@@ -211,7 +211,7 @@ def decode_line(line: bytes) -> Entry | None:
         pass
     try:
         data = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a crafted line nests deeper than Python goes)
         return None
     return data if isinstance(data, dict) and "type" in data else None
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..rollout._faults import FAULT_HELP
 from ..rollout._faults import FAULTS
+from ..runtime._run import check_layout
 from ..runtime._runlock import RunFolderError
 from ..runtime._runlock import check_unowned
 from ._errors import EXIT_USAGE
@@ -227,20 +228,43 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _new_run_folder_name() -> Path:
-    """``runs/YYYYmmdd-HHMMSS`` (made unique); created only once the run is validated."""
+def _new_run_folder() -> tuple[Path, bool]:
+    """Create ``runs/YYYYmmdd-HHMMSS`` (``-2``, ``-3``, ... when taken); returns it, and
+    whether ``runs/`` was created with it.
+
+    Each name is taken by creating its folder, which only one process can do: runs started
+    in the same second (a job array) each get their own. The caller removes it again if the
+    run does not start (:func:`_give_back`).
+    """
     runs = Path("runs")
+    made_runs = not runs.is_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder, n = runs / stamp, 1
-    while folder.exists():
-        n += 1
-        folder = runs / f"{stamp}-{n}"
-    return folder
+    n = 1
+    while True:
+        folder = runs / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            n += 1
+        except OSError as exc:
+            raise UsageError(
+                f"cannot create {folder}: {exc.strerror or exc}; choose --out"
+            ) from None
+        else:
+            return folder, made_runs
+
+
+def _give_back(folder: Path, made_runs: bool) -> None:
+    """Remove a run folder :func:`_new_run_folder` made for a run that did not start (still
+    empty: only a started run writes there), and ``runs/`` if it was made for it."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+        if made_runs:
+            folder.parent.rmdir()  # (only if still empty: another run may use it by now)
 
 
 def _link_latest(folder: Path) -> None:
-    """Create ``folder`` with ``runs/latest`` pointing at it (a convenience only)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Point ``runs/latest`` at ``folder`` (a convenience only)."""
     latest = folder.parent / "latest"
     try:
         if latest.is_symlink() or not latest.exists():
@@ -261,6 +285,7 @@ def _check_run_folder(out: Path) -> None:
                 else f"--out {out}: that is a file, not a folder; choose another --out"
             )
     check_unowned(out)
+    check_layout(out)
 
 
 def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | None) -> PPOTrainer:
@@ -308,12 +333,22 @@ def _train(args: argparse.Namespace) -> int:
         faults = FaultInjector.parse(args.inject, steps=config.run.steps) if args.inject else None
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    out = Path(config.run.out) if config.run.out else _new_run_folder_name()
-    _check_run_folder(out)
-    if not config.checkpoint.resume and any((out / "checkpoints").glob("step-*.pt")):
-        raise UsageError(
-            f"--fresh: {out} already holds a run; choose another --out (or delete that folder)"
-        )
+    made: tuple[Path, bool] | None = None  # the new runs/ folder, if this run makes one
+    if config.run.out:
+        out = Path(config.run.out)
+    else:
+        made = _new_run_folder()
+        out = made[0]
+    try:
+        _check_run_folder(out)
+        if not config.checkpoint.resume and any((out / "checkpoints").glob("step-*.pt")):
+            raise UsageError(
+                f"--fresh: {out} already holds a run; choose another --out (or delete that folder)"
+            )
+    except BaseException:
+        if made is not None:
+            _give_back(*made)
+        raise
 
     from ._live import progress_view
 
@@ -327,10 +362,12 @@ def _train(args: argparse.Namespace) -> int:
         trainer = _build_trainer(config, out, faults)
     except BaseException:
         view.close()  # the error goes below the last frame, not into it
+        if made is not None:
+            _give_back(*made)  # nothing is left of a run that did not start
         raise
     for notice in trainer.workload.notices:
         print(f"notice: {notice}", file=sys.stderr)
-    # Everything is validated: only now does the run folder appear.
+    # Everything is validated: the run folder made for it stays, and runs/latest names it.
     if not config.run.out:
         _link_latest(out)
     exporters = {f"export-{name}" for name in config.export.to}
@@ -356,6 +393,14 @@ def _train(args: argparse.Namespace) -> int:
             signal.signal(signum, handler_before)
         registration.close()
         view.close()  # the live view stops drawing even if the run ended without FitFinished
+    if trainer.closed_unfinished:
+        print(
+            f"run {trainer.run_id} in {out} had trained its {summary.steps} steps but was "
+            f"killed while it closed: its end is recorded now ({summary.status}, summary.json "
+            f"written); to train further, run it again with a larger --steps "
+            f"(e.g. --steps {2 * summary.steps})"
+        )
+        return 0
     if trainer.already_finished:
         # Not an error (the folder holds what was asked for), and the folder is unchanged.
         print(

@@ -56,12 +56,15 @@ NOTICES: tuple[type[Event], ...] = (
 def is_notice(event: Event) -> bool:
     """Whether ``event`` is worth a line: a notice type, a batch report only when not every
     rollout succeeded (failed, timed out, missing) or a result was not admitted or duplicated,
-    a restored checkpoint only for a recovery."""
+    a restored checkpoint only for a recovery, an extension's failure only the first of its
+    kind."""
     if isinstance(event, BatchReconciled):
         r = event.report
         return r.succeeded < r.registered or any(r.dropped.values()) or bool(r.duplicates)
     if isinstance(event, CheckpointRestored) and event.reason == "resume":
         return False  # the FitStarted line says "resumed at step N"
+    if isinstance(event, ExtensionFailed):
+        return event.repeat == 0  # the first of its kind; the bus logs their count at the end
     return isinstance(event, NOTICES)
 
 

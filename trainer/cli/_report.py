@@ -146,7 +146,8 @@ def _status(run: RunData) -> str:
     text = s.status + (f": {s.error}" if s.error else "")
     text += f": {s.stop_reason}" if s.stop_reason else ""
     if s.status == "running":
-        text += f"\nno end in the log yet: {_still_going(run.folder)}"
+        killed = run.fold.killed_by() if run.fold is not None else None
+        text += f"\nno end in the log yet: {killed or _still_going(run.folder)}"
     return text + (f"\nrun id {s.run_id}" if s.run_id else "")
 
 

@@ -99,6 +99,15 @@ def load_run(folder: Path) -> RunData:
             run.notes.append(
                 f"{log} misses {missed} events (its writer fell behind): counts may be low"
             )
+        written = _summary_file(folder / SUMMARY_FILE)
+        lost = len(written.attempts) - len(run.summary.attempts) if written is not None else 0
+        if written is not None and lost > 0 and written.run_id == run.summary.run_id:
+            # The log was deleted and the run resumed: its summary went on from summary.json.
+            run.summary, run.source = written, SUMMARY_FILE
+            run.notes.append(
+                f"{log} lacks the first {lost} attempts of the run (it was lost): the summary "
+                f"is {SUMMARY_FILE}'s"
+            )
         return run
     summary = folder / SUMMARY_FILE
     if summary.is_file():
@@ -115,6 +124,14 @@ def load_run(folder: Path) -> RunData:
     return run
 
 
+def _summary_file(path: Path) -> FitSummary | None:
+    """``summary.json`` when it is there and reads; None otherwise."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=FitSummary)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
 def read_metrics(path: Path) -> list[dict[str, float]]:
     """``metrics.jsonl``: the last line of each step (a redone step replaces the old one),
     in step order. A line still being written (no newline yet) or damaged is skipped."""
@@ -124,7 +141,7 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     for line in path.read_text().splitlines(keepends=True):
         try:
             row = json.loads(line) if line.endswith("\n") else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested deeper than Python goes)
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             # Older run folders have the short keys (reward_mean): renamed, so both read

@@ -31,6 +31,7 @@ from ..rl._hf import ModelLoadError
 from ..rl._hf import check_model_folder
 from ..rl._hparams import PolicyConfig
 from ..rl._hparams import PPOConfig
+from ..rl._tasks import VOCAB_SIZE
 from ..rl._tasks import make_task
 from ._export import ExportConfig
 from ._messages import readable
@@ -496,6 +497,11 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
                 f"model.max_seq_len is {self.model.max_seq_len}, but task {builtin.name!r} "
                 f"needs {needed} (prompt + response)"
             )
+        if self.model.vocab_size < VOCAB_SIZE:
+            raise ValueError(
+                f"model.vocab_size is {self.model.vocab_size}, but task {builtin.name!r} uses "
+                f"{VOCAB_SIZE} token ids (the digits, '+', <bos> <sep> <eos> <pad>)"
+            )
 
     @property
     def diagnose_after_s(self) -> float:
@@ -588,6 +594,10 @@ def load_config(
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {path} is not valid TOML: it is not UTF-8 text (byte {exc.start})"
+            ) from None
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
         relative_to_file(data, Path(path).parent)

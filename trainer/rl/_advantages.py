@@ -14,7 +14,10 @@ in :data:`ADVANTAGES`:
 
 A group whose rewards are all equal carries no learning signal and gets exactly zero
 advantages under every estimator (rather than rounding noise, divided by ``eps`` for GRPO);
-so does a group of one completion, which has nothing to compare with.
+so does a group of one completion, which has nothing to compare with. Rewards of any finite
+size are taken: each estimator works on the rewards divided by the largest (the same
+advantages: GRPO's are scale-free, with ``eps`` scaled alike, the others are scaled back),
+so a reward of 1e300 neither overflows a sum nor breaks the standard deviation.
 """
 
 from __future__ import annotations
@@ -41,25 +44,34 @@ def grpo_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
     """Group-normalised advantages ``(r - mean) / (std + eps)`` (population std)."""
     if _no_signal(rewards):
         return [0.0] * len(rewards)
-    mean = statistics.fmean(rewards)
-    std = statistics.pstdev(rewards, mu=mean)
-    return [(r - mean) / (std + eps) for r in rewards]
+    scale, scaled = _scaled(rewards)
+    mean = statistics.fmean(scaled)
+    std = statistics.pstdev(scaled, mu=mean)
+    return [(r - mean) / (std + eps / scale) for r in scaled]
 
 
 def rloo_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
     """Leave-one-out advantages ``r_i - (sum - r_i) / (n - 1)`` (``eps`` is unused)."""
     if _no_signal(rewards):
         return [0.0] * len(rewards)
-    total, others = sum(rewards), len(rewards) - 1
-    return [r - (total - r) / others for r in rewards]
+    scale, scaled = _scaled(rewards)
+    total, others = sum(scaled), len(scaled) - 1
+    return [(r - (total - r) / others) * scale for r in scaled]
 
 
 def dr_grpo_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
     """Mean-centred advantages ``r - mean``, without std scaling (``eps`` is unused)."""
     if _no_signal(rewards):
         return [0.0] * len(rewards)
-    mean = statistics.fmean(rewards)
-    return [r - mean for r in rewards]
+    scale, scaled = _scaled(rewards)
+    mean = statistics.fmean(scaled)
+    return [(r - mean) * scale for r in scaled]
+
+
+def _scaled(rewards: Sequence[float]) -> tuple[float, list[float]]:
+    """The largest reward's size, and the rewards divided by it (all within [-1, 1])."""
+    scale = max(abs(r) for r in rewards)
+    return scale, [r / scale for r in rewards]
 
 
 def _no_signal(rewards: Sequence[float]) -> bool:

@@ -16,6 +16,7 @@ cut to its last tokens, as ``[task] prompt_overflow`` says.
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 from collections.abc import Callable
@@ -152,9 +153,37 @@ def _read(path: Path) -> Any:
                 # The library's words for a file of no rows: only blank lines, or only a
                 # CSV header ('Instruction "train" corresponds to no data!').
                 raise DatasetError(f"{path}: no rows") from None
+            where = _bad_json_line(path) if path.suffix.lower() == ".jsonl" else None
+            if where is not None:  # (the parser's error has a position in a block, not a line)
+                raise DatasetError(f"{path}: cannot read it as JSON Lines: {where}") from None
             raise DatasetError(
                 f"{path}: cannot read it as {kind}: {type(reason).__name__}: {first}"
             ) from None
+
+
+def _bad_json_line(path: Path) -> str | None:
+    """``line N: why`` for the first line of a JSON Lines file that is not a JSON object;
+    None when every line is one (the failure is elsewhere)."""
+    try:
+        with path.open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except UnicodeDecodeError:
+                    return f"line {number}: not UTF-8 text"
+                except (ValueError, RecursionError) as exc:
+                    why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                    column = (
+                        f", column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+                    )
+                    return f"line {number}{column}: {why}"
+                if not isinstance(row, dict):
+                    return f"line {number}: a JSON {type(row).__name__}, not an object"
+    except OSError:
+        return None
+    return None
 
 
 def _check_prompt(path: Path, column: str, index: int, value: Any) -> Content:

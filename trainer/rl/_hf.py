@@ -4,6 +4,12 @@ Every module of trainbus that needs ``transformers`` or ``datasets`` gets it fro
 the hub is off (``HF_HUB_OFFLINE``: nothing is ever downloaded, a missing file is an error
 at once instead of a network timeout), progress bars stay out of the live view, and a
 missing extra is one clear line.
+
+A model folder may name Python files of its own to build its config, model or tokenizer
+(``auto_map`` in ``config.json`` or ``tokenizer_config.json``). Loading one runs them, so
+every load passes ``trust_remote_code`` explicitly (``[model] trust_remote_code``, off by
+default): off, ``transformers`` neither runs that code nor asks on the terminal whether to,
+and such a folder is one line naming the file that asks for it (:func:`custom_code_error`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ __all__ = [
     "MissingExtraError",
     "ModelLoadError",
     "check_model_folder",
+    "custom_code_error",
     "datasets",
     "fit_error",
     "load_error",
@@ -153,6 +160,9 @@ def tokenizer_error(folder: Path, exc: BaseException) -> ModelLoadError:
     """The error for a tokenizer ``transformers`` could not build from ``folder``: a file
     that is not valid JSON, or the files there when none it is built from is (the library's
     own reason then lists its internals); else the library's reason, whole."""
+    refused = custom_code_error(folder, exc)
+    if refused is not None:
+        return refused
     present = [name for name in _TOKENIZER_FILES if (folder / name).is_file()]
     for name in present:
         if name.endswith(".json"):
@@ -225,4 +235,49 @@ def fit_error(folder: Path, info: dict[str, Any]) -> ModelLoadError | None:
 def load_error(folder: Path, exc: BaseException) -> ModelLoadError:
     """The error for any other failure to load the model in ``folder`` (a bad config, not a
     causal LM): the library's whole message, on one line."""
-    return ModelLoadError(f"cannot load the model in {folder}: {_one_line(exc)}")
+    return custom_code_error(folder, exc) or ModelLoadError(
+        f"cannot load the model in {folder}: {_one_line(exc)}"
+    )
+
+
+def custom_code_error(folder: Path, exc: BaseException) -> ModelLoadError | None:
+    """The error for a folder whose own Python code ``transformers`` refused to run (with
+    ``trust_remote_code`` off), naming the file that asks for it and the code it names; None
+    when ``exc`` is another failure."""
+    if "trust_remote_code" not in str(exc):
+        return None
+    for name in ("config.json", "tokenizer_config.json"):
+        modules = _auto_map_modules(folder / name)
+        if modules:
+            code = ", ".join(f"{module}.py" for module in modules)
+            return ModelLoadError(
+                f"{folder / name} asks to run Python code from the model folder ({code}, "
+                "through its auto_map); trainbus runs no code it was not asked to: set "
+                "[model] trust_remote_code = true to run that code, only for a folder you trust"
+            )
+    return ModelLoadError(
+        f"the model in {folder} needs Python code of its own to load; trainbus runs no code "
+        "it was not asked to: set [model] trust_remote_code = true to run it, only for a "
+        "folder you trust"
+    )
+
+
+def _auto_map_modules(path: Path) -> list[str]:
+    """The Python modules the ``auto_map`` of a JSON file in a model folder names
+    (``{"AutoModelForCausalLM": "modeling_x.XForCausalLM"}``: ``modeling_x``), in order."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    auto_map = data.get("auto_map") if isinstance(data, dict) else None
+    if not isinstance(auto_map, dict):
+        return []
+    modules: list[str] = []
+    for value in auto_map.values():
+        # A tokenizer's is a [slow, fast] pair; a reference may name a hub repo (repo--x.Y).
+        for reference in value if isinstance(value, list) else [value]:
+            if isinstance(reference, str) and "." in reference:
+                module = reference.split("--")[-1].rsplit(".", 1)[0]
+                if module not in modules:
+                    modules.append(module)
+    return modules

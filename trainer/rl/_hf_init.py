@@ -176,7 +176,7 @@ def init_model(
     config = _config(architecture, len(tokenizer), layers, width, heads, context, init_std)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers().AutoModelForCausalLM.from_config(config)
+        model = transformers().AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

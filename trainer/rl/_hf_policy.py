@@ -185,6 +185,7 @@ class HFPolicy(nn.Module):
         *,
         lora: LoraConfig | None = None,
         seed: int = 0,
+        trust_remote_code: bool = False,
     ) -> HFPolicy:
         """Load a model folder written by ``save_pretrained`` (nothing is downloaded),
         its weights in ``dtype``.
@@ -196,6 +197,8 @@ class HFPolicy(nn.Module):
             lora: Wrap the model in a new LoRA adapter (its initial weights drawn from
                 ``seed``); None trains the whole model.
             seed: Seeds the adapter's initialisation (without touching the global RNG).
+            trust_remote_code: Run the Python code the folder names for its config, model
+                or tokenizer (``auto_map``); off, such a folder is refused, its code unrun.
 
         Raises:
             ModelLoadError: The folder lacks a config, weights or tokenizer, one of them
@@ -208,11 +211,15 @@ class HFPolicy(nn.Module):
         # The config first: the tokenizer reads it too, and would take the blame for it.
         with _LOAD_LOCK:
             try:
-                config = hf.AutoConfig.from_pretrained(folder, local_files_only=True)
+                config = hf.AutoConfig.from_pretrained(
+                    folder, local_files_only=True, trust_remote_code=trust_remote_code
+                )
             except (OSError, ValueError, KeyError) as exc:
                 raise load_error(folder, exc) from None
             try:
-                tokenizer = hf.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+                tokenizer = hf.AutoTokenizer.from_pretrained(
+                    folder, local_files_only=True, trust_remote_code=trust_remote_code
+                )
             except (OSError, ValueError, KeyError) as exc:
                 raise tokenizer_error(folder, exc) from None
             try:
@@ -222,6 +229,7 @@ class HFPolicy(nn.Module):
                     folder,
                     config=config,
                     local_files_only=True,
+                    trust_remote_code=trust_remote_code,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
                     dtype=dtype,

@@ -80,7 +80,11 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     Attributes:
         path: A Hugging Face causal LM saved with ``save_pretrained`` (config, weights,
             tokenizer), loaded from disk only; ``trainbus model init DIR`` writes a small one.
-            Unset: the built-in network below (the other keys apply only to it).
+            Unset: the built-in network, which the keys from ``kind`` on shape.
+        trust_remote_code: Run the Python code a model folder names to build its config,
+            model or tokenizer (``auto_map`` in its ``config.json`` or
+            ``tokenizer_config.json``). Off (the default), such a folder is refused and its
+            code never runs; turn it on only for a folder whose code you trust.
         kind: ``"transformer"`` (causal, pre-LayerNorm) or ``"gru"``.
         vocab_size: number of token ids.
         d_model: embedding and hidden width.
@@ -101,6 +105,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # hold about 256k tokens, the widest models about 16k dimensions): a value beyond is a
     # typo, and would fail inside torch, or fill the memory, before saying which key it was.
     path: str | None = None
+    trust_remote_code: bool = False
     kind: Literal["transformer", "gru"] = "transformer"
     vocab_size: Annotated[int, Meta(ge=2, le=2**20)] = VOCAB_SIZE
     d_model: Annotated[int, Meta(ge=1, le=2**16)] = 64

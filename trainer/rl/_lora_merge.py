@@ -16,7 +16,9 @@ from typing import Any
 
 from ._hf import ModelLoadError
 from ._hf import check_model_folder
+from ._hf import load_error
 from ._hf import peft
+from ._hf import tokenizer_error
 from ._hf import transformers
 from ._hparams import WorkloadError
 
@@ -75,7 +77,12 @@ def merge_adapter(run: str | Path, out: str | Path, base: str | Path | None = No
         hint = "" if base is not None else " (the base the adapter names; pass --base DIR)"
         raise WorkloadError(f"base model: {exc}{hint}") from None
     hf, library = transformers(), peft()
-    model: Any = hf.AutoModelForCausalLM.from_pretrained(base_folder, local_files_only=True)
+    try:  # (the base's own Python code, if it names any, is not run: trust_remote_code)
+        model: Any = hf.AutoModelForCausalLM.from_pretrained(
+            base_folder, local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise WorkloadError(f"base model: {load_error(base_folder, exc)}") from None
     try:
         with warnings.catch_warnings():  # peft's reading of a deprecated transformers property
             warnings.simplefilter("ignore", FutureWarning)
@@ -86,7 +93,12 @@ def merge_adapter(run: str | Path, out: str | Path, base: str | Path | None = No
             f"the adapter in {adapter} does not fit the base model {base_folder}: {first}"
         ) from None
     merged = tuned.merge_and_unload()
-    tokenizer = hf.AutoTokenizer.from_pretrained(adapter, local_files_only=True)
+    try:
+        tokenizer = hf.AutoTokenizer.from_pretrained(
+            adapter, local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise WorkloadError(str(tokenizer_error(adapter, exc))) from None
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(target)

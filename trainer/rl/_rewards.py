@@ -333,6 +333,8 @@ def combine(
             out.append(failure)
         elif not scored:
             out.append(RewardFailure("reward_none", "no reward function scored it (all None)"))
+        elif not math.isfinite(total):  # finite rewards, weighted, may overflow
+            out.append(RewardFailure("reward_invalid", f"the weighted sum {total} is not finite"))
         else:
             out.append(total)
     return out

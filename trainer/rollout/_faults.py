@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 from collections import Counter
+from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from eventbus import Event
 from eventbus import EventBus
 from eventbus import FaultInjected
 
@@ -145,6 +147,9 @@ class FaultInjector:
         self.extra_results: dict[str, int] = {}  # results sent beyond the real ones, by fault
         self._record: Path | None = None
         self.last_step = 0  # the last step the trainer began (close-hang fires after it)
+        # Writes an event to the run's log at once, from any thread (the trainer's event
+        # log, when there is one): a fault that ends the process is on disk before it acts.
+        self.write_now: Callable[[Event], None] | None = None
         # Releases what close-hang holds (tests; the thread is a daemon otherwise).
         self.released = threading.Event()
 
@@ -202,8 +207,9 @@ class FaultInjector:
         """The planned fault names."""
         return {f.name for f in self.faults}
 
-    def _take(self, name: str, step: int, detail: str) -> bool:
-        """True (once) when fault ``name`` is due at ``step``."""
+    def _take(self, name: str, step: int, detail: str, *, ends_process: bool = False) -> bool:
+        """True (once) when fault ``name`` is due at ``step``; a fault that ``ends_process``
+        has its ``FaultInjected`` written to the run's log before it acts."""
         with self._lock:
             for index, fault in enumerate(self.faults):
                 if fault.name == name and step >= fault.step and index not in self._fired:
@@ -217,8 +223,11 @@ class FaultInjector:
         logger.warning(
             "injecting fault %s at step %d (%s)", name, step, detail, extra=ALSO_AN_EVENT
         )
+        event = FaultInjected(fault=name, step=step, detail=detail)
         if self.bus is not None and self.bus.wants(FaultInjected):
-            self.bus.publish(FaultInjected(fault=name, step=step, detail=detail))
+            self.bus.publish(event)
+            if ends_process and self.write_now is not None:
+                self.write_now(event)  # (the log's own writer would not get to it)
         return True
 
     def _active(self, name: str, step: int) -> bool:
@@ -331,7 +340,8 @@ class FaultInjector:
         """Checkpoint-store hook, after the temporary file is written and before the rename
         that would publish it: ``checkpoint-crash`` kills the process here;
         ``checkpoint-hang`` blocks until the write is ``abandoned`` (at its deadline)."""
-        if self._take("checkpoint-crash", step, f"process killed while writing {temporary}"):
+        crash = f"process killed while writing {temporary}"
+        if self._take("checkpoint-crash", step, crash, ends_process=True):
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
         if self._take("checkpoint-hang", step, f"the write of {temporary.name} hangs"):

@@ -43,6 +43,7 @@ from ._backend import ResultSink
 from ._faults import FaultInjector
 from ._faults import WorkerCrashed
 from ._logs import ALSO_AN_EVENT
+from ._scoring import abandon_reward_calls
 from ._stacks import StackReader
 from ._stacks import helpers_of
 from ._stacks import helping
@@ -241,6 +242,7 @@ class LocalBackend(BackendBase):
         if generation is None:
             return
         generation.stop.set()
+        abandon_reward_calls(t.name for t in generation.threads)  # (their work is given up)
         for _ in generation.threads:
             generation.work.put(None)  # wake threads blocked on an empty queue
         self._retired.append(generation)

@@ -46,6 +46,7 @@ shuts down again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -175,8 +176,15 @@ class RayBackend(ServingActors):
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
         pool = self._pool
-        self._owns_ray = init_ray(
-            self.address, self.workers * pool.actor_cpus, connect_timeout_s=pool.start_timeout_s
+        # Off the event loop: starting a local instance takes seconds, joining a cluster
+        # may too, and nothing on the loop (deadlines, views, the event log) may wait.
+        self._owns_ray = await anyio.to_thread.run_sync(
+            functools.partial(
+                init_ray,
+                self.address,
+                self.workers * pool.actor_cpus,
+                connect_timeout_s=pool.start_timeout_s,
+            )
         )
         try:
             try:

@@ -11,6 +11,12 @@ removes its own record. Only processes a trainbus driver started are ever touche
 matched with its start time, so a pid the system reused is left alone, and nothing of a
 cluster the run merely joined is recorded.
 
+The records decide which processes get a signal, so only records nobody else can have
+written are read: the folder is created private (mode 0700), and one that is not a folder
+of this user's, or that others may write to (another local user can create it first in a
+shared temporary folder), is neither read nor written, with a warning naming it. A process
+that belongs to another user is never signalled either.
+
 Linux only (``/proc``); elsewhere nothing is recorded and nothing cleaned.
 """
 
@@ -20,6 +26,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +46,69 @@ def _records() -> Path:
     return base / f"trainbus-ray-{os.getuid()}"
 
 
+_refused: set[Path] = set()  # folders already warned about (once a process each)
+
+
+def _private_records(*, create: bool) -> Path | None:
+    """This user's folder of records if it is safe to trust (made private when missing and
+    ``create``); None when it is missing, or refused with a warning.
+
+    Trusted only when it is a real folder (not a link) that this user owns and nobody else
+    may write to: records in it choose processes to kill.
+    """
+    folder = _records()
+    if create:
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # checked below, as any existing folder is
+        except OSError as exc:
+            logger.warning(
+                "cannot create %s (%s): if this run is killed, the next one cannot stop the "
+                "Ray processes it leaves",
+                folder,
+                exc,
+            )
+            return None
+    try:
+        info = folder.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        why = f"it cannot be read ({exc})"
+    else:
+        why = _untrusted(info)
+    if why:
+        _refuse(folder, why)
+        return None
+    return folder
+
+
+def _untrusted(info: os.stat_result) -> str:
+    """Why a folder with ``info`` (its ``lstat``) cannot hold records; empty if it can."""
+    why = ""
+    if not stat.S_ISDIR(info.st_mode):
+        why = "it is not a folder (a link or a file)"
+    elif info.st_uid != os.getuid():
+        why = f"it belongs to another user (uid {info.st_uid})"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"others may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    return why
+
+
+def _refuse(folder: Path, why: str) -> None:
+    """Warn (once a folder) that ``folder`` is not used, and why."""
+    if folder not in _refused:
+        _refused.add(folder)
+        logger.warning(
+            "not using the Ray process records in %s: %s, so its records could name any "
+            "process; nothing there is read or written, and the Ray processes a killed run "
+            "leaves are not stopped. Remove that folder (trainbus creates it private)",
+            folder,
+            why,
+        )
+
+
 def _forget(path: Path) -> None:
     """Remove a record; a record that cannot be removed is reported, never fatal (the run
     starts all the same)."""
@@ -56,6 +126,14 @@ def _started(pid: int) -> int | None:
         return None
     # The command name (field 2) may hold spaces; the fields after its ")" are plain.
     return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _mine(pid: int) -> bool:
+    """Whether process ``pid`` belongs to this user (a Ray instance this user started does)."""
+    try:
+        return (_PROC / str(pid)).stat().st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def _children() -> dict[int, list[int]]:
@@ -88,15 +166,17 @@ def record_local_instance() -> None:
     """
     if not _PROC.is_dir():
         return
+    folder = _private_records(create=True)
+    if folder is None:
+        return
     me = os.getpid()
-    path = _records() / f"{me}.json"
+    path = folder / f"{me}.json"
     processes = {pid: _started(pid) for pid in _descendants(me)}
     record = {
         "driver": [me, _started(me)],
         "processes": [[p, s] for p, s in processes.items() if s],
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(record))
         temporary.replace(path)
@@ -111,16 +191,21 @@ def record_local_instance() -> None:
 
 def forget_local_instance() -> None:
     """This driver shut its instance down cleanly: nothing to clean up after it."""
-    _forget(_records() / f"{os.getpid()}.json")
+    folder = _private_records(create=False)
+    if folder is not None:
+        _forget(folder / f"{os.getpid()}.json")
 
 
 def clean_leftovers() -> int:
     """Stop what dead drivers' local Ray instances left running; returns how many processes.
 
-    A driver that is still alive is left alone (another run on this machine).
+    A driver that is still alive is left alone (another run on this machine), and so is
+    everything when the records' folder cannot be trusted (see the module's docstring).
     """
-    folder = _records()
-    if not _PROC.is_dir() or not folder.is_dir():
+    if not _PROC.is_dir():
+        return 0
+    folder = _private_records(create=False)
+    if folder is None:
         return 0
     stopped = 0
     for path in sorted(folder.glob("*.json")):
@@ -133,7 +218,7 @@ def clean_leftovers() -> int:
             continue
         if _started(driver_pid) == driver_started:
             continue  # that run is alive
-        left = [pid for pid, started in processes if _started(pid) == started]
+        left = [pid for pid, started in processes if _started(pid) == started and _mine(pid)]
         if left:
             logger.warning(
                 "stopping %d processes left by the local Ray instance of a trainbus run that "

@@ -42,6 +42,7 @@ from ._worker import RolloutWork
 from ._worker import RolloutWorker
 from ._worker import WorkerSpec
 from ._worker_events import EventRequest
+from ._worker_events import rollout_failed
 
 __all__ = ["Epoch", "ServingActors"]
 
@@ -360,7 +361,7 @@ class ServingActors(BackendBase):
         self._longest_call_s = max(self._longest_call_s, time.perf_counter() - began)
         if self._faults is None:
             return results
-        return await anyio.to_thread.run_sync(
+        transformed: list[RolloutResult] = await anyio.to_thread.run_sync(
             functools.partial(
                 self._faults.after_work,
                 actor.worker_id,
@@ -370,6 +371,29 @@ class ServingActors(BackendBase):
                 elapsed_s=time.perf_counter() - began,
             )
         )
+        self._publish_injected_failures(actor, work, results, transformed)
+        return transformed
+
+    def _publish_injected_failures(
+        self,
+        actor: ActorView,
+        work: RolloutWork,
+        results: list[RolloutResult],
+        transformed: list[RolloutResult],
+    ) -> None:
+        """``RolloutFailed`` for each failure a fault added here, on the trainer's side of
+        the call (the actor's own events cannot tell of them), as a local worker tells of
+        them."""
+        sink, request = self._sink, work.events
+        if sink is None or request is None or "RolloutFailed" not in request.types:
+            return
+        own = {id(result) for result in results}
+        stamp = {"worker_id": actor.worker_id, "node": actor.node, "work_id": work.work_id}
+        for result in transformed:
+            if not result.ok and id(result) not in own:
+                sink.worker_event(
+                    rollout_failed(result, **stamp, step=work.step, worker_time=time.time())
+                )
 
     def _publish_events(self, actor: ActorView, events: list[Event], dropped: int) -> None:
         """Hand an actor's collected events to the trainer's bus, the drop notice first."""

@@ -54,8 +54,10 @@ def init_ray(address: str | None, cpus_needed: float, connect_timeout_s: float =
     """
     if ray.is_initialized():
         return False
-    # ray.init installs a SIGTERM handler that exits the process at once; the host's own
-    # (trainbus train stops cleanly at the next step boundary) must stay in charge.
+    # Any thread may call it (the Ray backend calls it off its event loop). From the main
+    # thread, ray.init installs a SIGTERM handler that exits the process at once; the
+    # host's own (trainbus train stops cleanly at the next step boundary) must stay in
+    # charge.
     in_main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
     try:
@@ -98,8 +100,6 @@ def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) ->
     setting = "rollout.ray_address"
     if address is None and os.environ.get("RAY_ADDRESS"):
         address, setting = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
-    # On this loop's thread: ray.init is a one-off of a few seconds before any work
-    # exists, and Ray only installs its signal handling from the main thread.
     if address is not None and not parse_ray_address(address, setting).local:
         check_reachable(address, connect_timeout_s, setting)
         logger.info("joining the Ray cluster at %s", address)

@@ -16,7 +16,9 @@ completions the function cannot score fail.
 
 The helper thread works on its caller's behalf (:func:`~trainer.rollout._stacks.helping`):
 a stall diagnosis of the worker shows where the reward function is, not only that the
-worker waits for it.
+worker waits for it. A worker whose work is given up (a restart, or the run ending) stops
+waiting at once (:func:`abandon_reward_calls`): its rollouts are then nobody's, so they are
+neither failed nor logged, and the run's end does not wait out the deadline.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import inspect
 import logging
 import threading
 import traceback
+from collections.abc import Iterable
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,14 @@ from ..rl._rewards import combine
 from ..rl._rewards import judge
 from ._stacks import helping
 
-__all__ = ["HANGING_REWARD", "MAX_ABANDONED", "RewardScorer", "call_with_deadline"]
+__all__ = [
+    "HANGING_REWARD",
+    "MAX_ABANDONED",
+    "RewardCallAbandoned",
+    "RewardScorer",
+    "abandon_reward_calls",
+    "call_with_deadline",
+]
 
 logger = logging.getLogger("trainbus.rewards")
 
@@ -46,10 +56,27 @@ MAX_ABANDONED = 4
 
 _abandoned: dict[int, int] = {}  # id(fn) -> its abandoned calls still running
 _abandoned_lock = threading.Lock()
+_waiting: dict[str, threading.Event] = {}  # a worker -> what wakes its wait for a call now
+_given_up: set[str] = set()  # workers told to stop waiting (their wake event is set)
 
 
 class _Timeout(Exception):
     pass
+
+
+class RewardCallAbandoned(Exception):
+    """The worker gave up the call's work (a restart, or the run ending) before it ended."""
+
+
+def abandon_reward_calls(workers: Iterable[str]) -> None:
+    """Stop ``workers`` waiting for the reward calls they are in (their work was given up):
+    each call is abandoned at once (:class:`RewardCallAbandoned`), not at its deadline."""
+    with _abandoned_lock:
+        for worker in workers:
+            wake = _waiting.get(worker)
+            if wake is not None:
+                _given_up.add(worker)
+                wake.set()
 
 
 def call_with_deadline(
@@ -59,6 +86,7 @@ def call_with_deadline(
 
     Raises:
         TimeoutError: The call did not finish in time (a sync one is left running).
+        RewardCallAbandoned: The worker's work was given up meanwhile (likewise).
         Exception: Whatever the function raised.
     """
     key = id(fn)
@@ -71,6 +99,7 @@ def call_with_deadline(
         )
     box: dict[str, Any] = {}
     finished = threading.Event()
+    wake = threading.Event()  # finished, or the worker gave the work up
     owner = threading.current_thread().name  # the worker's id, for the local backend
 
     def run() -> None:
@@ -85,17 +114,29 @@ def call_with_deadline(
         finally:
             with _abandoned_lock:
                 finished.set()
+                wake.set()
                 if thread.abandoned.is_set():
                     _abandoned[key] -= 1
 
     thread = _RewardThread(target=run, name=f"{owner}/reward", daemon=True)
-    thread.start()
-    if not finished.wait(timeout_s):
+    with _abandoned_lock:
+        _waiting[owner] = wake
+    try:
+        thread.start()
+        wake.wait(timeout_s)
+    finally:
+        with _abandoned_lock:
+            _waiting.pop(owner, None)
+            given_up = owner in _given_up
+            _given_up.discard(owner)
+    if not finished.is_set():
         with _abandoned_lock:
             if not finished.is_set():
                 thread.abandoned.set()
                 _abandoned[key] = _abandoned.get(key, 0) + 1
         if thread.abandoned.is_set():
+            if given_up:
+                raise RewardCallAbandoned("its work was given up")
             raise TimeoutError(f"did not return within {timeout_s:g} s")
     if "error" in box:
         error = box["error"]
@@ -197,7 +238,12 @@ class RewardScorer:
             **columns,
         }
         common = {"trainer_state": state or TrainerState()}
-        judged = [self._judged(function, rows, common, n) for function in self.functions]
+        try:
+            judged = [self._judged(function, rows, common, n) for function in self.functions]
+        except RewardCallAbandoned:
+            # Nobody waits for these rollouts any more: not failures of the run.
+            given_up = RewardFailure("reward_abandoned", "work given up")
+            return [given_up] * n, [()] * n
         out = combine(self.functions, judged)
         self._count(out)
         parts = [
@@ -214,11 +260,17 @@ class RewardScorer:
         n: int,
     ) -> list[float | RewardFailure | None]:
         """``function``'s verdict on the ``n`` completions of ``rows``; a call that raised or
-        answered unusably is asked again about each half."""
+        answered unusably is asked again about each half.
+
+        Raises:
+            RewardCallAbandoned: The worker gave up the work (nothing is asked again).
+        """
         try:
             values = call_with_deadline(
                 function.fn, (), function.keywords({**rows, **common}), self.timeout_s
             )
+        except RewardCallAbandoned:
+            raise
         except TimeoutError as exc:
             return [RewardFailure("reward_timeout", f"{function.name} {exc}")] * n
         except Exception as exc:  # noqa: BLE001  (the rollouts fail with it, counted in _count)

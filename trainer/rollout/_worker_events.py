@@ -59,7 +59,7 @@ class _Work(Protocol):
     def events(self) -> EventRequest | None: ...
 
 
-__all__ = ["BUFFER_EVENTS", "WORKER_EVENTS", "EventRequest", "WorkerEvents"]
+__all__ = ["BUFFER_EVENTS", "WORKER_EVENTS", "EventRequest", "WorkerEvents", "rollout_failed"]
 
 WORKER_EVENTS: tuple[type[Event], ...] = (
     RolloutStarted,
@@ -85,6 +85,18 @@ class EventRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     types: frozenset[str]
     stall_after_s: float = 0.0
+
+
+def rollout_failed(result: RolloutResult, **stamp: Any) -> RolloutFailed:
+    """The ``RolloutFailed`` of a failed ``result`` (``stamp``: the worker, node, work,
+    step and worker time it is about)."""
+    return RolloutFailed(
+        **stamp,
+        rollout_id=result.rollout_id,
+        attempt=result.attempt,
+        kind=result.error_kind,
+        error=result.error or "",
+    )
 
 
 class WorkerEvents:
@@ -151,15 +163,7 @@ class WorkerEvents:
         failed = [r for r in results if not r.ok]
         if self.wants(RolloutFailed):
             for result in failed:
-                self.emit(
-                    RolloutFailed(
-                        **self._stamp(),
-                        rollout_id=result.rollout_id,
-                        attempt=result.attempt,
-                        kind=result.error_kind,
-                        error=result.error or "",
-                    )
-                )
+                self.emit(rollout_failed(result, **self._stamp()))
         if self.wants(RolloutFinished):
             rewards = [r.reward for r in results if r.ok]
             self.emit(

@@ -339,7 +339,13 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
         device = resolve_device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)
         # The adapter's weights come with the first weight sync; its structure is needed now.
-        policy = HFPolicy.load(spec.policy.path, device, dtype, lora=spec.policy.lora)
+        policy = HFPolicy.load(
+            spec.policy.path,
+            device,
+            dtype,
+            lora=spec.policy.lora,
+            trust_remote_code=spec.policy.trust_remote_code,
+        )
         policy.requires_grad_(False)
     return _HuggingFace(policy, spec)
 

@@ -25,6 +25,7 @@ from eventbus import CheckpointRestored
 from eventbus import CheckpointSaved
 from eventbus import CompletionsSampled
 from eventbus import Event
+from eventbus import ExtensionBehind
 from eventbus import ExtensionFailed
 from eventbus import FaultInjected
 from eventbus import FitFailed
@@ -102,7 +103,10 @@ def _fit_started(e: FitStarted, context: Context) -> str:
 def _fit_finished(e: FitFinished, context: Context) -> str:
     if e.stopped_early:
         return f"stopped early at step {e.step} after {e.duration_s:.1f} s: {e.reason}"
-    return f"finished at step {e.step} after {e.duration_s:.1f} s"
+    text = f"finished at step {e.step} after {e.duration_s:.1f} s"
+    if e.closed_later:
+        text += " (recorded by a later start: its process was killed while it closed)"
+    return text
 
 
 def _fit_failed(e: FitFailed, context: Context) -> str:
@@ -274,6 +278,17 @@ def _extension_failed(e: ExtensionFailed, context: Context) -> str:
     return f"extension {e.extension} failed in {e.hook}{during}: {e.error_type}: {e.message}"
 
 
+def _extension_behind(e: ExtensionBehind, context: Context) -> str:
+    how = []
+    if e.stuck_in:
+        how.append(f"stuck in {e.stuck_in} for {e.stuck_s:.1f} s when the run ended")
+    if e.dropped:
+        how.append(f"{e.dropped} dropped from its full queue")
+    if e.left:
+        how.append(f"{e.left} left unhandled in it")
+    return f"extension {e.extension} missed {e.missed} events of this run ({'; '.join(how)})"
+
+
 def _lagged(e: Lagged, context: Context) -> str:
     return f"{e.missed} events missed (this reader fell behind)"
 
@@ -323,6 +338,7 @@ DESCRIBERS: dict[type[Event], Callable[[Any, Context], str]] = {
     WorkerRestarted: _worker_restarted,
     FaultInjected: _fault_injected,
     ExtensionFailed: _extension_failed,
+    ExtensionBehind: _extension_behind,
     Lagged: _lagged,
     StallDiagnosed: _stall_diagnosed,
     **WORKER_DESCRIBERS,

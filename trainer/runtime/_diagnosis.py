@@ -282,13 +282,21 @@ def stage_thresholds(config: TrainerConfig) -> dict[str, float]:
     Unless ``diagnose.after_s`` is set (then it applies to every wait): starting and
     stopping the workers, a quarter of their deadlines if that is longer. A healthy Ray start
     takes seconds (6 to 16 here, importing torch in every actor), and was diagnosed as a stall
-    in every run; a stuck one is still diagnosed well before its deadline.
+    in every run; a stuck one is still diagnosed well before its deadline. The extensions'
+    last events at the end of a run: past the time they are given (an extension stuck in
+    its hook is named then anyway), so only a loop blocked there is a stall.
     """
     if config.diagnose.after_s is not None:
         return {}
     base, rollout = config.diagnose_after_s, config.rollout
     start = max(base, rollout.start_timeout_s / 4)
-    return {"start": start, "restart": start, "close": max(base, rollout.close_timeout_s / 4)}
+    drain = config.export.flush_timeout_s if config.export.to else 5.0
+    return {
+        "start": start,
+        "restart": start,
+        "close": max(base, rollout.close_timeout_s / 4),
+        "drain": base + drain,
+    }
 
 
 def start_stall_diagnosis(

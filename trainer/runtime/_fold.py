@@ -41,7 +41,9 @@ from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
+from eventbus import ExtensionBehind
 from eventbus import ExtensionFailed
+from eventbus import FaultInjected
 from eventbus import FitFailed
 from eventbus import FitFinished
 from eventbus import FitStarted
@@ -61,7 +63,14 @@ from ._metrics import named
 from ._summary import AttemptSummary
 from ._summary import FitSummary
 
-__all__ = ["FOLDS", "AttemptSummary", "FitSummary", "RunFold", "fold_events", "live_events"]
+__all__ = [
+    "FOLDS",
+    "AttemptSummary",
+    "FitSummary",
+    "RunFold",
+    "fold_events",
+    "live_events",
+]
 
 MOVING_AVERAGE = 10
 """Steps in the reward's moving average."""
@@ -83,6 +92,10 @@ def acted_on(outcome: SafePointOutcome) -> bool:
 class RunFold:
     """Folds a run's events, in publish order, into its :class:`FitSummary`.
 
+    Args:
+        summary: The summary to go on from (:meth:`going_on_from`); default: a new run's.
+        rewards: Its mean reward by step.
+
     Thread-safe (the trainer feeds it from the event loop; nothing else writes). Events the
     summary does not depend on are ignored, so a whole log can be fed as it is.
 
@@ -93,10 +106,12 @@ class RunFold:
         notable_events: The ``SafePointResolved`` events behind ``notable_decisions``.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, summary: FitSummary | None = None, rewards: dict[int, float] | None = None
+    ) -> None:
         self._lock = threading.Lock()
-        self._summary = FitSummary()
-        self.rewards: dict[int, float] = {}
+        self._summary = summary if summary is not None else FitSummary()
+        self.rewards: dict[int, float] = dict(rewards or {})
         self.restart_events: list[Event] = []
         self.notable_events: list[SafePointResolved] = []
         self._open: AttemptSummary | None = None
@@ -104,6 +119,21 @@ class RunFold:
         self._last_time = 0.0
         self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
         self._failed_by_step: dict[int, dict[str, int]] = {}  # see batch_failures
+        self._killer: FaultInjected | None = None  # a fault that ended the open attempt
+
+    @classmethod
+    def going_on_from(cls, summary: FitSummary, rewards: dict[int, float]) -> RunFold:
+        """A fold that goes on from a written summary, for a run whose event log is gone:
+        its attempts and counts are the summary's (an attempt it has as ``running`` ended
+        without a word: killed), ``rewards`` the mean reward by step (from
+        ``metrics.jsonl``, for the moving average)."""
+        s = msgspec.json.decode(msgspec.json.encode(summary), type=FitSummary)  # (a copy)
+        for attempt in s.attempts:
+            if attempt.status == "running":
+                attempt.status = "killed"
+        if s.status == "running":
+            s.status = "killed"
+        return cls(s, {step: reward for step, reward in rewards.items() if step <= s.steps})
 
     def apply(self, event: Event) -> None:
         """Fold one event (ignored unless the summary depends on it)."""
@@ -130,6 +160,19 @@ class RunFold:
         while subscription.statistics().queued:
             self.apply(await anext(subscription))
 
+    def killed_by(self) -> str | None:
+        """What killed the open attempt, when its log says: an injected fault that ends the
+        process (a run folder's reader tells it from a live run's), else None."""
+        killer = self._killer
+        return f"killed by the injected fault {killer.fault}: {killer.detail}" if killer else None
+
+    def trained_all_unclosed(self) -> bool:
+        """Whether the last attempt trained every step it was asked for but has no end (its
+        process was killed while it closed, after the last step)."""
+        with self._lock:
+            s = self._summary
+            return self._open is not None and s.steps >= s.total_steps > 0
+
     def summary(self) -> FitSummary:
         """A copy of the summary so far."""
         with self._lock:
@@ -146,6 +189,7 @@ class RunFold:
             s.notable_decisions = [dict(d) for d in s.notable_decisions]
             s.failed_rollouts = dict(s.failed_rollouts)
             s.dropped_rollouts = dict(s.dropped_rollouts)
+            s.extensions_behind = dict(s.extensions_behind)
             s.after_fit_errors = list(s.after_fit_errors)
             s.notices = list(s.notices)
             return s
@@ -227,7 +271,9 @@ class RunFold:
         )
         # What is still open here ended without a word: its process was killed.
         self._end_stalls(_KILLED, self._last_time)
-        self._close_open_attempt("killed", None, self._last_time)
+        cause = self.killed_by()
+        self._killer = None
+        self._close_open_attempt("killed", cause, self._last_time)
         s = self._summary
         s.run_id = e.run_id or s.run_id
         s.total_steps = e.total_steps
@@ -359,12 +405,22 @@ class RunFold:
     def _extension_failed(self, e: ExtensionFailed) -> None:
         self._summary.extension_failures += 1
 
+    def _extension_behind(self, e: ExtensionBehind) -> None:
+        behind = self._summary.extensions_behind
+        behind[e.extension] = behind.get(e.extension, 0) + e.missed
+
+    def _fault_injected(self, e: FaultInjected) -> None:
+        if e.fault in ENDS_THE_PROCESS:
+            self._killer = e
+
     def _fit_finished(self, e: FitFinished) -> None:
-        self._end_stalls("the run ended", e.time)
+        # An end recorded later (the attempt was killed while it closed) came at its last event.
+        at = self._last_time if e.closed_later else e.time
+        self._end_stalls("the run ended", at)
         if e.stopped_early:
-            self._close_open_attempt("stopped", None, e.time, e.reason or "stopped early")
+            self._close_open_attempt("stopped", None, at, e.reason or "stopped early")
         else:
-            self._close_open_attempt("finished", None, e.time)
+            self._close_open_attempt("finished", None, at)
 
     def _fit_failed(self, e: FitFailed) -> None:
         # The failed step's wait (its deadline, lost rollouts) cost time no StepFinished has.
@@ -377,6 +433,10 @@ class RunFold:
 
 
 _KILLED = "the process ended (killed)"
+
+ENDS_THE_PROCESS = frozenset({"checkpoint-crash"})
+"""The injected faults that kill the trainer's process: an attempt killed after one was
+killed by it (``AttemptSummary.error`` says so)."""
 
 
 def _before_fit_started(event: Event) -> bool:
@@ -397,9 +457,11 @@ FOLDS: dict[type[Event], Callable[[RunFold, Any], None]] = {
     WorkerLeft: RunFold._worker_joined_or_left,
     WorkerLost: RunFold._worker_lost,
     ExtensionFailed: RunFold._extension_failed,
+    ExtensionBehind: RunFold._extension_behind,
     FitFinished: RunFold._fit_finished,
     FitFailed: RunFold._fit_failed,
     StallDiagnosed: RunFold._stall_diagnosed,
+    FaultInjected: RunFold._fault_injected,
 }
 """Each event type the summary depends on, and how it changes the summary."""
 

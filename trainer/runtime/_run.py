@@ -6,6 +6,10 @@ file the run appends to (``metrics.jsonl``, ``events.jsonl``) is cut back to its
 complete line before the next attempt appends, so a resumed run never glues its first line
 onto half of an old one, and no reader ever trips over the fragment.
 
+A write that fails (a full disk, a quota) is undone at once, to the last whole line, and
+stops the run with one :class:`RunFolderWriteError` naming the file and why; nothing
+written before it is lost, and no temporary file is left behind.
+
 While ``fit()`` runs, :meth:`RunFolder.recording` owns the folder (its lock, see
 :mod:`._runlock`: a second trainer there is refused before anything is written) and keeps
 the run's record: ``events.jsonl`` (every event, appended) and the live fold of the summary,
@@ -14,6 +18,8 @@ which starts from the earlier attempts' events, so the summary is always the who
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -29,9 +35,13 @@ from eventbus import JsonlSink
 from eventbus import Subscription
 from eventbus import read_events
 
+from ._fold import REWARD_METRIC
 from ._fold import FitSummary
 from ._fold import RunFold
 from ._fold import fold_events
+from ._metrics import named
+from ._runlock import LOCK_FILE
+from ._runlock import RunFolderError
 from ._runlock import RunFolderLock
 
 __all__ = [
@@ -40,6 +50,8 @@ __all__ = [
     "METRICS_FILE",
     "SUMMARY_FILE",
     "RunFolder",
+    "RunFolderWriteError",
+    "check_layout",
     "repair_torn_tail",
 ]
 
@@ -49,6 +61,21 @@ EVENTS_FILE = "events.jsonl"
 FAULTS_FILE = "faults.json"  # the injected faults that fired (FaultInjector.keep_record)
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+
+
+class RunFolderWriteError(RuntimeError):
+    """A file of the run folder could not be written (a full disk, a quota, a file system
+    gone read-only): the run stops. What was written before stays, whole.
+
+    Attributes:
+        path: The file.
+        error: The operating system's error.
+    """
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path, self.error = path, error
+        why = (error.strerror or str(error)).lower()
+        super().__init__(f"cannot write {path}: {why}")
 
 
 def repair_torn_tail(path: Path) -> int:
@@ -88,12 +115,59 @@ def repair_torn_tail(path: Path) -> int:
     return removed
 
 
+def check_layout(out_dir: Path) -> None:
+    """Refuse a run folder whose files are not what a run writes there: ``summary.json``
+    or the logs replaced by a folder, ``checkpoints/`` by a file (the run would fail when
+    it writes them, after training).
+
+    Raises:
+        RunFolderError: Naming the first such path.
+    """
+    for name, folder in _LAYOUT:
+        path = out_dir / name
+        if not os.path.lexists(path) or (path.is_dir() if folder else path.is_file()):
+            continue
+        what = "a folder" if path.is_dir() else "not a regular file"
+        if folder:
+            what = "not a folder"
+        raise RunFolderError(
+            f"--out {out_dir}: {path} is {what}, where the run keeps its "
+            f"{'checkpoints' if folder else name}; move it away, or use another run folder"
+        )
+
+
+_LAYOUT = (
+    (EVENTS_FILE, False),
+    (METRICS_FILE, False),
+    (SUMMARY_FILE, False),
+    (FAULTS_FILE, False),
+    (LOCK_FILE, False),
+    ("checkpoints", True),
+)
+"""The paths a run writes in its folder, and whether each is a folder."""
+
+
 class RunFolder:
     """Reads and writes the files of a run folder (nothing at all when ``out_dir`` is None)."""
 
     def __init__(self, out_dir: Path | None) -> None:
         self.out_dir = out_dir
         self._log: JsonlSink | None = None  # the event log, while recording
+        self._log_error: RunFolderWriteError | None = None  # its write failed
+
+    def check_writes(self) -> None:
+        """Raise the error of a write to the event log that failed (it is written on the
+        event loop, by an extension: the trainer asks between steps).
+
+        Raises:
+            RunFolderWriteError: The event log could not be written.
+        """
+        if self._log_error is not None:
+            raise self._log_error
+
+    def _event_log_failed(self, error: OSError) -> None:
+        if self._log_error is None and self.out_dir is not None:
+            self._log_error = RunFolderWriteError(self.out_dir / EVENTS_FILE, error)
 
     def write_now(self, event: Event) -> None:
         """Put ``event``, just published, in ``events.jsonl`` at once, from any thread.
@@ -127,6 +201,46 @@ class RunFolder:
             return []
         return list(read_events(path, errors="skip"))
 
+    def _earlier_record(self) -> RunFold:
+        """The record of the earlier attempts: folded from the event log; from
+        ``summary.json`` when the log is gone (deleted, say) but that summary is there, so
+        the run's summary does not lose the attempts it held."""
+        events = self.earlier_events()
+        summary = self._path(SUMMARY_FILE)
+        if events or summary is None or not summary.is_file():
+            return fold_events(events)
+        try:
+            written = msgspec.json.decode(summary.read_bytes(), type=FitSummary)
+        except (OSError, msgspec.DecodeError) as exc:
+            logger.warning("%s is unreadable (%s): the run's record starts afresh", summary, exc)
+            return fold_events(events)
+        logger.warning(
+            "%s is missing: the run's record goes on from %s (%d attempts); the earlier "
+            "events themselves are lost",
+            self._path(EVENTS_FILE),
+            summary,
+            len(written.attempts),
+        )
+        return RunFold.going_on_from(written, self._rewards())
+
+    def _rewards(self) -> dict[int, float]:
+        """The mean reward of each step ``metrics.jsonl`` holds."""
+        path = self._path(METRICS_FILE)
+        rewards: dict[int, float] = {}
+        if path is None or not path.is_file():
+            return rewards
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                continue
+            reward = named(row).get(REWARD_METRIC)
+            if isinstance(reward, int | float):
+                rewards[row["step"]] = float(reward)
+        return rewards
+
     @contextmanager
     def recording(
         self, bus: EventBus, fold: RunFold, *, diagnosed: bool
@@ -148,15 +262,28 @@ class RunFolder:
 
         Raises:
             RunFolderInUse: Another trainer owns the folder (nothing was written).
+            RunFolderError: The folder cannot be created or written (nothing was written).
         """
         sink, jsonl, lock = None, None, None
+        self._log_error = None
         try:
             if self.out_dir is not None:
+                check_layout(self.out_dir)
                 lock = RunFolderLock(self.out_dir)
-                lock.acquire()
-                self.repair()
-                fold = fold_events(self.earlier_events())
-                jsonl = JsonlSink(self.out_dir / EVENTS_FILE, name="trainbus.events-log")
+                try:
+                    lock.acquire()
+                    self.repair()
+                except OSError as exc:  # a read-only or special file system, say
+                    raise RunFolderError(
+                        f"--out {self.out_dir}: cannot write there: "
+                        f"{(exc.strerror or str(exc)).lower()}; choose another run folder"
+                    ) from None
+                fold = self._earlier_record()
+                jsonl = JsonlSink(
+                    self.out_dir / EVENTS_FILE,
+                    name="trainbus.events-log",
+                    on_error=self._event_log_failed,
+                )
                 sink = bus.register_extension(jsonl)
                 self._log = jsonl
             tap = fold.follow(bus, diagnosed=diagnosed)
@@ -183,24 +310,52 @@ class RunFolder:
         for line in path.read_text().splitlines():
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # (nested deeper than Python goes)
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
                 kept.append(line)
-        path.write_text("".join(f"{line}\n" for line in kept))
+        # Aside, then renamed: a failed write leaves the file as it was.
+        self._replace(path, "".join(f"{line}\n" for line in kept).encode())
 
     def append_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """One line of ``metrics.jsonl``."""
+        """One line of ``metrics.jsonl``.
+
+        Raises:
+            RunFolderWriteError: It could not be written (the file is as it was).
+        """
         path = self._path(METRICS_FILE)
-        if path is not None:
-            with path.open("a") as file:
-                file.write(json.dumps({"step": step, **metrics}) + "\n")
+        if path is None:
+            return
+        line = (json.dumps({"step": step, **metrics}) + "\n").encode()
+        with path.open("ab", buffering=0) as file:
+            end = file.seek(0, os.SEEK_END)
+            try:
+                if file.write(line) != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as exc:
+                file.truncate(end)  # never half a line (a truncate needs no space)
+                raise RunFolderWriteError(path, exc) from None
 
     def write_summary(self, summary: FitSummary) -> None:
-        """Write ``summary.json`` atomically (aside, then renamed)."""
+        """Write ``summary.json`` atomically (aside, then renamed).
+
+        Raises:
+            RunFolderWriteError: It could not be written (the old one, if any, stays).
+        """
         path = self._path(SUMMARY_FILE)
         if path is None:
             return
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_bytes(msgspec.json.format(msgspec.json.encode(summary)) + b"\n")
-        temporary.replace(path)
+        self._replace(path, msgspec.json.format(msgspec.json.encode(summary)) + b"\n")
+
+    @staticmethod
+    def _replace(path: Path, data: bytes) -> None:
+        """Write ``path`` aside and rename it into place; on failure, remove what was written
+        aside and raise :class:`RunFolderWriteError`."""
+        temporary = path.with_name(path.name + ".tmp")
+        try:
+            temporary.write_bytes(data)
+            temporary.replace(path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # (the write's error is the one to report)
+                temporary.unlink(missing_ok=True)
+            raise RunFolderWriteError(path, exc) from None

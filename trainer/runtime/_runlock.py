@@ -187,8 +187,13 @@ def _read_owner(fd: int) -> tuple[int | None, str]:
     """The pid and host in the lock file (None and "": empty, or being written this
     instant; a file written before hosts were named holds the pid alone)."""
     words = os.pread(fd, 300, 0).decode(errors="replace").split()
-    pid = int(words[0]) if words and words[0].isdigit() else None
+    pid = int(words[0]) if words and words[0].isascii() and words[0].isdigit() else None
+    if pid is not None and not 0 < pid <= _PID_MAX:
+        pid = None  # not a process id (0 would signal this process's whole group)
     return pid, words[1] if len(words) > 1 else ""
+
+
+_PID_MAX = 2**22  # Linux's ceiling (PID_MAX_LIMIT); other systems stay below it too
 
 
 def _read_pid(fd: int) -> int | None:

@@ -45,6 +45,8 @@ STAGES: Mapping[str, str] = {
     "checkpoint": "the checkpoint write",
     "restart": "restarting the rollout workers",
     "close": "stopping the rollout workers",
+    "safe_point": "the votes of a safe point",
+    "drain": "the extensions' last events",
 }
 """The waits of the trainer a stall diagnosis can name (``StallDiagnosed.stage``), each with
 the words a :class:`WaitDeadlineExceeded` message names it by."""

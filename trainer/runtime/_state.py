@@ -47,7 +47,7 @@ from ._runlock import RunFolderError
 from ._stall import Stages
 from ._stall import WaitDeadlineExceeded
 
-__all__ = ["CHECKPOINT_FORMAT", "RunState"]
+__all__ = ["CHECKPOINT_FORMAT", "RunState", "non_finite_weights"]
 
 logger = logging.getLogger("trainbus.trainer")
 
@@ -363,6 +363,23 @@ def _same(then: Any, now: Any) -> bool:
     if not isinstance(then, str) or not isinstance(now, str):
         return False
     return Path(then).resolve() == Path(now).resolve()
+
+
+def non_finite_weights(state: dict[str, Any]) -> str | None:
+    """Why the checkpoint ``state`` must not be restored: a policy (or reference) weight
+    that is NaN or infinite would train NaN from the next step. None when all are finite."""
+    for part in ("policy", "reference"):
+        weights = state.get(part)
+        if not isinstance(weights, dict):
+            continue
+        for name, tensor in weights.items():
+            if (
+                isinstance(tensor, torch.Tensor)
+                and tensor.is_floating_point()
+                and not bool(torch.isfinite(tensor).all())
+            ):
+                return f"its {part} weight {name} holds NaN or infinite values"
+    return None
 
 
 def _weights_differ(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

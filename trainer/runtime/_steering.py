@@ -61,7 +61,9 @@ class Steering:
         if not self.bus.wants_safe_point(point):
             return None
         at = self.learner.step if step is None else step
-        outcome = await self.bus.safe_point(point, step=at, **details)
+        # A stage like any wait: a voter that blocks the event loop is diagnosed here too.
+        with self.stages.stage("safe_point", at):
+            outcome = await self.bus.safe_point(point, step=at, **details)
         self.on_outcome(outcome)
         return outcome
 

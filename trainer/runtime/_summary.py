@@ -24,7 +24,8 @@ class AttemptSummary(msgspec.Struct, kw_only=True):
             (the last attempt, still going or killed).
         began: Wall-clock time ``fit()`` began (before the workers started).
         duration_s: Its wall time from ``began`` (for a killed one: up to its last event).
-        error: ``Type: message`` of the error that failed it.
+        error: ``Type: message`` of the error that failed it; for a killed one, the
+            cause when the log has it (an injected fault that kills the process).
         stop_reason: Why it stopped early (``stopped``, ``interrupted``): the stop
             request's reason (``SIGTERM received``) or the STOP decision's votes.
     """
@@ -87,6 +88,9 @@ class FitSummary(msgspec.Struct, kw_only=True):
         checkpoints: Checkpoints written.
         workers_lost: Rollout workers that died.
         extension_failures: Extension hook calls that raised.
+        extensions_behind: By extension, the events it never handled (``ExtensionBehind``):
+            its full queue dropped them, or it had not handled them when an attempt ended
+            (it never read its queue: stuck in a hook, say).
         after_fit_errors: Extensions that failed at the last attempt's ``AFTER_FIT``.
         notices: What loading the workload had to assume or leave out, as the last attempt
             said (``FitStarted.notices``): prompts dropped for their length, EOS as pad.
@@ -120,6 +124,7 @@ class FitSummary(msgspec.Struct, kw_only=True):
     checkpoints: int = 0
     workers_lost: int = 0
     extension_failures: int = 0
+    extensions_behind: dict[str, int] = msgspec.field(default_factory=dict)
     after_fit_errors: list[str] = msgspec.field(default_factory=list)
     notices: list[str] = msgspec.field(default_factory=list)
     attempts: list[AttemptSummary] = msgspec.field(default_factory=list)

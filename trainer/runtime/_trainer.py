@@ -33,6 +33,7 @@ import torch
 from eventbus import Capability
 from eventbus import CompletionsSampled
 from eventbus import EventBus
+from eventbus import ExtensionBehind
 from eventbus import FitFailed
 from eventbus import FitFinished
 from eventbus import FitStarted
@@ -58,6 +59,7 @@ from ._checkpoint import CheckpointStore
 from ._decisions import RunAborted
 from ._decisions import StopRequested
 from ._decisions import interrupts_sample_wait
+from ._describe import describe
 from ._diagnosis import StallDiagnoser
 from ._diagnosis import start_stall_diagnosis
 from ._diagnosis import stop_stall_diagnosis
@@ -72,10 +74,12 @@ from ._perf import StepWork
 from ._recovery import Recovery
 from ._run import FAULTS_FILE
 from ._run import RunFolder
+from ._run import RunFolderWriteError
 from ._sample_wait import WaitClock
 from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
 from ._state import RunState
+from ._state import non_finite_weights
 from ._steering import Steering
 from ._view import TrainerView
 from ._view import ViewedParts
@@ -127,6 +131,7 @@ class PPOTrainer:
         )
         self.backend = backend if backend is not None else make_backend(config, faults)
         self.membership = MembershipRequests()
+        self._dropped_before: dict[int, int] = {}  # by registration, at this fit()'s start
         self.bus = bus or EventBus(
             safe_point_timeout=config.safe_point_timeout_s,
             capabilities=frozenset(Capability),
@@ -137,14 +142,17 @@ class PPOTrainer:
             drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,
         )
         self.faults = faults
+        self.files = RunFolder(self.out_dir)
         if faults is not None:
             faults.bus = self.bus
+            faults.write_now = self.files.write_now
             if self.out_dir is not None:
                 faults.keep_record(self.out_dir / FAULTS_FILE)
         self.checkpoints = CheckpointStore(
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
             before_rename=faults.before_checkpoint_rename if faults else None,
+            check=non_finite_weights,
         )
         self.driver = make_driver(
             config, self.stream, self.backend, self.bus, interrupts=interrupts_sample_wait
@@ -154,7 +162,6 @@ class PPOTrainer:
             self.bus.register_extension(extension)
             for extension in configured_extensions(config, self.out_dir)
         ]
-        self.files = RunFolder(self.out_dir)
         self.record = RunFold()  # what the run did: folded from its events
         self._tap: Subscription | None = None
         self.state = RunState(
@@ -181,6 +188,9 @@ class PPOTrainer:
         self._active_step: int | None = None  # the step being trained, for FitFailed
         self._waiting = WaitClock()  # how long the step being trained waited, for FitFailed
         self.already_finished = False  # the last fit() found the run done and did nothing
+        # The last fit() found the run's steps all trained but its end unrecorded (killed
+        # while closing), and recorded it: FitFinished and summary.json, nothing else.
+        self.closed_unfinished = False
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._diagnoser: StallDiagnoser | None = None  # one per fit(), when diagnosis is on
@@ -250,7 +260,9 @@ class PPOTrainer:
 
         A run folder whose run already has ``config.run.steps`` steps is left as it is: no
         worker starts, nothing is written, the run's summary is returned and
-        ``already_finished`` is True. A larger ``run.steps`` extends the run.
+        ``already_finished`` is True. A larger ``run.steps`` extends the run. If its last
+        attempt trained every step but was killed while it closed, only its end is written
+        (``FitFinished``, ``summary.json``) and ``closed_unfinished`` is True.
 
         Returns:
             What happened: steps, rewards, restarts, waits, decisions.
@@ -293,7 +305,10 @@ class PPOTrainer:
         resumed = self.state.resume(self.out_dir)
         start_step = self.step
         self.already_finished = resumed is not None and start_step >= config.run.steps
+        self.closed_unfinished = False
         if self.already_finished:
+            if self.record.trained_all_unclosed():
+                return await self._close_unfinished()
             # A rerun of a finished run: nothing to train, so nothing is written either (a
             # larger run.steps extends it).
             logger.warning(
@@ -305,6 +320,8 @@ class PPOTrainer:
             )
             return self.record.summary()
         self.files.rewind_metrics(start_step)
+        # What the extensions' queues dropped before this fit() is not this run's to report.
+        self._dropped_before = {r.id: r.statistics().dropped for r in self.bus.registrations()}
         with self.stages.stage("start", start_step):  # the backend bounds it (start_timeout_s)
             await self.driver.start(self.learner.weights(), self.policy_version)
         error: BaseException | None = None
@@ -340,8 +357,8 @@ class PPOTrainer:
                         raise StopRequested(self._stop_requested)
                     try:
                         await self._train_step()
-                    except (StopRequested, RunAborted):
-                        raise
+                    except (StopRequested, RunAborted, RunFolderWriteError):
+                        raise  # (a full disk is not mended by restoring a checkpoint)
                     except Exception as exc:
                         failed = self._active_step or self.step + 1  # sync and save come after
                         if not await self.recovery.after_failure(exc, failed, self.steering):
@@ -360,6 +377,25 @@ class PPOTrainer:
         finally:
             await self._finish(error, began, stop_reason)
         return self.record.summary()
+
+    async def _close_unfinished(self) -> FitSummary:
+        """Record the end of an attempt that trained its last step and was killed while it
+        closed (stopping the workers, ``AFTER_FIT``, the summary): ``FitFinished`` in the
+        event log, then ``summary.json``. Nothing is trained and no worker starts."""
+        self.closed_unfinished = True
+        logger.info(
+            "run %s trained its %d steps but was killed while it closed: recording its end",
+            self.run_id,
+            self.step,
+        )
+        if self.bus.wants(FitFinished):
+            attempts = self.record.summary().attempts
+            duration = attempts[-1].duration_s if attempts else 0.0
+            self.bus.publish(FitFinished(step=self.step, duration_s=duration, closed_later=True))
+        await self._drain_record()
+        summary = self.record.summary()
+        self.files.write_summary(summary)
+        return summary
 
     async def _finish(self, error: BaseException | None, began: float, stop_reason: str) -> None:
         """Shut the rollout side down, reach AFTER_FIT, publish the end, write summary.json.
@@ -403,8 +439,51 @@ class PPOTrainer:
                         reason=stop_reason,
                     )
                 )
+            # (a stage: an extension that blocks the event loop meanwhile is diagnosed)
+            with self.stages.stage("drain", self.step):
+                await self._settle_extensions()
             await self._drain_record()
-            self.files.write_summary(self.record.summary())
+            try:
+                self.files.write_summary(self.record.summary())
+            except RunFolderWriteError:
+                if error is None:
+                    raise
+                if not isinstance(error, RunFolderWriteError):  # (else the same full disk)
+                    logger.exception("writing summary.json failed while handling an error")
+
+    async def _settle_extensions(self) -> None:
+        """Give the extensions the bus's drain time to handle the run's events, then name,
+        once each, those that missed some (``ExtensionBehind``): an extension that never
+        reads its queue would otherwise only make the run's end wait, in silence.
+
+        One already inside one hook call for that long is not waited for: the bus does not
+        wait for it again either as it stops.
+        """
+        timeout = self.bus.drain_timeout
+        registrations = [r for r in self.bus.registrations() if not r.closed]
+        waited = [r for r in registrations if r.statistics().in_hook_s < timeout]
+        last = self.bus.statistics().published  # this run's events: those up to here
+        await self.bus.drain(timeout=timeout, registrations=waited)
+        behind = []
+        for registration in registrations:
+            stats = registration.statistics()
+            dropped = stats.dropped - self._dropped_before.get(registration.id, 0)
+            left = 0 if registration.caught_up(last) else stats.queued  # (all unhandled)
+            if dropped or left:
+                behind.append(
+                    ExtensionBehind(
+                        extension=registration.name,
+                        missed=dropped + left,
+                        dropped=dropped,
+                        left=left,
+                        stuck_in=stats.hook,
+                        stuck_s=stats.in_hook_s,
+                    )
+                )
+        for event in behind:  # (published after the counts: each adds to the queues)
+            logger.warning("%s", describe(event))
+            if self.bus.wants(ExtensionBehind):
+                self.bus.publish(event)
 
     async def _drain_record(self) -> None:
         if self._tap is not None:
@@ -432,6 +511,7 @@ class PPOTrainer:
         return str(error)
 
     async def _train_step(self) -> None:
+        self.files.check_writes()  # the event log could not be written: stop here
         bus, config, learner = self.bus, self.config, self.learner
         step = self._active_step = learner.step + 1
         began = time.perf_counter()

@@ -94,7 +94,11 @@ class RunWorkload:
             # Float32 master weights (and optimizer state); forward and backward passes
             # under autocast to the run's dtype when it is lower.
             hf = HFPolicy.load(
-                config.model.path, config.run.device, lora=config.model.lora, seed=seed
+                config.model.path,
+                config.run.device,
+                lora=config.model.lora,
+                seed=seed,
+                trust_remote_code=config.model.trust_remote_code,
             )
             dtype = resolve_dtype(config.model.dtype, hf.device)
             hf.autocast = dtype if dtype != torch.float32 else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,57 @@ def test_damaged_weights_are_one_line_and_exit_2_with_nothing_written(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_folder_with_code_of_its_own_never_runs_it_unless_asked(
+    hf_model: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from ..rl.test_hf_policy import with_custom_code
+
+    marker = tmp_path / "ran"
+    folder = with_custom_code(hf_model, tmp_path / "model", "config.json", marker)
+    # The code the folder names builds a real model (GPT-2's classes under its own name).
+    (folder / "custom.py").write_text(
+        (folder / "custom.py").read_text()
+        + "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        + "class Config(GPT2Config):\n    model_type = 'custom'\n"
+        + "class LM(GPT2LMHeadModel):\n    config_class = Config\n"
+    )
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "12=", "target": "21"}\n')
+    command = [sys.executable, "-m", "trainer", "train", "--model", "model", *DATA, *EXACT]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_MODULES_CACHE": str(tmp_path / "cache")}
+    # transformers would ask on the terminal whether to run it; the answer is never read.
+    refused = subprocess.run(
+        [*command, "--out", "refused"],
+        input="y\ny\n",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: model/config.json asks to run Python code from the model folder (custom.py, "
+        "through its auto_map); trainbus runs no code it was not asked to: set [model] "
+        "trust_remote_code = true to run that code, only for a folder you trust"
+    ]
+    assert not marker.exists() and not (tmp_path / "refused").exists()
+    (tmp_path / "trust.toml").write_text("[model]\ntrust_remote_code = true\n")
+    trusted = subprocess.run(
+        [*command, "--config", "trust.toml", "--steps", "1", "--no-progress", "--out", "run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert trusted.returncode == 0, trusted.stderr
+    assert marker.read_text() == "the folder's code ran"
+
+
 def test_bad_workload_commands_exit_2(tmp_path: Path) -> None:
     unknown = trainbus("dataset", "export", "juggle", "x.jsonl", cwd=tmp_path)
     assert unknown.returncode == 2 and "unknown task 'juggle'" in unknown.stderr
@@ -193,7 +245,7 @@ def test_model_init_on_a_file_is_one_line(
         (
             "broken.jsonl",
             '{"prompt": "12="}\n{"prompt": broken\n',
-            "cannot read it as json: ArrowInvalid: JSON parse error: Invalid value. in row 1",
+            "cannot read it as JSON Lines: line 2, column 12: Expecting value",
         ),
         (
             "broken.csv",

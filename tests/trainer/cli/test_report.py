@@ -328,6 +328,23 @@ def test_an_attempt_lasts_from_the_beginning_of_fit_as_its_fit_finished_says() -
     assert dict(table_rows(RunData(Path("x"), summary=s)))["time"] == "13.9 s"
 
 
+def test_an_end_recorded_later_closes_the_attempt_at_its_last_event() -> None:
+    # Killed while it closed (at 112.0), its end recorded by the next start an hour later.
+    events = [
+        eb.FitStarted(run_id="k", total_steps=4, start_s=1.0, seq=1, time=101.0),
+        eb.StepFinished(step=4, seq=2, time=112.0),
+    ]
+    assert fold_events(events).trained_all_unclosed()
+    closed = eb.FitFinished(step=4, duration_s=12.0, closed_later=True, seq=3, time=3700.0)
+    fold = fold_events([*events, closed])
+    s = fold.summary()
+    assert (s.status, s.steps, s.duration_s) == ("finished", 4, pytest.approx(12.0))
+    assert [a.status for a in s.attempts] == ["finished"]
+    assert not fold.trained_all_unclosed()
+    killed_midway = fold_events([events[0], eb.StepFinished(step=3, seq=2, time=110.0)])
+    assert not killed_midway.trained_all_unclosed()  # it had a step left: killed, not closing
+
+
 @pytest.mark.parametrize(
     ("end", "status", "reason"),
     [

@@ -100,6 +100,30 @@ LOUD = (
 )
 
 
+def test_an_extension_failing_on_every_event_is_one_line_and_a_count(tmp_path: Path) -> None:
+    extension = write_extension(
+        tmp_path / "raiser.py",
+        "Raiser",
+        ("EVENTS",),
+        "def on_event(self, context, event):",
+        "    raise ValueError('boom')",
+    )
+    done = trainbus(
+        *("train", "--config", str(tiny_toml(tmp_path)), "--steps", "10", "--no-progress"),
+        *("--extension", extension, "--out", "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "raiser" in line]
+    assert lines[0] == "extension raiser failed in on_event on FitStarted: ValueError: boom"
+    assert re.fullmatch(
+        r"\S+ \S+ WARNING eventbus: extension 'raiser' failed \d+ times in on_event with "
+        r"ValueError \(only the first was shown\)",
+        lines[1],
+    )
+    assert len(lines) == 2
+
+
 def test_the_users_warnings_show_and_other_libraries_only_their_errors(tmp_path: Path) -> None:
     loud = write_extension(tmp_path / "loud.py", "Loud", ("EVENTS",), *LOUD)
     text = (tmp_path / "loud.py").read_text()

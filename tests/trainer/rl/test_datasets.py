@@ -63,7 +63,7 @@ def test_the_prompt_column_can_be_renamed_and_a_missing_one_is_named(tmp_path: P
         ('{"prompt": "1="}\n{"prompt": ""}\n', "row 1: column 'prompt' is empty"),
         ('{"prompt": []}\n', "row 0: column 'prompt' is empty"),
         ('{"prompt": [{"text": "hi"}]}\n', "expected a string or a list of chat messages"),
-        ("not json\n", "cannot read it as json"),
+        ("not json\n", "cannot read it as JSON Lines: line 1, column 1: Expecting value"),
     ],
 )
 def test_bad_datasets_fail_with_one_line(tmp_path: Path, content: str, message: str) -> None:
@@ -95,7 +95,7 @@ def test_a_file_that_does_not_parse_names_the_reason_and_logs_nothing(
     with caplog.at_level(logging.INFO), pytest.raises(DatasetError) as caught:
         load_prompt_table(path)
     assert str(caught.value) == (
-        f"{path}: cannot read it as json: ArrowInvalid: JSON parse error: Invalid value. in row 1"
+        f"{path}: cannot read it as JSON Lines: line 2, column 12: Expecting value"
     )
     assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []
 

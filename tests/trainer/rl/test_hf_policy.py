@@ -46,6 +46,53 @@ def test_model_init_covers_the_characters_it_is_given(tmp_path: Path) -> None:
     assert policy.tokenizer.unk_token_id not in policy.encode("héllo wörld")
 
 
+CUSTOM_CODE = """
+import pathlib
+pathlib.Path({marker!r}).write_text("the folder's code ran")
+"""
+
+
+def with_custom_code(hf_model: Path, folder: Path, file: str, marker: Path) -> Path:
+    """A copy of ``hf_model`` whose ``file`` (config.json or tokenizer_config.json) names a
+    Python file of the folder's own that writes ``marker`` when it runs."""
+    shutil.copytree(hf_model, folder)
+    (folder / "custom.py").write_text(CUSTOM_CODE.format(marker=str(marker)))
+    data = json.loads((folder / file).read_text())
+    if file == "config.json":
+        data["model_type"] = "custom"  # no class of transformers' own builds it
+        data["auto_map"] = {"AutoConfig": "custom.Config", "AutoModelForCausalLM": "custom.LM"}
+    else:
+        data["tokenizer_class"] = "CustomTokenizer"
+        data["auto_map"] = {"AutoTokenizer": ["custom.CustomTokenizer", None]}
+    (folder / file).write_text(json.dumps(data))
+    return folder
+
+
+def test_a_folder_asking_to_run_its_own_code_is_refused_and_its_code_never_runs(
+    hf_model: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    folder = with_custom_code(hf_model, tmp_path / "model", "config.json", marker)
+    with pytest.raises(ModelLoadError) as refused:
+        HFPolicy.load(folder)
+    assert str(refused.value) == (
+        f"{folder / 'config.json'} asks to run Python code from the model folder (custom.py, "
+        "through its auto_map); trainbus runs no code it was not asked to: set [model] "
+        "trust_remote_code = true to run that code, only for a folder you trust"
+    )
+    assert not marker.exists()
+
+
+def test_a_tokenizer_asking_for_its_own_code_gets_transformers_class_instead(
+    hf_model: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    folder = with_custom_code(hf_model, tmp_path / "model", "tokenizer_config.json", marker)
+    policy = HFPolicy.load(folder)  # the model's own type has a tokenizer class: that one
+    assert policy.decode(policy.encode("12=")) == "12="
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize(
     ("remove", "message"),
     [

@@ -176,3 +176,42 @@ def test_rays_own_records_go_through_the_command_lines_table(
     assert [r.name for r in caplog.records if "Token" in r.message] == [
         "ray._private.authentication"
     ]
+
+
+async def test_ray_starts_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting Ray takes seconds; on the event loop it blocked the loop meanwhile (a stall
+    diagnosis named `_ray_init`). The loop runs while it starts now."""
+    import threading
+
+    import anyio
+
+    from trainer.config._schema import PolicyConfig
+    from trainer.rollout._ray import RayBackend
+    from trainer.rollout._worker import WorkerSpec
+
+    loop_ran = threading.Event()
+    seen: list[bool] = []
+
+    class Stop(Exception):
+        pass
+
+    def init(**kwargs: object) -> None:
+        seen.append(loop_ran.wait(30))  # the loop sets it, if it runs meanwhile
+        raise Stop
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(_ray_session, "clean_leftovers", lambda: 0)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = WorkerSpec(task_name="reverse", task_params={"length": 4}, policy=PolicyConfig())
+    backend = RayBackend(spec, 1)
+
+    async def tick() -> None:
+        await anyio.lowlevel.checkpoint()
+        loop_ran.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(tick)
+        with pytest.raises(Stop):
+            await backend.start(None, b"", 0)  # type: ignore[arg-type]
+    assert seen == [True]

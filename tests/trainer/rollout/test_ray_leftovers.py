@@ -73,6 +73,101 @@ def test_a_reused_pid_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         other.kill()
 
 
+def _leftover_in(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """A live process that a record in ``folder`` lists as left by a dead driver."""
+    victim = subprocess.Popen(["sleep", "60"])
+    path = folder / "1.json"
+    path.write_text(
+        json.dumps({"driver": [999_999_999, 1], "processes": [[victim.pid, started(victim.pid)]]})
+    )
+    return victim, path
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_a_records_folder_of_another_user_is_neither_read_nor_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Another local user created the folder first, in a shared temporary folder.
+    monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
+    folder = _ray_leftovers._records()
+    folder.mkdir(mode=0o700)
+    victim, record_file = _leftover_in(folder)
+    os.chown(folder, 65534, 65534)
+    os.chown(record_file, 65534, 65534)
+    try:
+        assert clean_leftovers() == 0
+        _ray_leftovers.record_local_instance()
+        assert victim.poll() is None  # no signal was sent
+        assert sorted(p.name for p in folder.iterdir()) == ["1.json"]  # nothing written
+        warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warning) == 1  # once, however often the folder is looked at
+        assert str(folder) in warning[0] and "another user (uid 65534)" in warning[0]
+    finally:
+        victim.kill()
+
+
+def test_a_records_folder_others_may_write_to_is_neither_read_nor_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
+    folder = _ray_leftovers._records()
+    folder.mkdir()
+    folder.chmod(0o777)
+    victim, _ = _leftover_in(folder)
+    try:
+        assert clean_leftovers() == 0
+        _ray_leftovers.record_local_instance()
+        assert victim.poll() is None
+        assert [p.name for p in folder.iterdir()] == ["1.json"]
+        assert any(
+            str(folder) in r.getMessage() and "mode 777" in r.getMessage()
+            for r in caplog.records
+            if r.levelname == "WARNING"
+        )
+    finally:
+        victim.kill()
+
+
+def test_a_link_in_place_of_the_records_folder_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    victim, _ = _leftover_in(elsewhere)
+    _ray_leftovers._records().symlink_to(elsewhere)
+    try:
+        assert clean_leftovers() == 0
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+
+
+def test_the_records_folder_is_created_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
+    _ray_leftovers.record_local_instance()
+    folder = _ray_leftovers._records()
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert (folder / f"{os.getpid()}.json").is_file()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starting another user's process needs root")
+def test_a_process_of_another_user_is_never_signalled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
+    other = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
+    try:
+        record((999_999_999, 1), [other.pid])
+        assert clean_leftovers() == 0
+        assert other.poll() is None
+    finally:
+        other.kill()
+
+
 def descendants(pid: int) -> dict[int, int | None]:
     return {p: started(p) for p in _ray_leftovers._descendants(pid)}
 

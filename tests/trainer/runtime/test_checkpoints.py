@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +24,8 @@ from trainer import CheckpointStore
 from trainer import PPOTrainer
 from trainer import RunFolderError
 from trainer.runtime._checkpoint import NoCheckpointLoads
+from trainer.runtime._checkpoint import UnreadableCheckpoint
+from trainer.runtime._state import non_finite_weights
 
 from ..helpers import tiny_config
 
@@ -174,6 +177,142 @@ def test_when_no_checkpoint_loads_the_store_says_so_and_why_in_a_line(
         f"no checkpoint in {tmp_path} loads (2 unreadable; the newest, step-00000002.pt: {why})"
     )
     assert CheckpointStore(tmp_path / "empty").load_latest() is None  # none at all: a new run
+
+
+def flip_tensor_bytes(path: Path, *, count: int = 4) -> None:
+    """Overwrite ``count`` bytes in the middle of the largest tensor's data in the
+    checkpoint ``path`` with 0xff (a float32 NaN), as a failing disk or copy would: the
+    file still loads."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        data = max(
+            (i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size
+        )
+    with path.open("r+b") as file:
+        file.seek(data.header_offset + 26)
+        name_length = int.from_bytes(file.read(2), "little")
+        extra_length = int.from_bytes(file.read(2), "little")
+        start = data.header_offset + 30 + name_length + extra_length
+        file.seek(start + (data.file_size // 2) // 4 * 4)
+        file.write(b"\xff" * count)
+
+
+def test_a_checkpoint_changed_after_it_was_written_is_skipped_for_the_one_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"step": 1, "weights": torch.ones(10_000)})
+    store.save(2, {"step": 2, "weights": torch.ones(10_000)})
+    newest = tmp_path / "step-00000002.pt"
+    assert (tmp_path / "step-00000002.pt.sha256").read_text().endswith("  step-00000002.pt\n")
+    flip_tensor_bytes(newest)
+    assert torch.load(newest, weights_only=True)["weights"].isnan().any()  # it loads, poisoned
+    for _ in range(2):  # found bad once: not read, nor reported, again
+        loaded = store.load_latest()
+        assert loaded is not None and loaded[0].step == 1
+        assert torch.equal(loaded[1]["weights"], torch.ones(10_000))
+    assert [r.getMessage() for r in caplog.records if r.name == "trainbus.checkpoint"] == [
+        f"skipping damaged checkpoint {newest}: its content does not match the SHA-256 in "
+        "step-00000002.pt.sha256 (it changed after it was written: a disk, copy or memory error)"
+    ]
+    with pytest.raises(UnreadableCheckpoint, match="does not match the SHA-256"):
+        CheckpointStore.load(newest)
+    store.save(2, {"step": 2, "weights": torch.ones(10_000)})  # written again: good again
+    loaded = store.load_latest()
+    assert loaded is not None and loaded[0].step == 2
+
+
+def test_a_checkpoint_with_non_finite_weights_is_skipped_for_the_one_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CheckpointStore(tmp_path, check=non_finite_weights)
+    store.save(1, {"step": 1, "policy": {"w": torch.ones(3)}})
+    store.save(2, {"step": 2, "policy": {"w": torch.tensor([1.0, float("nan"), 1.0])}})
+    loaded = store.load_latest()
+    assert loaded is not None and loaded[0].step == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "trainbus.checkpoint"] == [
+        f"skipping unusable checkpoint {tmp_path / 'step-00000002.pt'}: its policy weight w "
+        "holds NaN or infinite values"
+    ]
+
+
+def test_a_kill_between_the_checksum_and_the_checkpoint_loses_nothing(tmp_path: Path) -> None:
+    class Killed(Exception):
+        pass
+
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"step": 1})
+    real_replace = os.replace
+
+    def die_before_the_checkpoint(source: Any, target: Any) -> None:
+        if str(target).endswith(".pt"):
+            raise Killed
+        real_replace(source, target)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "replace", die_before_the_checkpoint)
+        with pytest.raises(Killed):
+            store.save(2, {"step": 2})
+    reopened = CheckpointStore(tmp_path)
+    loaded = reopened.load_latest()
+    assert loaded is not None and loaded[0].step == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000001.pt",
+        "step-00000001.pt.sha256",
+    ]
+
+
+async def test_recovery_skips_a_damaged_checkpoint_and_never_restores_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The newest checkpoint is damaged on disk after it was written; two failures follow
+    before the next one: each recovery restores the valid one before it."""
+    from eventbus import CheckpointRestored
+    from eventbus import CheckpointSaved
+    from eventbus import Decision
+    from eventbus import SafePoint
+
+    class Restorer:
+        name = "restorer"
+        api_version = RUNTIME_EXTENSION_API_VERSION
+        required_capabilities = (Capability.EVENTS, Capability.SAFE_POINTS)
+
+        def on_event(self, context: ExtensionContext, event: Event) -> None:
+            if isinstance(event, CheckpointSaved) and event.step == 4 and not damaged:
+                flip_tensor_bytes(Path(event.path))
+                damaged.append(event.path)
+
+        def on_safe_point(self, context: ExtensionContext, event: Any) -> Decision:
+            failed = event.point is SafePoint.TERMINAL_FAILURE
+            return Decision.RESTART_REQUIRED if failed else Decision.CONTINUE
+
+    damaged: list[str] = []
+    fit = PPOTrainer(tiny_config(run__steps=8), out_dir=tmp_path)
+    update = fit.learner.update
+    failures = iter([5, 3])  # step 5 fails; after the restore, step 3 fails
+
+    def failing_update(batch: Any) -> dict[str, float]:
+        if fit.learner.step + 1 == next_failure[0]:
+            next_failure[0] = next(failures, 0)
+            raise RuntimeError("the step failed")
+        return update(batch)
+
+    next_failure = [next(failures)]
+    fit.learner.update = failing_update  # type: ignore[method-assign]
+    fit.register_runtime_extension(Restorer())
+    summary = await fit.fit()
+    restored = [
+        e for e in read_events(tmp_path / "events.jsonl") if isinstance(e, CheckpointRestored)
+    ]
+    assert [(e.step, e.failed_step) for e in restored] == [(2, 5), (2, 3)]
+    assert summary.status == "finished" and summary.steps == 8
+    skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert skipped == [
+        f"skipping damaged checkpoint {damaged[0]}: its content does not match the SHA-256 in "
+        "step-00000004.pt.sha256 (it changed after it was written: a disk, copy or memory error)"
+    ]
+    assert all(math.isfinite(p.sum().item()) for p in fit.policy.parameters())
 
 
 class Counter:

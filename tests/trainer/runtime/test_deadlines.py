@@ -145,6 +145,30 @@ async def test_a_hung_reward_call_is_diagnosed_in_the_worker_and_its_rollouts_fa
     assert batch.failed == {"reward_timeout": len(diagnosis.stuck)}
 
 
+async def test_a_reward_call_hung_when_the_run_ends_is_given_up_not_waited_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Async mode trains on what is ready: the hung call's work is still in flight when the
+    last step is done. Its worker stops waiting for it as the workers stop; its rollouts are
+    nobody's, so nothing is logged for them after the run, and the end does not wait."""
+    import anyio
+
+    config = tiny_config(
+        run__steps=3,
+        run__mode="async",
+        task__reward_timeout_s=3600.0,  # (waited out, the end would take an hour)
+        rollout__close_timeout_s=3600.0,
+    )
+    trainer = PPOTrainer(config, faults=FaultInjector.parse(["reward-hang@3"]))
+    with anyio.move_on_after(60) as safety_net:
+        summary = await trainer.fit()
+    assert not safety_net.cancel_called
+    assert (summary.status, summary.steps) == ("finished", 3)
+    assert trainer.faults is not None and trainer.faults.fired == [("reward-hang", 3)]
+    failures = [r.getMessage() for r in caplog.records if r.name == "trainbus.rewards"]
+    assert failures == []  # not failures of the run: the run no longer wanted them
+
+
 async def test_a_worker_that_ignores_the_stop_bounds_close_and_is_diagnosed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -31,6 +31,12 @@ def test_a_sample_wait_ends_exactly_when_its_decision_asks_for_an_action() -> No
         )
 
 
+def test_the_replay_buffers_default_is_the_trainers_sample_wait_column() -> None:
+    from replay import DEFAULT_INTERRUPTS
+
+    assert all(DEFAULT_INTERRUPTS(d) == interrupts_sample_wait(d) for d in Decision)
+
+
 def test_only_restart_required_recovers_from_a_terminal_failure() -> None:
     column = ACTIONS[SafePoint.TERMINAL_FAILURE]
     assert {d for d, a in column.items() if a is Action.RESTORE} == {Decision.RESTART_REQUIRED}

@@ -4,6 +4,7 @@ vote carries it; with nobody listening nothing is read or published."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -16,9 +17,12 @@ import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
 from eventbus import Capability
+from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
+from eventbus import FitFinished
 from eventbus import RolloutRestarted
+from eventbus import SafePoint
 from eventbus import SafePointReached
 from eventbus import StallDiagnosed
 from eventbus import StepFinished
@@ -254,3 +258,102 @@ async def test_a_blocked_event_loop_is_the_cause_logged_and_on_disk_while_it_blo
     [message] = handler.messages
     assert message.startswith(f"stalled: step {diagnosis.step}: {diagnosis.stage} stalled ")
     assert f"        test_diagnosis.py:{line} BlocksTheLoop.on_event" in message.splitlines()
+
+
+class BlocksAt:
+    """An extension that blocks the event loop with a synchronous call at one place: a vote
+    (``on_safe_point``) or an event (``on_event``), until a stall is logged."""
+
+    name = "blocks-at"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS, Capability.SAFE_POINTS)
+
+    def __init__(self, point: SafePoint | None = None, event: type[Event] | None = None) -> None:
+        self.point, self.event = point, event
+        self.release = threading.Event()
+        self.released_by_the_log = False
+
+    def on_event(self, context: ExtensionContext, event: Event) -> None:
+        if self.event is not None and isinstance(event, self.event):
+            self.block()
+
+    def on_safe_point(self, context: ExtensionContext, event: SafePointReached) -> Decision:
+        if event.point is self.point:
+            self.block()
+        return Decision.CONTINUE
+
+    def block(self) -> None:
+        if not self.released_by_the_log:  # the first time only
+            self.released_by_the_log = self.release.wait(60.0)
+
+
+@pytest.mark.parametrize(
+    ("blocker", "stage"),
+    [
+        (BlocksAt(point=SafePoint.BEFORE_FIT), "safe_point"),
+        (BlocksAt(point=SafePoint.STEP_BOUNDARY), "safe_point"),
+        (BlocksAt(point=SafePoint.AFTER_FIT), "safe_point"),
+        (BlocksAt(event=FitFinished), "drain"),  # the extensions' last events
+    ],
+    ids=["before_fit", "step_boundary", "after_fit", "fit_finished"],
+)
+async def test_a_blocked_event_loop_is_diagnosed_wherever_the_trainer_is(
+    stall_log: logging.Logger, tmp_path: Path, blocker: BlocksAt, stage: str
+) -> None:
+    trainer = PPOTrainer(tiny_config(run__steps=2, diagnose__after_s=0.2), out_dir=tmp_path)
+    trainer.register_runtime_extension(blocker)
+    handler = SetOnRecord(blocker.release)
+    stall_log.addHandler(handler)
+    try:
+        async with record_events(trainer.bus, StallDiagnosed) as recorder:
+            summary = await trainer.fit()
+    finally:
+        stall_log.removeHandler(handler)
+    assert summary.status == "finished"
+    assert blocker.released_by_the_log  # the diagnosis came while the loop was blocked
+    # (a slow rollout wait on a busy machine may be diagnosed too: 0.2 s is short)
+    diagnosis = next(d for d in recorder.of_type(StallDiagnosed) if d.loop_blocked)
+    assert diagnosis.stage == stage
+    where = diagnosis.stacks[0].where()
+    assert where is not None and where.function == "BlocksAt.block"
+    assert diagnosis in read_events(tmp_path / "events.jsonl")
+
+
+async def test_an_extension_that_never_reads_its_queue_is_named_once_and_in_the_summary(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import anyio
+
+    from eventbus import EventBus
+    from eventbus import ExtensionBehind
+
+    release = anyio.Event()
+
+    class Deaf:
+        name = "deaf"
+        api_version = RUNTIME_EXTENSION_API_VERSION
+        required_capabilities = (Capability.EVENTS,)
+
+        async def on_event(self, context: ExtensionContext, event: Event) -> None:
+            if isinstance(event, StepFinished):
+                await release.wait()  # it never comes back for the next event
+
+    bus = EventBus(capabilities=frozenset(Capability), drain_timeout=0.5)
+    trainer = PPOTrainer(tiny_config(run__steps=3), out_dir=tmp_path, bus=bus)
+    registration = trainer.register_runtime_extension(Deaf())
+    summary = await trainer.fit()
+    release.set()
+    behind = [e for e in read_events(tmp_path / "events.jsonl") if isinstance(e, ExtensionBehind)]
+    assert [(e.extension, e.stuck_in) for e in behind] == [("deaf", "on_event")]
+    (event,) = behind
+    assert event.missed == event.left > 10 and event.dropped == 0
+    assert summary.extensions_behind == {"deaf": event.missed}
+    assert json.loads((tmp_path / "summary.json").read_text())["extensions_behind"] == {
+        "deaf": event.missed
+    }
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [w for w in warnings if "deaf" in w] == [
+        f"extension deaf missed {event.missed} events of this run (stuck in on_event for "
+        f"{event.stuck_s:.1f} s when the run ended; {event.left} left unhandled in it)"
+    ]
+    assert registration.statistics().queued > event.left  # (its own notice came after)

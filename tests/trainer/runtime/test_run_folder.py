@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ from eventbus import Capability
 from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import ExtensionContext
+from eventbus import FaultInjected
 from eventbus import FitStarted
 from eventbus import SafePoint
 from eventbus import SafePointReached
@@ -32,6 +34,7 @@ from trainer.runtime._runlock import RunFolderLock
 from trainer.runtime._state import changed_settings
 
 from ..helpers import tiny_config
+from ..runfolder import ENV
 from ..runfolder import events_of
 from ..runfolder import kill_at
 from ..runfolder import summary_of
@@ -188,6 +191,32 @@ def test_a_torn_event_log_is_reported_as_far_as_it_goes_and_repaired_on_resume(
     assert summary_of(out)["steps"] == 5
 
 
+def test_a_deleted_event_log_does_not_drop_the_attempts_summary_json_held(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps")
+    for steps in ("2", "3"):
+        assert trainbus(*args, steps, cwd=tmp_path).returncode == 0
+    before = summary_of(out)
+    (out / "events.jsonl").unlink()
+
+    done = trainbus(*args, "4", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.rstrip().endswith(
+        f"WARNING trainbus.run: {out / 'events.jsonl'} is missing: the run's record goes on "
+        f"from {out / 'summary.json'} (2 attempts); the earlier events themselves are lost"
+    )
+    summary = summary_of(out)
+    assert summary["attempts"][:2] == before["attempts"]
+    assert [a["status"] for a in summary["attempts"]] == ["finished"] * 3
+    assert (summary["steps"], summary["checkpoints"]) == (4, before["checkpoints"] + 1)
+    assert summary["duration_s"] == pytest.approx(sum(a["duration_s"] for a in summary["attempts"]))
+    report = trainbus("report", out, "--no-plots", cwd=tmp_path)
+    assert "4 of 4 in 3 attempts" in report.stdout, report.stdout
+    assert "lacks the first 2 attempts of the run" in report.stdout
+
+
 def test_a_checkpoint_crash_fires_once_per_run_so_the_same_command_resumes(
     tmp_path: Path,
 ) -> None:
@@ -197,12 +226,127 @@ def test_a_checkpoint_crash_fires_once_per_run_so_the_same_command_resumes(
     crashed = trainbus(*args, cwd=tmp_path)
     assert crashed.returncode == -signal.SIGKILL
     assert json.loads((out / "faults.json").read_text()) == {"fired": ["checkpoint-crash@4"]}
+    # What killed it is in its log, though the process died before its log's writer ran.
+    (fault,) = [e for e in events_of(out) if isinstance(e, FaultInjected)]
+    assert (fault.fault, fault.step) == ("checkpoint-crash", 4)
+    report = trainbus("report", out, "--no-plots", cwd=tmp_path)
+    assert "checkpoint-crash" in report.stdout
 
     again = trainbus(*args, cwd=tmp_path)  # "run the same command again", as the docs say
     assert again.returncode == 0, again.stderr
     summary = summary_of(out)
     assert (summary["status"], summary["steps"]) == ("finished", 6)
     assert [a["status"] for a in summary["attempts"]] == ["killed", "finished"]
+    assert summary["attempts"][0]["error"] == (
+        f"killed by the injected fault checkpoint-crash: {fault.detail}"
+    )
+
+
+CLOSER = """
+import time
+from pathlib import Path
+
+from eventbus import RUNTIME_EXTENSION_API_VERSION, Capability, SafePoint
+
+
+class Closer:
+    name = "closer"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.SAFE_POINTS,)
+
+    def on_safe_point(self, context, event):
+        if event.point is SafePoint.AFTER_FIT and Path("block").exists():
+            print("closing", flush=True)
+            time.sleep(600)  # killed here, while closing
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_a_run_killed_while_closing_after_its_last_step_gets_its_summary(
+    tmp_path: Path, backend: str
+) -> None:
+    out = tmp_path / "run"
+    (tmp_path / "closer.py").write_text(CLOSER)
+    (tmp_path / "block").touch()
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--steps", "4")
+    args += ("--backend", backend, "--extension", "closer:Closer", "--no-progress")
+    env = {"PYTHONPATH": str(tmp_path), "TRAINBUS_RAY_RECORDS": str(tmp_path)}
+    kill_at("closing", *args, cwd=tmp_path, env=env)
+    assert not (out / "summary.json").exists()
+    (tmp_path / "block").unlink()
+
+    again = trainbus(*args, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    run_id = summary_of(out)["run_id"]
+    assert again.stdout.splitlines()[-1] == (
+        f"run {run_id} in {out} had trained its 4 steps but was killed while it closed: its "
+        "end is recorded now (finished, summary.json written); to train further, run it "
+        "again with a larger --steps (e.g. --steps 8)"
+    )
+    summary = summary_of(out)
+    assert (summary["status"], summary["steps"]) == ("finished", 4)
+    (attempt,) = summary["attempts"]  # no attempt was added: nothing was trained
+    assert attempt["status"] == "finished" and 0 < attempt["duration_s"] < 120
+    assert summary["duration_s"] == attempt["duration_s"]
+    report = trainbus("report", out, "--no-plots", cwd=tmp_path)
+    assert report.returncode == 0 and "running" not in report.stdout
+    assert "finished" in report.stdout
+    runs = trainbus("runs", tmp_path, "--json", cwd=tmp_path)
+    assert [row["status"] for row in json.loads(runs.stdout)] == ["finished"]
+    # Once recorded, the run is finished like any other: a rerun changes nothing.
+    before = snapshot(out)
+    assert "is already finished" in trainbus(*args, cwd=tmp_path, env=env).stdout
+    assert snapshot(out) == before
+
+
+def _can_mount_a_tmpfs() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = "mount -t tmpfs -o size=64k tmpfs /mnt"
+    return subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_a_tmpfs(), reason="needs a private mount namespace (root)")
+def test_a_disk_that_fills_up_stops_the_run_with_one_line_and_nothing_torn(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    config = tiny_toml(tmp_path, "[run]\n")
+    config.write_text("[checkpoint]\nevery = 1000\n")  # a checkpoint at step 0 only
+    disk, kept = tmp_path / "disk", tmp_path / "kept"
+    disk.mkdir()
+    train = [sys.executable, "-m", "trainer", "train", "--config", str(config), "--steps", "300"]
+    train += ["--no-progress", "--out", str(disk / "run")]
+    # A 400 KiB file system: the step-0 checkpoint and some 30 steps of logs fit.
+    script = (
+        f"mount -t tmpfs -o size=400k tmpfs {disk} && "
+        f"{' '.join(train)} > {tmp_path / 'out'} 2> {tmp_path / 'err'}; "
+        f"echo $? > {tmp_path / 'rc'}; cp -a {disk / 'run'} {kept}"
+    )
+    subprocess.run(["unshare", "-m", "sh", "-c", script], env=ENV, cwd=tmp_path, timeout=300)
+    assert (tmp_path / "rc").read_text().strip() == "1"
+    printed = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    progress = re.compile(r"step \d+/|run [0-9a-f]{12}: ")  # the progress lines
+    said = [line for line in printed.splitlines() if not progress.match(line)]
+    assert len(said) == 2, printed
+    assert re.fullmatch(
+        rf"failed at step \d+: RunFolderWriteError: cannot write {disk / 'run'}/"
+        r"(events|metrics)\.jsonl: no space left on device",
+        said[0],
+    )
+    assert said[1] == f"run folder: {disk / 'run'} (the same --out resumes)"
+    assert not [p.name for p in kept.rglob("*.tmp")]  # no summary.json.tmp, no torn write
+    for name in ("events.jsonl", "metrics.jsonl"):
+        assert (kept / name).read_bytes().endswith(b"\n")  # nothing half written
+    # With room again, the same command (on the copy) resumes without repairing anything.
+    resumed = trainbus(*train[3:-1], kept, "--steps", "40", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr == ""
 
 
 async def test_a_resume_with_other_settings_says_which_it_took(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import torch
 from eventbus import BatchReconciled
 from eventbus import CheckpointRestored
 from eventbus import Event
+from eventbus import RolloutFailed
 from eventbus import RolloutRestarted
 from eventbus import SafePoint
 from eventbus import WorkerLost
@@ -138,6 +139,9 @@ async def test_a_failed_rollout_is_replaced_by_its_retry() -> None:
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert summary.retry_overwrites == run.faults.extra_results["fail-retry"] > 0
+    failed = run.events(RolloutFailed)  # (the Ray backend tells of them alike)
+    assert len(failed) == run.faults.extra_results["fail-retry"]
+    assert {(e.kind, e.step) for e in failed} == {("transient", 2)}
     run.check()
 
 
@@ -203,5 +207,5 @@ def test_killed_during_a_checkpoint_write_resumes_from_the_last_intact_one(tmp_p
     assert "resumed at step 2" in resumed.stdout
     assert "finished: 4 steps" in resumed.stdout
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert names[-1] == "step-00000004.pt"
+    assert names[-2:] == ["step-00000004.pt", "step-00000004.pt.sha256"]
     assert not any(name.endswith(".tmp") for name in names)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eventbus import CheckpointRestored
+from eventbus import RolloutFailed
 from eventbus import RolloutRestarted
 from eventbus import WorkerLost
 
@@ -56,5 +57,10 @@ async def test_slow_retried_and_stale_results_on_ray() -> None:
     assert summary.steps == 4
     assert run.events(RolloutRestarted) == []  # slow is not a stall
     assert summary.retry_overwrites == run.faults.extra_results["fail-retry"] > 0
+    # Each injected failure is told of as a local worker tells of it.
+    failed = run.events(RolloutFailed)
+    assert len(failed) == run.faults.extra_results["fail-retry"]
+    assert {(e.kind, e.error) for e in failed} == {("transient", "injected transient failure")}
+    assert all(e.worker_id.startswith("ray-") and e.step == 2 for e in failed)
     dropped = run.check()
     assert dropped.get("earlier_step", 0) == run.faults.extra_results["stale"] > 0

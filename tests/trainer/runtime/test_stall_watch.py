@@ -197,7 +197,14 @@ def test_a_stage_with_its_own_threshold_is_due_after_it(clock: Clock) -> None:
 def test_starting_and_stopping_workers_wait_a_quarter_of_their_deadlines_by_default() -> None:
     config = load_config()
     assert config.diagnose_after_s == 5.0
-    assert stage_thresholds(config) == {"start": 30.0, "restart": 30.0, "close": 7.5}
+    assert stage_thresholds(config) == {
+        "start": 30.0,
+        "restart": 30.0,
+        "close": 7.5,
+        "drain": 10.0,  # past the 5 s the extensions get: only a blocked loop stalls there
+    }
+    exported = load_config(overrides={"export.to": ["tensorboard"], "export.flush_timeout_s": 60})
+    assert stage_thresholds(exported)["drain"] == 65.0
     short = load_config(overrides={"rollout.start_timeout_s": 8.0})
     assert stage_thresholds(short)["start"] == 5.0  # never sooner than the rest
     # A threshold the user sets applies to every wait.

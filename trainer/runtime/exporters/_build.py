@@ -19,10 +19,14 @@ __all__ = ["build_exporters"]
 def build_exporters(config: ExportConfig, out_dir: Path | None) -> list[object]:
     """One extension per name in ``config.to``, each importing only its own library.
 
+    Every exporter opens (or checks) its destination here, before training: one that
+    cannot is a setting to fix, not a run that goes on without it.
+
     Raises:
         ExtensionError: A library is missing (naming the extra to install), a port cannot be
-            bound, an exporter that writes files has no run folder, or TensorBoard's
-            folder cannot be one (a file is in the way, a parent is not writable).
+            bound, an exporter that writes files has no run folder, TensorBoard's or W&B's
+            folder cannot be one (a file is in the way, a parent is not writable), the
+            MLflow store cannot be opened, or W&B online has no login.
     """
     # Checked first, with no side effect: a missing library or run folder leaves nothing
     # listening and nothing written.
@@ -33,6 +37,9 @@ def build_exporters(config: ExportConfig, out_dir: Path | None) -> list[object]:
     if "tensorboard" in config.to:
         assert out_dir is not None
         _check_folder("export.tensorboard.log_dir", out_dir / config.tensorboard.log_dir)
+    if "wandb" in config.to:
+        assert out_dir is not None
+        _check_folder("--export wandb", out_dir / "wandb")
     exporters: list[object] = []
     if "prometheus" in config.to:
         from ._prometheus import PrometheusExporter

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,7 +46,12 @@ class MlflowExporter(Exporter):
         experiment: The experiment's name.
         run_name: The MLflow run's name (default: the run folder's name).
         log_model: Log ``out_dir/model`` at every checkpoint, when it exists.
-        flush_timeout_s: How long the end of a run waits for MLflow.
+        flush_timeout_s: How long the end of a run waits for MLflow (and opening the store,
+            before the run, may take).
+
+    Raises:
+        ExtensionError: The store cannot be opened (a server down, a ``file://`` store
+            MLflow 3 refuses): one line naming it.
     """
 
     def __init__(
@@ -73,17 +79,41 @@ class MlflowExporter(Exporter):
         self.mlflow_run_id: str | None = None
         self._client: Any = None
         self._decisions: list[str] = []
+        # The store is opened now, before training: one that cannot be (a server that is
+        # down, a file:// store MLflow 3 refuses) is a setting to fix, not a run that goes
+        # on without MLflow. (A new local store also takes seconds of schema migrations,
+        # better spent here than beside the first steps.) A server gets flush_timeout_s.
         if self.local:
-            # Creating a local store takes seconds of CPU (schema migrations): done now,
-            # before training, rather than on the writer thread beside the first steps. A
-            # remote server is left to the writer thread: it may be slow to answer.
             self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._open_store(flush_timeout_s)
+
+    def _open_store(self, timeout_s: float) -> None:
+        """Connect to the store and find (or make) the experiment, within ``timeout_s``.
+
+        Raises:
+            ExtensionError: It cannot be opened, or did not answer in time (one line).
+        """
+        failure: list[BaseException] = []
+        done = threading.Event()
+
+        def connect() -> None:
             try:
                 self._connect()
-            except Exception as exc:  # noqa: BLE001  (reported as an ExtensionError naming it)
-                raise ExtensionError(
-                    f"--export mlflow: cannot open the store {self.tracking_uri}: {exc}"
-                ) from None
+            except Exception as exc:  # noqa: BLE001  (raised below as an ExtensionError)
+                failure.append(exc)
+            finally:
+                done.set()
+
+        # On a thread of its own: a server that does not answer is retried by MLflow for
+        # minutes, and this runs before the run starts, on the caller's thread.
+        threading.Thread(target=connect, name="mlflow connect", daemon=True).start()
+        if not done.wait(timeout_s):
+            why = f"no answer within {timeout_s:g} s (export.flush_timeout_s)"
+        elif failure:
+            why = " ".join(str(failure[0]).split()) or type(failure[0]).__name__
+        else:
+            return
+        raise ExtensionError(f"--export mlflow: cannot open the store {self.tracking_uri}: {why}")
 
     def describe(self) -> str:
         """Where the runs go and how to look at them."""

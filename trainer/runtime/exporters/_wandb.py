@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eventbus import CompletionSample
+from eventbus import ExtensionError
 
 from ._base import Exporter
 from ._base import RunEnd
@@ -55,6 +56,24 @@ class WandbExporter(Exporter):
         self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
         self._run: Any = None
         self._notes: list[list[Any]] = []
+        if self.mode == "online":
+            self._check_login()
+
+    @staticmethod
+    def _check_login() -> None:
+        """An online run needs credentials: checked now (without the network), or W&B would
+        fail, or ask on the terminal, once the run has started.
+
+        Raises:
+            ExtensionError: There are none.
+        """
+        import wandb
+
+        if not wandb.login(prompt=False, verify=False):
+            raise ExtensionError(
+                "--export wandb: online mode needs a W&B login (run `wandb login`, or set "
+                "WANDB_API_KEY), or use mode offline"
+            )
 
     def describe(self) -> str:
         """Where the run goes."""

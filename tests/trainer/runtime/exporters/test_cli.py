@@ -55,6 +55,51 @@ def test_a_tensorboard_folder_that_cannot_be_one_is_one_line_and_exit_2(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("uri", "why"),
+    [
+        # MLflow 3 refuses the file store (it used to fail only once training had begun).
+        ("file://{tmp}/mlruns", "The filesystem tracking backend"),
+        # Nothing listens there: MLflow would retry for minutes.
+        ("http://127.0.0.1:{port}", "no answer within 2 s (export.flush_timeout_s)"),
+    ],
+)
+def test_an_mlflow_store_that_cannot_be_opened_is_one_line_and_exit_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    uri: str,
+    why: str,
+) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # (closed again: refused from here on)
+    uri = uri.format(tmp=tmp_path, port=port)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    config = tmp_path / "run.toml"
+    config.write_text("[export]\nflush_timeout_s = 2\n")
+    assert _train(tmp_path, "--config", str(config), "--export", "mlflow") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --export mlflow: cannot open the store {uri}: {why}")
+    assert err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_wandb_online_without_a_login_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    assert _train(tmp_path, "--export", "wandb") == 2
+    assert capsys.readouterr().err == (
+        "error: --export wandb: online mode needs a W&B login (run `wandb login`, or set "
+        "WANDB_API_KEY), or use mode offline\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_missing_library_names_the_extra_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

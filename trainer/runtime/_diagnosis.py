@@ -14,6 +14,11 @@ frames locally, py-spy or the actor's diagnosis thread on Ray). For the trainer'
 it holds the trainer's stacks: the ``fit`` task's await chain and the threads doing the
 stage's work (those the stage ran, and those helping the trainer, such as the Ray backend's
 ``ray.put``); while the rollout side stops, the workers that have not stopped yet.
+
+The watchdog loop (:class:`StallWatchdog`: sleep, look at the watch, publish, log the line)
+serves every host; what a diagnosis holds is each host's :meth:`StallWatchdog.diagnose`
+(the trainer's is :class:`StallDiagnoser`; a Hugging Face Trainer's is in
+:mod:`trainer.integrations`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from ._stall import Stages
 from ._stall import Stall
 from ._stall import StallWatch
 
-__all__ = ["StallDiagnoser", "start_stall_diagnosis", "stop_stall_diagnosis"]
+__all__ = ["StallDiagnoser", "StallWatchdog", "start_stall_diagnosis", "stop_stall_diagnosis"]
 
 logger = logging.getLogger("trainbus.diagnosis")
 
@@ -55,41 +60,37 @@ BLOCKED_LOOP_NOTE = (
 """The note of a diagnosis made while the loop was busy (``StallDiagnosed.loop_blocked``)."""
 
 
-class StallDiagnoser:
-    """Watches a :class:`StallWatch` from its own thread and publishes diagnoses.
+class StallWatchdog:
+    """The watchdog thread: watches a :class:`StallWatch` and publishes the diagnosis of
+    each due stall. What a diagnosis holds is the host's (:meth:`diagnose`): the trainer's
+    :class:`StallDiagnoser` here, the training thread of a Hugging Face Trainer in
+    :mod:`trainer.integrations`.
 
     Args:
-        watch: The trainer's stall watch.
+        watch: The host's stall watch.
         bus: Where ``StallDiagnosed`` goes (only while someone wants it).
-        backend: The rollout backend (who holds what; workers' stacks).
-        reader: Reads stacks.
-        clock: The watch's clock (for the stuck rollouts' ``held_s``).
+        clock: The watch's clock.
         sleep: Waits up to the given seconds; returns True once :meth:`stop` was called
             (default: an event wait). Tests inject their own.
         max_sleep_s: Longest sleep between two looks at the watch.
-        loop_probe_s: How long the event loop has to run a callback before it counts as
-            blocked (its stack is then read as the stall's cause).
         write_now: Writes a diagnosis of a blocked loop to the run's event log from this
             thread once it is published: the log's own extension runs on that loop.
+        name: The thread's name.
     """
 
     def __init__(
         self,
         watch: StallWatch,
         bus: EventBus,
-        backend: RolloutBackend,
-        reader: StackReader,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], bool] | None = None,
         max_sleep_s: float = 1.0,
-        loop_probe_s: float = 0.5,
         write_now: Callable[[StallDiagnosed], None] | None = None,
+        name: str = "trainbus stall diagnosis",
     ) -> None:
         self.watch = watch
         self.bus = bus
-        self.backend = backend
-        self.reader = reader
         self.published = 0
         self.latest: StallDiagnosed | None = None  # the last one published
         self.errors = 0
@@ -97,32 +98,21 @@ class StallDiagnoser:
         self._stopped = threading.Event()
         self._sleep = sleep or self._stopped.wait
         self._max_sleep_s = max_sleep_s
-        self._loop_probe_s = loop_probe_s
         self._write_now = write_now
+        self._name = name
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._task: asyncio.Task[Any] | None = None
-
-    def attach(self, task: asyncio.Task[Any] | None) -> None:
-        """The ``fit`` task and, called on it, the event loop and its thread."""
-        self._task = task
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
 
     def ensure_running(self) -> None:
         """Start the watchdog thread if someone listens and it is not running yet."""
         if self._thread is None and not self._stopped.is_set() and self.bus.wants(StallDiagnosed):
-            self._thread = threading.Thread(
-                target=self._run, name="trainbus stall diagnosis", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the thread and wait for it (a stack read in progress is bounded)."""
         self._stopped.set()
         thread, self._thread = self._thread, None
-        if thread is not None:
+        if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
             if thread.is_alive():
                 logger.error("the stall diagnosis thread did not stop within %.0f s", timeout_s)
@@ -166,6 +156,58 @@ class StallDiagnoser:
         except OSError as error:  # published all the same: the log may write it later
             self.errors += 1
             logger.error("could not write the stall diagnosis to the event log: %s", error)
+
+    def diagnose(self, stall: Stall) -> StallDiagnosed:
+        """Build the diagnosis of ``stall`` (reads stacks: called off the host's loop)."""
+        raise NotImplementedError
+
+
+class StallDiagnoser(StallWatchdog):
+    """The trainer's watchdog: diagnoses its stages, its event loop and its rollout workers.
+
+    Args:
+        watch: The trainer's stall watch.
+        bus: Where ``StallDiagnosed`` goes (only while someone wants it).
+        backend: The rollout backend (who holds what; workers' stacks).
+        reader: Reads stacks.
+        clock: The watch's clock (for the stuck rollouts' ``held_s``).
+        sleep: Waits up to the given seconds; returns True once :meth:`stop` was called
+            (default: an event wait). Tests inject their own.
+        max_sleep_s: Longest sleep between two looks at the watch.
+        loop_probe_s: How long the event loop has to run a callback before it counts as
+            blocked (its stack is then read as the stall's cause).
+        write_now: Writes a diagnosis of a blocked loop to the run's event log from this
+            thread once it is published: the log's own extension runs on that loop.
+    """
+
+    def __init__(
+        self,
+        watch: StallWatch,
+        bus: EventBus,
+        backend: RolloutBackend,
+        reader: StackReader,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], bool] | None = None,
+        max_sleep_s: float = 1.0,
+        loop_probe_s: float = 0.5,
+        write_now: Callable[[StallDiagnosed], None] | None = None,
+    ) -> None:
+        super().__init__(
+            watch, bus, clock=clock, sleep=sleep, max_sleep_s=max_sleep_s, write_now=write_now
+        )
+        self.backend = backend
+        self.reader = reader
+        self._loop_probe_s = loop_probe_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def attach(self, task: asyncio.Task[Any] | None) -> None:
+        """The ``fit`` task and, called on it, the event loop and its thread."""
+        self._task = task
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
 
     def diagnose(self, stall: Stall) -> StallDiagnosed:
         """Build the diagnosis of ``stall`` (reads stacks: call it off the event loop)."""

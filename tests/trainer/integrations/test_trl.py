@@ -27,9 +27,11 @@ from eventbus import FitFinished
 from eventbus import FitStarted
 from eventbus import RolloutRejected
 from eventbus import SafePoint
+from eventbus import SafePointResolved
 from eventbus import StallDiagnosed
 from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.testing import HANG
 from eventbus.testing import ScriptedVoter
 from trainer import RunAborted
 from trainer.cli._main import main
@@ -176,15 +178,22 @@ def test_a_stop_vote_stops_after_the_step_with_a_checkpoint(
     assert saved[0].size_bytes > 0
 
 
-def test_a_checkpoint_vote_saves_and_training_goes_on(
+def test_a_checkpoint_vote_saves_and_training_goes_on_and_the_exporters_export(
     grpo: Callable[..., GRPOTrainer], tmp_path: Path
 ) -> None:
+    out = tmp_path / "run"
     voter = ScriptedVoter({SafePoint.STEP_BOUNDARY: [Decision.CONTINUE, Decision.CHECKPOINT]})
-    trainer = grpo(TrainbusCallback(out=tmp_path / "run", extensions=[voter]), steps=3)
+    callback = TrainbusCallback(out=out, extensions=[voter], export=["tensorboard"])
+    trainer = grpo(callback, steps=3)
     trainer.train()
     assert trainer.state.global_step == 3
     assert sorted(p.name for p in (tmp_path / "trl").glob("checkpoint-*")) == ["checkpoint-2"]
-    assert summary(tmp_path / "run")["checkpoints"] == 1
+    assert summary(out)["checkpoints"] == 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(out / "tb"))
+    board.Reload()
+    assert [e.step for e in board.Scalars("reward/mean")] == [1, 2, 3]
 
 
 def test_abort_raises_on_the_training_thread_naming_the_vote(
@@ -312,16 +321,26 @@ def test_a_hung_step_is_diagnosed_with_a_stack_naming_the_hung_function(
     )
 
 
-def test_an_extension_that_raises_does_not_stop_training(
+def test_an_extension_that_raises_or_does_not_answer_does_not_stop_training(
     grpo: Callable[..., GRPOTrainer], tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    trainer = grpo(TrainbusCallback(out=out, extensions=[Raises()]), steps=3)
+    silent = ScriptedVoter({SafePoint.STEP_BOUNDARY: [HANG]}, name="silent")
+    callback = TrainbusCallback(out=out, extensions=[Raises(), silent], safe_point_timeout_s=0.3)
+    trainer = grpo(callback, steps=3)
     trainer.train()
     assert trainer.state.global_step == 3
     s = summary(out)
     assert s["status"] == "finished" and s["extension_failures"] >= 3
     assert s["decisions"]["step_boundary"] == {"continue": 3}
+    (first, *_) = [
+        e.outcome for e in events(out) if isinstance(e, SafePointResolved) and e.outcome.step == 1
+    ]
+    votes = {v.participant: (v.timed_out, v.error) for v in first.votes}
+    assert votes == {
+        "broken": (False, "RuntimeError: broken vote"),
+        "silent": (True, None),
+    }
 
 
 def test_an_error_in_a_step_is_recorded_and_self_heal_recovers_from_the_last_checkpoint(
@@ -347,6 +366,11 @@ def test_an_error_in_a_step_is_recorded_and_self_heal_recovers_from_the_last_che
     assert (restart["kind"], restart["step"], restart["restored_step"]) == ("recovery", 3, 2)
     assert restart["error"] == "ConnectionError: reward server reset"
     assert no_trainbus_thread_left()
+    import torch
+
+    # The self-healing extension's state (its budget) is in every checkpoint since.
+    states = torch.load(tmp_path / "trl" / "checkpoint-4" / "trainbus-extensions.pt")
+    assert states["self-healing"]["restarts_used"] == 1
 
     raised.clear()
     out = tmp_path / "failed"

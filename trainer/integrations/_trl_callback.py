@@ -40,8 +40,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Callable
+from collections.abc import Coroutine
 from collections.abc import Iterable
 from collections.abc import Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -54,10 +56,12 @@ import msgspec
 from transformers import TrainerCallback
 
 from eventbus import BatchReconciled
+from eventbus import BatchReport
 from eventbus import Capability
 from eventbus import CheckpointRestored
 from eventbus import CheckpointSaved
 from eventbus import Decision
+from eventbus import Event
 from eventbus import EventBus
 from eventbus import FitFailed
 from eventbus import FitFinished
@@ -101,6 +105,7 @@ from ._trl_ranks import ranks_vote
 from ._trl_rewards import RewardLedger
 from ._trl_thread import BusThread
 from ._trl_thread import BusThreadError
+from ._trl_thread import posted_clock
 from ._trl_view import TrlView
 from ._trl_watch import TrainingThreadWatchdog
 
@@ -141,6 +146,8 @@ class _Fit:
     last_mark: float = 0.0
     pending: tuple[int, float] | None = None
     stop_reason: str = ""
+    voting: bool = False  # a participant has voted: every step waits for the decision
+    unanswered: list[Future[Any]] = field(default_factory=list)  # records not waited for
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -223,6 +230,7 @@ class TrainbusCallback(TrainerCallback):
             capabilities=frozenset(Capability) - {Capability.MEMBERSHIP},
             host=self.view,
             drain_timeout=self.export.flush_timeout_s if self.export.to else 5.0,
+            clock=posted_clock,  # events keep the time they happened on the training thread
         )
         self.files = RunFolder(self.out_dir)
         self.registrations: list[Registration] = []
@@ -274,16 +282,18 @@ class TrainbusCallback(TrainerCallback):
         fit = self._fit
         step = fit.step if fit is not None else self.view.step + 1
         self._ledger.add(completions, failures)
-        bus = self.bus
-        if failures and bus.wants(RolloutRejected):
-            for index, failure in failures:
-                bus.publish(
+        if failures and self.bus.wants(RolloutRejected):
+            self._publish(
+                fit,
+                *(
                     RolloutRejected(
                         rollout_id=f"{step}/{index}",
                         step=step,
                         reason=f"{failure.kind}: {failure.message}",
                     )
-                )
+                    for index, failure in failures
+                ),
+            )
 
     # --- the Trainer's events -------------------------------------------------------------
 
@@ -322,7 +332,7 @@ class TrainbusCallback(TrainerCallback):
         fit.step = step = state.global_step + 1
         fit.step_began = time.perf_counter()
         if self.bus.wants(StepStarted):
-            self.bus.publish(StepStarted(step=step))
+            self._publish(fit, StepStarted(step=step))
         if fit.watch is not None:
             fit.watch.progress(step)
 
@@ -364,13 +374,14 @@ class TrainbusCallback(TrainerCallback):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         self._save_extension_states(fit, folder)
         if fit.main and self.bus.wants(CheckpointSaved):
-            self.bus.publish(
+            self._publish(
+                fit,
                 CheckpointSaved(
                     step=state.global_step,
                     path=str(folder),
                     size_bytes=_size(folder),
                     duration_s=time.perf_counter() - fit.last_mark,
-                )
+                ),
             )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -446,7 +457,8 @@ class TrainbusCallback(TrainerCallback):
             )
         if self.bus.wants(FitStarted):
             run_id = fit.fold.summary().run_id if fit.fold is not None else ""
-            self.bus.publish(
+            self._publish(
+                fit,
                 FitStarted(
                     run_id=run_id or uuid.uuid4().hex[:12],
                     start_step=state.global_step,
@@ -455,7 +467,7 @@ class TrainbusCallback(TrainerCallback):
                     backend=self._trainer_name,
                     resumed=state.global_step > 0,
                     start_s=time.perf_counter() - fit.began,
-                )
+                ),
             )
         if self.diagnose_after_s > 0:
             self._watch(fit)
@@ -479,6 +491,7 @@ class TrainbusCallback(TrainerCallback):
             on_end=functools.partial(self._ended_unseen, fit),
             clock=self._clock,
             sleep=self._watchdog_sleep,
+            publish=functools.partial(self._publish_now, fit),
         )
         fit.watchdog.ensure_running()
 
@@ -505,24 +518,21 @@ class TrainbusCallback(TrainerCallback):
             fit.closed = True
         try:
             self._stop_watching(fit)
+            self._take_late_outcome(fit, wait=True)  # (too late to act on)
             self._after_fit(fit, error)
-            if error is None and self.bus.wants(FitFinished):
-                self.bus.publish(
-                    FitFinished(
-                        step=step,
-                        duration_s=time.perf_counter() - fit.began,
-                        stopped_early=bool(reason),
-                        reason=reason,
-                    )
+            end: FitFinished | FitFailed
+            if error is None:
+                duration = time.perf_counter() - fit.began
+                end = FitFinished(
+                    step=step, duration_s=duration, stopped_early=bool(reason), reason=reason
                 )
-            elif error is not None and self.bus.wants(FitFailed):
-                self.bus.publish(
-                    FitFailed(
-                        step=fit.step or step,
-                        error_type=type(error).__name__,
-                        message=str(error),
-                    )
+            else:
+                end = FitFailed(
+                    step=fit.step or step, error_type=type(error).__name__, message=str(error)
                 )
+            if self.bus.wants(type(end)):
+                # Published after everything posted before it, before the thread stops.
+                fit.thread.call(functools.partial(self.bus.publish, end), self.bus_drain_s)
         except Exception:  # the run's end is recorded as far as it could be
             if error is None:
                 raise
@@ -577,22 +587,21 @@ class TrainbusCallback(TrainerCallback):
     def _finish_step(
         self, fit: _Fit, step: int, duration: float, metrics: dict[str, float], control: Any
     ) -> None:
-        bus = self.bus
+        """The step's record and ``STEP_BOUNDARY``; act on the decision."""
+        late = self._take_late_outcome(fit)
         report = self._ledger.report(step)
         if report is not None:
             metrics["rollout/failed"] = float(sum(report.failed.values()))
             for kind, n in sorted(report.failed.items()):
                 metrics[f"rollout/failed/{kind}"] = float(n)
-            if bus.wants(BatchReconciled):
-                bus.publish(BatchReconciled(report=report))
         metrics["timing_s/step"] = duration
-        if fit.main:
-            self.files.append_metrics(step, metrics)
-        if bus.wants(StepFinished):
-            bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
-        outcome = self._vote(fit, step)
-        if outcome is None:
-            return
+        done = functools.partial(self._step_done, fit, step, metrics, duration, report)
+        outcome = self._vote(fit, step, done)
+        for decided in (late, outcome):
+            if decided is not None:
+                self._steer(fit, step, decided, control)
+
+    def _steer(self, fit: _Fit, step: int, outcome: SafePointOutcome, control: Any) -> None:
         action = steer(outcome.decision, control)
         if action is TrlAction.ABORT:
             raise RunAborted(outcome)
@@ -600,16 +609,57 @@ class TrainbusCallback(TrainerCallback):
             fit.stop_reason = outcome.summary()
             logger.warning("stopping after step %d: %s", step, fit.stop_reason)
 
-    def _vote(self, fit: _Fit, step: int) -> SafePointOutcome | None:
-        """``STEP_BOUNDARY``'s outcome, across ranks when they combine; None when nobody
-        takes part in or observes it."""
+    def _step_done(
+        self,
+        fit: _Fit,
+        step: int,
+        metrics: dict[str, float],
+        duration: float,
+        report: BatchReport | None,
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, SafePointOutcome] | None:
+        """On the bus's loop: the step's events and ``metrics.jsonl`` line (stamped when the
+        step ended), then ``STEP_BOUNDARY`` to await, when someone takes part in or observes
+        it."""
+        bus = self.bus
+        if report is not None and bus.wants(BatchReconciled):
+            bus.publish(BatchReconciled(report=report))
+        if fit.main:
+            self.files.append_metrics(step, metrics)
+        if bus.wants(StepFinished):
+            bus.publish(StepFinished(step=step, metrics=metrics, duration_s=duration))
+        if not (fit.combining or bus.wants_safe_point(SafePoint.STEP_BOUNDARY)):
+            return None
+        return self._reached(fit, SafePoint.STEP_BOUNDARY, step, timeout)
+
+    def _voters(self) -> bool:
+        """Whether a registered extension votes (then every step waits for the decision)."""
+        return any(Capability.SAFE_POINTS in r.capabilities for r in self.bus.registrations())
+
+    def _vote(
+        self,
+        fit: _Fit,
+        step: int,
+        done: Callable[..., Coroutine[Any, Any, SafePointOutcome] | None],
+    ) -> SafePointOutcome | None:
+        """Post the step's record and ``STEP_BOUNDARY`` (``done``) and, when someone votes,
+        wait for the decision, across ranks when they combine.
+
+        With no voter the decision is ``CONTINUE`` and the training thread goes on at once:
+        the bus's thread writes the step beside the next one. (A subscription opened to vote
+        on ``callback.bus`` rather than a registered extension is seen only from its first
+        vote: that decision is acted on at the next boundary, and every later step waits.)
+        """
         if not fit.combining:
-            if not self.bus.wants_safe_point(SafePoint.STEP_BOUNDARY):
+            if not (fit.voting or self._voters()):
+                future = self._post(fit, done, wake=False)
+                if future is not None:
+                    fit.unanswered.append(future)
                 return None
-            return self._reach(fit, SafePoint.STEP_BOUNDARY, step)
+            return self._answer(fit, step, self._post(fit, done), self.safe_point_timeout_s)
         ranks = fit.ranks
         if ranks.rank != 0:
-            local = self._reach(fit, SafePoint.STEP_BOUNDARY, step)
+            local = self._answer(fit, step, self._post(fit, done), self.safe_point_timeout_s)
             if local is None:  # the bus's thread did not answer: this rank votes CONTINUE
                 local = SafePointOutcome(
                     point=SafePoint.STEP_BOUNDARY, step=step, decision=Decision.CONTINUE
@@ -618,19 +668,95 @@ class TrainbusCallback(TrainerCallback):
             return decode_outcome(ranks.broadcast(b""))
         # Rank 0: its own barrier waits for the ranks' vote while they gather here.
         timeout = 2 * self.safe_point_timeout_s
-        future = fit.thread.submit(self._reached(fit, SafePoint.STEP_BOUNDARY, step, timeout))
+        future = self._post(fit, functools.partial(done, timeout=timeout))
         remote = [(r, decode_outcome(p)) for r, p in enumerate(ranks.gather(b"")) if r]
         decision, reason = ranks_vote(remote)
         outcome: SafePointOutcome | None = None
         try:
-            fit.thread.call(self._vote_for_ranks(fit, step, decision, reason), timeout)
-            outcome = BusThread.result(future, timeout + _GRACE_S)
+            answer = self._vote_for_ranks(fit, step, decision, reason)
+            BusThread.result(fit.thread.submit(answer), timeout)
+            outcome = self._answer(fit, step, future, timeout)
         except BusThreadError as exc:
-            logger.error("step %d: the votes were not collected: %s", step, exc)
+            logger.error("step %d: the ranks' votes were not collected: %s", step, exc)
         if outcome is None:  # every rank still takes the ranks' decision
             outcome = SafePointOutcome(point=SafePoint.STEP_BOUNDARY, step=step, decision=decision)
         ranks.broadcast(encode_outcome(outcome))
         return outcome
+
+    def _post(self, fit: _Fit, work: Callable[[], Any], *, wake: bool = True) -> Future[Any] | None:
+        """:meth:`BusThread.post`; None (logged) when the bus's thread has ended."""
+        try:
+            return fit.thread.post(work, wake=wake)
+        except BusThreadError as exc:
+            logger.error("the bus's thread has ended: %s", exc)
+            return None
+
+    def _publish(self, fit: _Fit | None, *events: Event) -> None:
+        """Publish ``events`` from the bus's thread, in order with everything posted."""
+        if fit is None:
+            for event in events:
+                self.bus.publish(event)
+            return
+        publish = self.bus.publish
+        # Nobody waits for them: they go with the next piece that wakes the bus's thread.
+        self._post(fit, lambda: [publish(event) for event in events], wake=False)
+
+    def _publish_now(self, fit: _Fit, event: Event) -> None:
+        """Publish ``event`` (from any thread) after what the training thread published before
+        it, waking the bus's thread for it: a diagnosis, while the training thread is stuck."""
+        self._post(fit, functools.partial(self.bus.publish, event))
+
+    def _answer(
+        self, fit: _Fit, step: int, future: Future[Any] | None, timeout: float
+    ) -> SafePointOutcome | None:
+        """``future``'s outcome within the safe point's deadline (and a margin for the round
+        trip); None, logged, when there is none."""
+        if future is None:
+            return None
+        try:
+            outcome: SafePointOutcome | None = BusThread.result(future, timeout + _GRACE_S)
+        except BusThreadError as exc:
+            logger.error("step %d: no decision at the step boundary: %s", step, exc)
+            return None
+        if outcome is not None and outcome.votes:
+            fit.voting = True
+        return outcome
+
+    def _take_late_outcome(self, fit: _Fit, *, wait: bool = False) -> SafePointOutcome | None:
+        """The most severe outcome of the steps nobody was waited for, when someone voted at
+        them after all (a subscription, not a registered extension); None otherwise. Looks at
+        those the bus's thread has written (all of them, waiting, with ``wait``)."""
+        decided: SafePointOutcome | None = None
+        pending: list[Future[Any]] = []
+        for future in fit.unanswered:
+            if not (wait or future.done()):
+                pending.append(future)
+                continue
+            try:
+                outcome: SafePointOutcome | None = BusThread.result(
+                    future, self.safe_point_timeout_s + _GRACE_S
+                )
+            except BusThreadError as exc:
+                logger.error("a step's record was not written: %s", exc)
+                continue
+            except Exception:
+                logger.exception("writing a step's record failed")
+                continue
+            if outcome is None or not outcome.votes:
+                continue
+            fit.voting = True
+            if decided is None or outcome.decision > decided.decision:
+                decided = outcome
+        fit.unanswered = pending
+        if decided is None or decided.decision is Decision.CONTINUE:
+            return None
+        logger.warning(
+            "step %s: acting late on %s (a subscription voted; register voters as "
+            "extensions to be waited for)",
+            decided.step,
+            decided.summary(),
+        )
+        return decided
 
     async def _vote_for_ranks(self, fit: _Fit, step: int, decision: Decision, reason: str) -> None:
         voter = fit.ranks_voter
@@ -648,20 +774,17 @@ class TrainbusCallback(TrainerCallback):
     def _reach(
         self, fit: _Fit, point: SafePoint, step: int, **details: Any
     ) -> SafePointOutcome | None:
-        """Reach ``point`` on the bus's thread; None when it did not answer in time (logged:
-        the bus's own deadline had passed long before)."""
-        timeout = self.safe_point_timeout_s
-        try:
-            return fit.thread.call(
-                self._reached(fit, point, step, timeout, **details), timeout + _GRACE_S
-            )
-        except BusThreadError as exc:
-            logger.error("%s at step %d: no outcome: %s", point.value, step, exc)
+        """Reach ``point`` on the bus's thread, in order with what was posted; None when it
+        did not answer in time (logged: the bus's own deadline had passed long before)."""
+        if not self.bus.wants_safe_point(point):
             return None
+        reached = functools.partial(self._reached, fit, point, step, None, **details)
+        return self._answer(fit, step, self._post(fit, reached), self.safe_point_timeout_s)
 
     async def _reached(
-        self, fit: _Fit, point: SafePoint, step: int, timeout: float, **details: Any
+        self, fit: _Fit, point: SafePoint, step: int, timeout: float | None, **details: Any
     ) -> SafePointOutcome:
+        timeout = self.safe_point_timeout_s if timeout is None else timeout
         outcome = await self.bus.safe_point(point, step=step, timeout=timeout, **details)
         fold, tap = fit.fold, fit.tap
         if fold is not None and tap is not None:
@@ -695,7 +818,7 @@ class TrainbusCallback(TrainerCallback):
         import torch
 
         try:
-            states = fit.thread.call(gather(), self.safe_point_timeout_s + _GRACE_S)
+            states = fit.thread.call(gather, self.safe_point_timeout_s + _GRACE_S)
             torch.save(states, self._state_file(fit, folder))
         except (BusThreadError, OSError) as exc:
             logger.error("the extensions' state was not saved in %s: %s", folder, exc)
@@ -712,10 +835,9 @@ class TrainbusCallback(TrainerCallback):
             logger.error("the extensions' state in %s could not be read: %s", path, exc)
             return
 
-        async def load() -> None:
-            load_extension_states(self.bus, states)
-
-        fit.thread.call(load(), self.safe_point_timeout_s)
+        fit.thread.call(
+            functools.partial(load_extension_states, self.bus, states), self.safe_point_timeout_s
+        )
 
     # --- train(), wrapped -----------------------------------------------------------------
 
@@ -794,14 +916,15 @@ class TrainbusCallback(TrainerCallback):
             outcome.summary(),
         )
         if self.bus.wants(CheckpointRestored):
-            self.bus.publish(
+            self._publish(
+                fit,
                 CheckpointRestored(
                     step=step,
                     path=str(checkpoint),
                     reason=outcome.summary(),
                     failed_step=failed,
                     error=f"{type(error).__name__}: {error}",
-                )
+                ),
             )
         self._ledger.report(failed)  # the failed step's reward calls are not the next one's
         return str(checkpoint)

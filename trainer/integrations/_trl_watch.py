@@ -50,6 +50,7 @@ class TrainingThreadWatchdog(StallWatchdog):
         clock: The watch's clock.
         sleep: Waits up to the given seconds; True once stopped (tests inject their own).
         max_sleep_s: Longest sleep between two looks at the watch.
+        publish: How a diagnosis is published (the callback's ordered channel).
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class TrainingThreadWatchdog(StallWatchdog):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], bool] | None = None,
         max_sleep_s: float = 1.0,
+        publish: Callable[[StallDiagnosed], None] | None = None,
     ) -> None:
         super().__init__(
             watch,
@@ -73,6 +75,7 @@ class TrainingThreadWatchdog(StallWatchdog):
             sleep=sleep,
             max_sleep_s=max_sleep_s,
             name="trainbus training watchdog",
+            publish=publish,
         )
         self.thread = thread
         self.thread_name = thread_name

@@ -76,6 +76,8 @@ class StallWatchdog:
         write_now: Writes a diagnosis of a blocked loop to the run's event log from this
             thread once it is published: the log's own extension runs on that loop.
         name: The thread's name.
+        publish: How a diagnosis is published (default: ``bus.publish``; a host that orders
+            its events through a channel of its own passes that).
     """
 
     def __init__(
@@ -88,9 +90,11 @@ class StallWatchdog:
         max_sleep_s: float = 1.0,
         write_now: Callable[[StallDiagnosed], None] | None = None,
         name: str = "trainbus stall diagnosis",
+        publish: Callable[[StallDiagnosed], None] | None = None,
     ) -> None:
         self.watch = watch
         self.bus = bus
+        self._publish = publish or bus.publish
         self.published = 0
         self.latest: StallDiagnosed | None = None  # the last one published
         self.errors = 0
@@ -137,7 +141,7 @@ class StallWatchdog:
         if stall is None:
             return None
         event = self.diagnose(stall)
-        self.bus.publish(event)
+        self._publish(event)
         if event.loop_blocked and self._write_now is not None:
             self._write_first(event)
         self.latest = event

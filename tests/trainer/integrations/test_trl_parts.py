@@ -6,8 +6,10 @@ blocked thread, the metric names, the launch record and ``trainbus trl-resume``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -419,14 +421,44 @@ def test_the_bus_thread_runs_calls_with_deadlines_and_is_joined() -> None:
     async def double(x: int) -> int:
         return 2 * x
 
-    assert thread.call(double(21), 10) == 42
+    assert thread.call(lambda: double(21), 10) == 42
     with pytest.raises(BusThreadError, match=r"did not answer within 0\.05 s"):
-        thread.call(asyncio.sleep(30), 0.05)
+        thread.call(lambda: asyncio.sleep(30), 0.05)
     assert thread.stop(10)
     assert entered == ["in", "out"]
     assert "test bus" not in {t.name for t in threading.enumerate()}
     with pytest.raises(BusThreadError, match="not running"):
-        thread.call(double(1), 1)
+        thread.call(lambda: double(1), 1)
+
+
+def test_posted_work_runs_in_order_and_its_events_keep_the_time_they_were_posted() -> None:
+    from eventbus import EventBus
+    from eventbus import StepStarted
+    from trainer.integrations._trl_thread import posted_clock
+
+    bus = EventBus(clock=posted_clock)
+    bus.subscribe(StepStarted)  # someone listens: publish stamps the event
+    event = StepStarted(step=1)
+
+    @asynccontextmanager
+    async def serve() -> AsyncIterator[None]:
+        yield
+
+    thread = BusThread(serve, flush_s=60.0)  # a lazy post waits for the next wake-up
+    thread.start(10)
+    ran: list[int] = []
+    try:
+        before = time.time()
+        thread.post(lambda: bus.publish(event), wake=False)
+        after = time.time()
+        for k in range(3):
+            thread.post(functools.partial(ran.append, k), wake=False)
+        time.sleep(0.05)  # the loop is not woken: nothing runs yet
+        assert ran == []
+        assert thread.call(lambda: list(ran), 10) == [0, 1, 2]
+    finally:
+        thread.stop(10)
+    assert event.seq == 1 and before <= event.time <= after
 
 
 def test_a_serve_that_fails_fails_start_with_its_own_error() -> None:

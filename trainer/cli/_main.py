@@ -104,7 +104,14 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("bus", "replay", "runtime", "recovery", "chaos")  # also: learning (no --quick)
+BENCHMARKS = (
+    "bus",
+    "replay",
+    "runtime",
+    "recovery",
+    "chaos",
+    "trl_overhead",
+)  # also: learning (no --quick)
 
 
 def _bench(args: argparse.Namespace) -> int:

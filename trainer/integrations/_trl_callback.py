@@ -420,9 +420,9 @@ class TrainbusCallback(TrainerCallback):
             step=state.global_step,
             last_mark=time.perf_counter(),
         )
+        fit.thread.start(timeout_s=self.safe_point_timeout_s + _GRACE_S)
         # Someone listens for diagnoses on every rank: the watchdog says each in the log.
         fit.diagnosis_on = self.bus.subscribe(StallDiagnosed, maxsize=1, name="trainbus.watch")
-        fit.thread.start(timeout_s=self.safe_point_timeout_s + _GRACE_S)
         try:
             self._begin(fit, args, state)
         except BaseException as exc:

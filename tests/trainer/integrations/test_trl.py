@@ -397,3 +397,19 @@ def test_a_callback_added_after_the_trainer_was_built_still_ends_its_run(
     wait_until(lambda: not callback.running and no_trainbus_thread_left())
     s = summary(out)
     assert s["status"] == "failed" and "training ended without on_train_end" in s["error"]
+
+
+def test_the_example_script_trains_and_writes_its_run_folder(
+    hf_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runpy
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "trl_grpo.py"
+    out = tmp_path / "run"
+    monkeypatch.setattr(
+        "sys.argv", [str(example), str(hf_model), "--out", str(out), "--steps", "2"]
+    )
+    runpy.run_path(str(example), run_name="__main__")
+    s = summary(out)
+    assert (s["status"], s["steps"]) == ("finished", 2)
+    assert s["rollouts"] == 256  # one generation of 32 prompts x 8, scored by the guard

@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from collections.abc import Callable
 from collections.abc import Coroutine
@@ -229,7 +230,7 @@ class TrainbusCallback(TrainerCallback):
             # No MEMBERSHIP: inside a Trainer there are no rollout workers to ask for.
             capabilities=frozenset(Capability) - {Capability.MEMBERSHIP},
             host=self.view,
-            drain_timeout=self.export.flush_timeout_s if self.export.to else 5.0,
+            drain_timeout=self.bus_drain_s,
             clock=posted_clock,  # events keep the time they happened on the training thread
         )
         self.files = RunFolder(self.out_dir)
@@ -247,7 +248,7 @@ class TrainbusCallback(TrainerCallback):
         self._watchdog_sleep = watchdog_sleep
         self._ledger = RewardLedger()
         self._fit: _Fit | None = None
-        self._wrapped: set[int] = set()  # id() of the trainers whose train() is wrapped
+        self._wrapped: weakref.WeakSet[Any] = weakref.WeakSet()  # whose train() is wrapped
         self._train_began: float | None = None  # when the wrapped train() was called
         self._trainer_name = "Trainer"  # its class, FitStarted's backend
 
@@ -300,7 +301,7 @@ class TrainbusCallback(TrainerCallback):
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Wrap the trainer's ``train`` (this instance's only) to see an error end it."""
         trainer = _calling_trainer(self)
-        if trainer is None or id(trainer) in self._wrapped:
+        if trainer is None or trainer in self._wrapped:
             return
         original = trainer.train
 
@@ -309,7 +310,7 @@ class TrainbusCallback(TrainerCallback):
             return self._train(original, positional, keywords)
 
         trainer.train = train
-        self._wrapped.add(id(trainer))
+        self._wrapped.add(trainer)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Start the run: the bus's thread, the record, ``FitStarted``, the watchdog."""

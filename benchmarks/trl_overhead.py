@@ -24,9 +24,15 @@ vary by several percent):
 
 Target (from the issue): hooks plus threads under 1 % of the step time of the run without the
 callback, as the median of the run-by-run ratios. The ratio of the two variants' wall times is
-reported too, with its quartiles, as a sanity check (no target: its noise is larger than 1 %).
+reported too, with its quartiles, as a sanity check, and so is the ratio of the process's CPU
+time per step (every thread; other processes' load moves it less than wall time), neither
+with a target: their noise is larger than 1 %.
 Starting and ending the run (the bus's thread, the folder's lock, ``summary.json``) is paid
 once per ``train()`` and reported on its own row.
+
+Before each run the heap is collected and frozen (``gc.freeze``): a full collection of a
+process holding torch and transformers takes about 0.3 s, and one landing inside the timed
+steps of one run and not its pair would swamp what is measured.
 
 Every run checks that both variants did the same work (the same rewards step by step).
 """
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -108,6 +115,7 @@ class Run:
 
     Attributes:
         step_s: Wall time per step (``train()`` from its first to its last step).
+        cpu_s: Process CPU time per step (every thread), over the same span.
         hooks_s: The callback's per-step hooks on the training thread, per step.
         threads_s: The bus's thread's CPU time while the steps ran, per step.
         edges_s: ``on_train_begin`` plus ``on_train_end`` (once per run).
@@ -115,6 +123,7 @@ class Run:
     """
 
     step_s: float
+    cpu_s: float = 0.0
     hooks_s: float = 0.0
     threads_s: float = 0.0
     edges_s: float = 0.0
@@ -128,14 +137,16 @@ class StepClock(TrainerCallback):
     def __init__(self) -> None:
         self.first = 0.0
         self.last = 0.0
+        self.first_cpu = 0.0
+        self.last_cpu = 0.0
         self.rewards: list[float] = []
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.first:
-            self.first = time.perf_counter()
+            self.first, self.first_cpu = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.last = time.perf_counter()
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
         if logs and "reward" in logs:
@@ -230,16 +241,27 @@ def train_once(variant: str, model: Path, prompts: Any, settings: Settings, fold
         train_dataset=prompts,
         callbacks=[clock, *([callback] if callback is not None else [])],
     )
-    trainer.train()
+    # A full collection of a process holding torch and transformers takes about 0.3 s; one
+    # falling inside the timed steps of one variant and not the other swamps what is measured.
+    # Both variants start from the same frozen heap, so a collection scans only what the run
+    # itself allocates.
+    gc.collect()
+    gc.freeze()
+    try:
+        trainer.train()
+    finally:
+        gc.unfreeze()
     steps = settings.steps
     # From the first step's start to the last one's end: steps - 1 gaps plus one step.
     step_s = (clock.last - clock.first) / steps
+    cpu_s = (clock.last_cpu - clock.first_cpu) / steps
     if callback is None:
-        return Run(step_s=step_s, rewards=tuple(clock.rewards))
+        return Run(step_s=step_s, cpu_s=cpu_s, rewards=tuple(clock.rewards))
     if json.loads((out / "run" / "summary.json").read_text())["steps"] != steps:
         raise RuntimeError("the callback's run folder does not hold every step")
     return Run(
         step_s=step_s,
+        cpu_s=cpu_s,
         hooks_s=callback.hooks_s / steps,
         threads_s=callback.threads_s / steps,
         edges_s=callback.edges_s,
@@ -287,13 +309,20 @@ def rows(runs: dict[str, list[Run]]) -> list[Result]:
         unit="ms",
     )
     threads.compare(base)
+    cpu_base = Result.from_runs(
+        "TRL step, process CPU", PLAIN, [r.cpu_s * 1e3 for r in plain], unit="ms"
+    )
+    cpu_with = Result.from_runs(
+        "TRL step, process CPU", WITH, [r.cpu_s * 1e3 for r in with_callback], unit="ms"
+    )
+    cpu_with.compare(cpu_base)
     edges = Result.from_runs(
         "TRL run",
         "callback: begin + end of train() (once)",
         [r.edges_s * 1e3 for r in with_callback],
         unit="ms",
     )
-    return [base, wall, cost, hooks, threads, edges]
+    return [base, wall, cost, hooks, threads, cpu_base, cpu_with, edges]
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:

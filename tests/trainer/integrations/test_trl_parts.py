@@ -525,6 +525,47 @@ def test_a_diagnosis_holds_the_helpers_stack_first_then_the_training_threads() -
     )
 
 
+def test_a_step_that_stays_stuck_is_diagnosed_again_each_time_it_lasts_four_times_longer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from eventbus import EventBus
+    from eventbus import StallDiagnosed
+
+    started, release = threading.Event(), threading.Event()
+    training = threading.Thread(target=hung_reward, args=(started, release), name="trainer-y")
+    training.start()
+    now = [0.0]
+    watch = StallWatch(5.0, clock=lambda: now[0])
+    bus = EventBus()
+    bus.subscribe(StallDiagnosed)  # someone listens
+    assert training.ident is not None
+    watchdog = TrainingThreadWatchdog(
+        watch,
+        bus,
+        thread=training.ident,
+        thread_name="trainer-y",
+        reader=StackReader(py_spy=""),
+        clock=lambda: now[0],
+    )
+    seen = []
+    try:
+        assert started.wait(10)
+        with watch.stage("step", 1), caplog.at_level("WARNING", logger="trainbus.diagnosis"):
+            watch.progress(3)
+            for moment in (4.9, 5.0, 19.9, 20.0, 79.9, 80.0):
+                now[0] = moment
+                event = watchdog.check()
+                seen.append(None if event is None else (event.step, event.repeat, event.stalled_s))
+    finally:
+        release.set()
+        training.join(10)
+    assert seen == [None, (3, 0, 5.0), None, (3, 1, 20.0), None, (3, 2, 80.0)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("stalled: step 3: step stalled 5.0 s")
+    assert "\n    trainer [trainer-y (training)]" in lines[0]  # the stacks, the first time
+    assert "\n" not in lines[1]  # then the headline alone
+
+
 # --- metric names, the launch record, trl-resume ------------------------------------------
 
 

@@ -432,8 +432,7 @@ class TrainbusCallback(TrainerCallback):
         return fit
 
     def _begin(self, fit: _Fit, args: Any, state: Any) -> None:
-        voters = any(Capability.SAFE_POINTS in r.capabilities for r in self.bus.registrations())
-        fit.combining = fit.ranks.world_size > 1 and fit.ranks.any(voters)
+        fit.combining = fit.ranks.world_size > 1 and fit.ranks.any(self._voters())
         if fit.combining and fit.ranks.rank == 0:
             fit.ranks_voter = self.bus.subscribe(
                 SafePointReached,
@@ -534,6 +533,8 @@ class TrainbusCallback(TrainerCallback):
             if self.bus.wants(type(end)):
                 # Published after everything posted before it, before the thread stops.
                 fit.thread.call(functools.partial(self.bus.publish, end), self.bus_drain_s)
+        except BusThreadError as exc:  # training itself is over: the record is incomplete
+            logger.error("the end of training was not recorded: %s", exc)
         except Exception:  # the run's end is recorded as far as it could be
             if error is None:
                 raise

@@ -1,9 +1,8 @@
 """TRL's GRPOTrainer on a model folder and a prompts JSONL: the other side of learning.py.
 
-Runs inside the benchmark's own TRL environment (``benchmarks/.trl-venv``, made by
-``learning.py``; TRL is never a dependency of trainbus). Prints one JSON line per training
-batch, ``{"batch": k, "reward": r, "t": seconds since train() began}``, and stops once the
-10-batch moving average reaches the target.
+Needs the ``trl`` extra; ``learning.py`` runs it in a process of its own. Prints one JSON line
+per training batch, ``{"batch": k, "reward": r, "t": seconds since train() began}``, and stops
+once the 10-batch moving average reaches the target.
 
     python benchmarks/_trl_grpo.py MODEL_DIR PROMPTS.jsonl --seed 0 --max-batches 150
 """
@@ -17,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from typing import cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -38,8 +38,8 @@ def main() -> None:
     import torch
     from datasets import load_dataset  # type: ignore[import-untyped]
     from transformers import TrainerCallback
-    from trl import GRPOConfig  # type: ignore[import-not-found,unused-ignore]  # TRL's venv only
-    from trl import GRPOTrainer  # type: ignore[import-not-found,unused-ignore]
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     from trainer.rl._text_tasks import task_reward
 
@@ -102,7 +102,7 @@ def main() -> None:
 
     trainer = GRPOTrainer(
         model=args.model,
-        reward_funcs=[task_reward],
+        reward_funcs=[cast(Any, task_reward)],
         args=config,
         train_dataset=data,
         callbacks=[Record()],

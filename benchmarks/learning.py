@@ -9,9 +9,8 @@ Side by side, per seed, on this machine (one torch thread per process):
 * ``trl``: TRL's ``GRPOTrainer`` on that same model folder, prompts and reward function, with
   the same hyper-parameters: group 8, 32 prompts a step, lr 3e-3, two PPO epochs a batch
   (``num_iterations=2``), clip 0.2, no KL, constant LR, token-mean loss, grad-norm clip 1.
-  TRL runs in the benchmark's own environment, ``benchmarks/.trl-venv`` (made on first use:
-  a venv that sees this one's packages and adds ``trl`` and ``accelerate``; TRL is never a
-  dependency of trainbus). ``--no-trl`` skips it.
+  TRL is the ``trl`` extra (``./dev`` installs it); it runs in a process of its own.
+  ``--no-trl`` skips it.
 
 Each run stops when the 10-step moving average of the training reward reaches ``--target``
 (0.9). Reported: time and steps to it (time from the start of training, after the models are
@@ -32,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -46,11 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import Result  # noqa: E402
 from benchmarks._common import add_output_arguments  # noqa: E402
 from benchmarks._common import print_table  # noqa: E402
-from benchmarks._common import versions  # noqa: E402
 from benchmarks._common import write_results  # noqa: E402
-
-TRL_VENV = Path(__file__).resolve().parent / ".trl-venv"
-TRL_VERSION = "trl==1.16.*"
 
 
 class _Recorder:
@@ -136,29 +130,12 @@ def run_trainbus(
 
 
 def trl_python() -> Path:
-    """The TRL environment's interpreter, made on first use (see the module docstring)."""
-    python = TRL_VENV / "bin" / "python"
-    if python.exists():
-        return python
-    print(f"making the TRL environment {TRL_VENV} (first use only) ...", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
-    purelib = sysconfig.get_paths()["purelib"]
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    # This environment's packages (torch, transformers, trainbus) stay visible, behind its own.
-    Path(site, "trainbus-main.pth").write_text(purelib + "\n" + str(ROOT) + "\n")
-    found = versions("torch", "transformers")
-    pins = "".join(f"{name}=={version}\n" for name, version in found.items() if version)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
-        constraints.write(pins.replace("+cpu", ""))
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-qq", "--disable-pip-version-check",
-         "-c", constraints.name, TRL_VERSION],
-        check=True,
-    )  # fmt: skip
-    return python
+    """The interpreter that runs TRL: this one, with the ``trl`` extra installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit("TRL is not installed: pip install 'trainbus[trl]' (or --no-trl)")
+    return Path(sys.executable)
 
 
 def run_trl(seed: int, model: Path, prompts: Path, args: argparse.Namespace) -> dict[str, Any]:

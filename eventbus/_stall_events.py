@@ -103,7 +103,9 @@ class StallDiagnosed(Event, frozen=True):
             ``rollouts`` (a batch; a hung reward call is one, in its worker), ``update``
             (the PPO update), ``weight_sync`` (new weights to the workers), ``validation``,
             ``checkpoint`` (a checkpoint write), ``restart`` (the rollout side
-            restarting), ``close`` (the workers stopping).
+            restarting), ``close`` (the workers stopping). Inside a Hugging Face Trainer
+            (TRL), read from the training thread's stack: ``generation``, ``reward``,
+            ``update``, ``checkpoint``, or ``step`` when the stack names none of them.
         waited_s: Seconds since this wait began.
         stalled_s: Seconds since the last progress (a rollout result, or the wait's start).
         stuck: The rollouts workers hold and have not delivered (``rollouts`` stage).

@@ -1,4 +1,5 @@
-"""The folder tree is the architecture: ``rl`` < ``config`` < ``rollout`` < ``runtime`` < ``cli``.
+"""The folder tree is the architecture: ``rl`` < ``config`` < ``rollout`` < ``runtime`` <
+``integrations`` < ``cli``.
 
 A subpackage imports only the ones below it, and no module of ``trainer`` imports another in
 a cycle (counting imports under ``TYPE_CHECKING`` and inside functions).
@@ -11,7 +12,7 @@ import pytest
 from tests._imports import find_cycle
 from tests._imports import import_graph
 
-LAYERS = ("rl", "config", "rollout", "runtime", "cli")
+LAYERS = ("rl", "config", "rollout", "runtime", "integrations", "cli")
 
 
 def _layer(module: str) -> str | None:

@@ -1,4 +1,5 @@
-"""The Hugging Face stack is an extra: the packages and the built-in run never import it."""
+"""The Hugging Face stack (and TRL) are extras: the packages and the built-in run never import
+them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-HF = ("transformers", "datasets", "tokenizers", "safetensors", "huggingface_hub", "peft")
+HF = (
+    "transformers",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "huggingface_hub",
+    "peft",
+    "trl",
+    "accelerate",
+)
 
 
 def _imported(code: str) -> list[str]:
@@ -23,6 +33,8 @@ def test_importing_the_packages_imports_no_hugging_face_library() -> None:
     assert (
         _imported("import eventbus, replay, trainer; trainer.PPOTrainer; trainer.task_reward") == []
     )
+    # trainbus trl-resume reads a TRL run folder without TRL.
+    assert _imported("import trainer.integrations, trainer.cli._trl_resume") == []
 
 
 def test_a_builtin_task_run_imports_no_hugging_face_library(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from ..config._export import exporter_flag
 from ..rollout._faults import FAULT_HELP
 from ..rollout._faults import FAULTS
 from ..runtime._run import check_layout
@@ -79,6 +80,10 @@ def _command(args: argparse.Namespace) -> int:
         return run_runs(args) if args.command == "runs" else run_compare(args)
     if args.command in ("model", "dataset"):
         return run_workload_command(args)
+    if args.command == "trl-resume":
+        from ._trl_resume import run_trl_resume
+
+        return run_trl_resume(args)
     return 0
 
 
@@ -100,7 +105,15 @@ def _config_command(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = ("bus", "replay", "runtime", "recovery", "chaos", "gpu")  # also: learning
+BENCHMARKS = (
+    "bus",
+    "replay",
+    "runtime",
+    "recovery",
+    "chaos",
+    "gpu",
+    "trl_overhead",
+)  # also: learning (no --quick)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -159,14 +172,12 @@ def _with_exports(config: dict[str, Any], flags: list[str]) -> dict[str, Any]:
     also sets the port)."""
     export = config["export"]
     for flag in flags:
-        name, colon, port = flag.partition(":")
-        if colon:
-            if name != "prometheus":
-                raise UsageError(f"--export {flag}: only prometheus takes a port (prometheus:PORT)")
-            if not port.isdigit():
-                # Its range is checked with the config (export.prometheus.port).
-                raise UsageError(f"--export {flag}: the port is not a number (prometheus:PORT)")
-            export["prometheus"]["port"] = int(port)
+        try:
+            name, port = exporter_flag(flag)
+        except ValueError as exc:
+            raise UsageError(f"--export {exc}") from None
+        if port is not None:
+            export["prometheus"]["port"] = port
         if name not in export["to"]:
             export["to"].append(name)
     return config

@@ -18,6 +18,7 @@ from typing import get_args
 from ..rollout._faults import FAULTS
 from ._errors import UsageError
 from ._runs import add_run_commands
+from ._trl_resume import add_trl_commands
 from ._workload import add_workload_commands
 
 __all__ = ["Parser", "build_parser"]
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_commands(commands)
     add_workload_commands(commands)
+    add_trl_commands(commands)
 
     bench = commands.add_parser("bench", help="run the benchmark suite and print its tables")
     bench.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")

@@ -21,6 +21,7 @@ import msgspec
 
 from eventbus import Decision
 
+from ..integrations._trl_launch import LAUNCH_FILE
 from ..runtime._describe import describe
 from ..runtime._fold import REWARD_METRIC
 from ..runtime._fold import FitSummary
@@ -161,7 +162,13 @@ def _still_going(folder: Path) -> str:
         return f"still going on {owner.host} (pid {owner.pid}), or killed"
     if owner.alive:
         return f"still going (pid {owner.pid})"
-    return f"killed or crashed (its trainer, pid {owner.pid}, has ended); the same --out resumes"
+    # A TRL run (its launch record) resumes by relaunching its script.
+    resumes = (
+        f"trainbus trl-resume {folder} resumes"
+        if (folder / LAUNCH_FILE).is_file()
+        else "the same --out resumes"
+    )
+    return f"killed or crashed (its trainer, pid {owner.pid}, has ended); {resumes}"
 
 
 def _steps(s: FitSummary) -> str:

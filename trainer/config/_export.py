@@ -18,6 +18,7 @@ from ..rl._names import did_you_mean
 
 __all__ = [
     "EXPORTER_NAMES",
+    "exporter_flag",
     "ExportConfig",
     "MlflowExportConfig",
     "PrometheusExportConfig",
@@ -119,3 +120,21 @@ class ExportConfig(_Section, frozen=True, kw_only=True):
                 )
         if len(set(self.to)) != len(self.to):
             raise ValueError(f"an exporter is named twice in to = {self.to}")
+
+
+def exporter_flag(flag: str) -> tuple[str, int | None]:
+    """``NAME`` or ``prometheus:PORT`` (``--export``, and the TRL callback's ``export=``) as
+    the exporter's name and the port, if one is given (its range is checked with the
+    configuration, ``export.prometheus.port``).
+
+    Raises:
+        ValueError: A port is given to another exporter, or is not a number (one line).
+    """
+    name, colon, port = flag.partition(":")
+    if not colon:
+        return name, None
+    if name != "prometheus":
+        raise ValueError(f"{flag}: only prometheus takes a port (prometheus:PORT)")
+    if not port.isdigit():
+        raise ValueError(f"{flag}: the port is not a number (prometheus:PORT)")
+    return name, int(port)

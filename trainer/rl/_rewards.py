@@ -44,6 +44,7 @@ __all__ = [
     "combine",
     "judge",
     "load_rewards",
+    "reward_function",
     "reward_names",
 ]
 
@@ -173,6 +174,22 @@ def load_reward(spec: str, weight: float = 1.0) -> RewardFunction:
         raise RewardError(f"rewards: {spec} is not callable (it is a {type(fn).__name__})")
     accepts, required = _parameters(spec, fn)
     return RewardFunction(spec, attr, fn, weight, accepts, required)
+
+
+def reward_function(fn: Callable[..., Any]) -> RewardFunction:
+    """``fn`` itself (a function handed over, not named by ``MODULE:FUNC``), checked as
+    :func:`load_reward` checks a loaded one; its name is its ``__name__``, as TRL names it.
+
+    Raises:
+        RewardError: ``fn`` is not callable, or takes a parameter that cannot be passed by
+            keyword.
+    """
+    if not callable(fn):
+        raise RewardError(f"rewards: {fn!r} is not callable (it is a {type(fn).__name__})")
+    name = getattr(fn, "__name__", type(fn).__name__)
+    spec = f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', name)}"
+    accepts, required = _parameters(spec, fn)
+    return RewardFunction(spec, name, fn, 1.0, accepts, required)
 
 
 def _parameters(spec: str, fn: Callable[..., Any]) -> tuple[frozenset[str] | None, frozenset[str]]:

@@ -39,6 +39,7 @@ from ..rl._rewards import TrainerState
 from ..rl._rewards import combine
 from ..rl._rewards import judge
 from ._stacks import helping
+from ._stacks import released
 
 __all__ = [
     "HANGING_REWARD",
@@ -47,6 +48,7 @@ __all__ = [
     "RewardScorer",
     "abandon_reward_calls",
     "call_with_deadline",
+    "verdicts",
 ]
 
 logger = logging.getLogger("trainbus.rewards")
@@ -135,6 +137,7 @@ def call_with_deadline(
                 thread.abandoned.set()
                 _abandoned[key] = _abandoned.get(key, 0) + 1
         if thread.abandoned.is_set():
+            released(thread.ident)  # the caller moves on; a diagnosis of it shows its work
             if given_up:
                 raise RewardCallAbandoned("its work was given up")
             raise TimeoutError(f"did not return within {timeout_s:g} s")
@@ -239,7 +242,7 @@ class RewardScorer:
         }
         common = {"trainer_state": state or TrainerState()}
         try:
-            judged = [self._judged(function, rows, common, n) for function in self.functions]
+            judged = [verdicts(f, rows, common, n, self.timeout_s) for f in self.functions]
         except RewardCallAbandoned:
             # Nobody waits for these rollouts any more: not failures of the run.
             given_up = RewardFailure("reward_abandoned", "work given up")
@@ -251,45 +254,6 @@ class RewardScorer:
             for values in zip(*judged, strict=True)
         ]
         return out, parts or [()] * n
-
-    def _judged(
-        self,
-        function: RewardFunction,
-        rows: dict[str, list[Any]],
-        common: dict[str, Any],
-        n: int,
-    ) -> list[float | RewardFailure | None]:
-        """``function``'s verdict on the ``n`` completions of ``rows``; a call that raised or
-        answered unusably is asked again about each half.
-
-        Raises:
-            RewardCallAbandoned: The worker gave up the work (nothing is asked again).
-        """
-        try:
-            values = call_with_deadline(
-                function.fn, (), function.keywords({**rows, **common}), self.timeout_s
-            )
-        except RewardCallAbandoned:
-            raise
-        except TimeoutError as exc:
-            return [RewardFailure("reward_timeout", f"{function.name} {exc}")] * n
-        except Exception as exc:  # noqa: BLE001  (the rollouts fail with it, counted in _count)
-            if n == 1:
-                # One line: reports and logs show a failure's first line, and a traceback
-                # follows it (the exception's own lines are at the traceback's end).
-                text = str(exc).replace("\r", "\\r").replace("\n", "\\n")
-                message = f"{function.name} raised {type(exc).__name__}: {text}"
-                return [RewardFailure("reward_error", message, _first_traceback(function, exc))]
-        else:
-            verdict = judge(function, values, n)
-            if isinstance(verdict, list):
-                return verdict
-            if n == 1:
-                return [verdict]
-        half = n // 2
-        return self._judged(function, _rows(rows, 0, half), common, half) + self._judged(
-            function, _rows(rows, half, n), common, n - half
-        )
 
     def _count(self, scores: Sequence[float | RewardFailure]) -> None:
         """Count every failed rollout and log each distinct failure (at DEBUG: the trainer
@@ -303,6 +267,58 @@ class RewardScorer:
             with self._lock:
                 self.failures[kind] = self.failures.get(kind, 0) + count
             logger.debug("%d rollouts failed (%s): %s", count, kind, message)
+
+
+def verdicts(
+    function: RewardFunction,
+    rows: dict[str, list[Any]],
+    common: dict[str, Any],
+    n: int,
+    timeout_s: float,
+) -> list[float | RewardFailure | None]:
+    """``function``'s verdict on the ``n`` completions of ``rows``, each call within
+    ``timeout_s``: a number, None (not scored by it) or why not, for each.
+
+    A call that raised or answered unusably is asked again about each half, down to single
+    completions; a call past its deadline is not asked again.
+
+    Args:
+        function: The reward function.
+        rows: The keywords holding one value per completion (``prompts``, ``completions``,
+            ``completion_ids``, the dataset's columns), cut alike for a part.
+        common: The keywords passed whole to every call (``trainer_state``, TRL's
+            ``log_extra`` and ``log_metric``).
+        n: The completions.
+        timeout_s: Deadline of each call.
+
+    Raises:
+        RewardCallAbandoned: The caller's work was given up (nothing is asked again).
+    """
+    try:
+        values = call_with_deadline(
+            function.fn, (), function.keywords({**rows, **common}), timeout_s
+        )
+    except RewardCallAbandoned:
+        raise
+    except TimeoutError as exc:
+        return [RewardFailure("reward_timeout", f"{function.name} {exc}")] * n
+    except Exception as exc:  # noqa: BLE001  (the completions fail with it; callers count them)
+        if n == 1:
+            # One line: reports and logs show a failure's first line, and a traceback
+            # follows it (the exception's own lines are at the traceback's end).
+            text = str(exc).replace("\r", "\\r").replace("\n", "\\n")
+            message = f"{function.name} raised {type(exc).__name__}: {text}"
+            return [RewardFailure("reward_error", message, _first_traceback(function, exc))]
+    else:
+        verdict = judge(function, values, n)
+        if isinstance(verdict, list):
+            return verdict
+        if n == 1:
+            return [verdict]
+    half = n // 2
+    return verdicts(function, _rows(rows, 0, half), common, half, timeout_s) + verdicts(
+        function, _rows(rows, half, n), common, n - half, timeout_s
+    )
 
 
 def _rows(rows: dict[str, list[Any]], start: int, end: int) -> dict[str, list[Any]]:

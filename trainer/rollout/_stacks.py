@@ -43,6 +43,7 @@ __all__ = [
     "helping",
     "is_library",
     "own_stacks",
+    "released",
     "waits_for_a_helper",
 ]
 
@@ -78,6 +79,14 @@ def helping(owner: str) -> Iterator[None]:
     try:
         yield
     finally:
+        _HELPERS.pop(ident, None)
+
+
+def released(ident: int | None) -> None:
+    """Thread ``ident`` no longer works for its owner, though it still runs (a call its
+    owner abandoned at a deadline): a diagnosis of the owner, which has moved on, leaves it
+    out."""
+    if ident is not None:
         _HELPERS.pop(ident, None)
 
 

@@ -221,10 +221,11 @@ def _weights_synced(e: WeightsSynced, context: Context) -> str:
 
 
 def _rollout_rejected(e: RolloutRejected, context: Context) -> str:
-    return (
-        f"rollout {e.rollout_id} (attempt {e.attempt}){_at(e.step)} not admitted: "
-        f"{e.reason or 'no reason'}"
-    )
+    # A reward function's failure (a guarded TRL reward function's) did not keep the
+    # completion out of its batch: it was not scored.
+    what = "not scored" if e.reason.startswith("reward_") else "not admitted"
+    why = e.reason or "no reason"
+    return f"rollout {e.rollout_id} (attempt {e.attempt}){_at(e.step)} {what}: {why}"
 
 
 def _batch_reconciled(e: BatchReconciled, context: Context) -> str:

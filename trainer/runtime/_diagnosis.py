@@ -14,6 +14,11 @@ frames locally, py-spy or the actor's diagnosis thread on Ray). For the trainer'
 it holds the trainer's stacks: the ``fit`` task's await chain and the threads doing the
 stage's work (those the stage ran, and those helping the trainer, such as the Ray backend's
 ``ray.put``); while the rollout side stops, the workers that have not stopped yet.
+
+The watchdog loop (:class:`StallWatchdog`: sleep, look at the watch, publish, log the line)
+serves every host; what a diagnosis holds is each host's :meth:`StallWatchdog.diagnose`
+(the trainer's is :class:`StallDiagnoser`; a Hugging Face Trainer's is in
+:mod:`trainer.integrations`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from ._stall import Stages
 from ._stall import Stall
 from ._stall import StallWatch
 
-__all__ = ["StallDiagnoser", "start_stall_diagnosis", "stop_stall_diagnosis"]
+__all__ = ["StallDiagnoser", "StallWatchdog", "start_stall_diagnosis", "stop_stall_diagnosis"]
 
 logger = logging.getLogger("trainbus.diagnosis")
 
@@ -55,8 +60,114 @@ BLOCKED_LOOP_NOTE = (
 """The note of a diagnosis made while the loop was busy (``StallDiagnosed.loop_blocked``)."""
 
 
-class StallDiagnoser:
-    """Watches a :class:`StallWatch` from its own thread and publishes diagnoses.
+class StallWatchdog:
+    """The watchdog thread: watches a :class:`StallWatch` and publishes the diagnosis of
+    each due stall. What a diagnosis holds is the host's (:meth:`diagnose`): the trainer's
+    :class:`StallDiagnoser` here, the training thread of a Hugging Face Trainer in
+    :mod:`trainer.integrations`.
+
+    Args:
+        watch: The host's stall watch.
+        bus: Where ``StallDiagnosed`` goes (only while someone wants it).
+        clock: The watch's clock.
+        sleep: Waits up to the given seconds; returns True once :meth:`stop` was called
+            (default: an event wait). Tests inject their own.
+        max_sleep_s: Longest sleep between two looks at the watch.
+        write_now: Writes a diagnosis of a blocked loop to the run's event log from this
+            thread once it is published: the log's own extension runs on that loop.
+        name: The thread's name.
+        publish: How a diagnosis is published (default: ``bus.publish``; a host that orders
+            its events through a channel of its own passes that).
+    """
+
+    def __init__(
+        self,
+        watch: StallWatch,
+        bus: EventBus,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], bool] | None = None,
+        max_sleep_s: float = 1.0,
+        write_now: Callable[[StallDiagnosed], None] | None = None,
+        name: str = "trainbus stall diagnosis",
+        publish: Callable[[StallDiagnosed], None] | None = None,
+    ) -> None:
+        self.watch = watch
+        self.bus = bus
+        self._publish = publish or bus.publish
+        self.published = 0
+        self.latest: StallDiagnosed | None = None  # the last one published
+        self.errors = 0
+        self._clock = clock
+        self._stopped = threading.Event()
+        self._sleep = sleep or self._stopped.wait
+        self._max_sleep_s = max_sleep_s
+        self._write_now = write_now
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    def ensure_running(self) -> None:
+        """Start the watchdog thread if someone listens and it is not running yet."""
+        if self._thread is None and not self._stopped.is_set() and self.bus.wants(StallDiagnosed):
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread and wait for it (a stack read in progress is bounded)."""
+        self._stopped.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                logger.error("the stall diagnosis thread did not stop within %.0f s", timeout_s)
+
+    # --- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.check()
+            except Exception:  # logged and counted; the watch goes on
+                self.errors += 1
+                logger.exception("stall diagnosis failed")
+            if self._sleep(min(self._max_sleep_s, self.watch.next_due_in())):
+                return
+
+    def check(self) -> StallDiagnosed | None:
+        """Publish a diagnosis if a stall is due and someone listens; returns it."""
+        if not self.bus.wants(StallDiagnosed):
+            return None
+        stall = self.watch.due()
+        if stall is None:
+            return None
+        event = self.diagnose(stall)
+        self._publish(event)
+        if event.loop_blocked and self._write_now is not None:
+            self._write_first(event)
+        self.latest = event
+        self.published += 1
+        # The terminal's line of a stall, from this thread: it shows even while the event
+        # loop, which runs the views and the event log, is blocked. Stacks the first time.
+        text = describe(event)
+        logger.warning("stalled: %s", text if event.repeat == 0 else text.split("\n", 1)[0])
+        return event
+
+    def _write_first(self, event: StallDiagnosed) -> None:
+        """The event log's line of ``event``, ahead of the blocked loop (see ``write_now``)."""
+        assert self._write_now is not None
+        try:
+            self._write_now(event)
+        except OSError as error:  # published all the same: the log may write it later
+            self.errors += 1
+            logger.error("could not write the stall diagnosis to the event log: %s", error)
+
+    def diagnose(self, stall: Stall) -> StallDiagnosed:
+        """Build the diagnosis of ``stall`` (reads stacks: called off the host's loop)."""
+        raise NotImplementedError
+
+
+class StallDiagnoser(StallWatchdog):
+    """The trainer's watchdog: diagnoses its stages, its event loop and its rollout workers.
 
     Args:
         watch: The trainer's stall watch.
@@ -86,20 +197,12 @@ class StallDiagnoser:
         loop_probe_s: float = 0.5,
         write_now: Callable[[StallDiagnosed], None] | None = None,
     ) -> None:
-        self.watch = watch
-        self.bus = bus
+        super().__init__(
+            watch, bus, clock=clock, sleep=sleep, max_sleep_s=max_sleep_s, write_now=write_now
+        )
         self.backend = backend
         self.reader = reader
-        self.published = 0
-        self.latest: StallDiagnosed | None = None  # the last one published
-        self.errors = 0
-        self._clock = clock
-        self._stopped = threading.Event()
-        self._sleep = sleep or self._stopped.wait
-        self._max_sleep_s = max_sleep_s
         self._loop_probe_s = loop_probe_s
-        self._write_now = write_now
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -109,63 +212,6 @@ class StallDiagnoser:
         self._task = task
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-
-    def ensure_running(self) -> None:
-        """Start the watchdog thread if someone listens and it is not running yet."""
-        if self._thread is None and not self._stopped.is_set() and self.bus.wants(StallDiagnosed):
-            self._thread = threading.Thread(
-                target=self._run, name="trainbus stall diagnosis", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the thread and wait for it (a stack read in progress is bounded)."""
-        self._stopped.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout_s)
-            if thread.is_alive():
-                logger.error("the stall diagnosis thread did not stop within %.0f s", timeout_s)
-
-    # --- the thread -----------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                self.check()
-            except Exception:  # logged and counted; the watch goes on
-                self.errors += 1
-                logger.exception("stall diagnosis failed")
-            if self._sleep(min(self._max_sleep_s, self.watch.next_due_in())):
-                return
-
-    def check(self) -> StallDiagnosed | None:
-        """Publish a diagnosis if a stall is due and someone listens; returns it."""
-        if not self.bus.wants(StallDiagnosed):
-            return None
-        stall = self.watch.due()
-        if stall is None:
-            return None
-        event = self.diagnose(stall)
-        self.bus.publish(event)
-        if event.loop_blocked and self._write_now is not None:
-            self._write_first(event)
-        self.latest = event
-        self.published += 1
-        # The terminal's line of a stall, from this thread: it shows even while the event
-        # loop, which runs the views and the event log, is blocked. Stacks the first time.
-        text = describe(event)
-        logger.warning("stalled: %s", text if event.repeat == 0 else text.split("\n", 1)[0])
-        return event
-
-    def _write_first(self, event: StallDiagnosed) -> None:
-        """The event log's line of ``event``, ahead of the blocked loop (see ``write_now``)."""
-        assert self._write_now is not None
-        try:
-            self._write_now(event)
-        except OSError as error:  # published all the same: the log may write it later
-            self.errors += 1
-            logger.error("could not write the stall diagnosis to the event log: %s", error)
 
     def diagnose(self, stall: Stall) -> StallDiagnosed:
         """Build the diagnosis of ``stall`` (reads stacks: call it off the event loop)."""

@@ -12,11 +12,14 @@ Importing this module costs nothing (no torch): the command line reads it too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 from typing import Literal
 
-__all__ = ["METRICS", "Metric", "named"]
+__all__ = ["METRICS", "TRL_NAMES", "Metric", "from_trl", "named"]
 
 
 @dataclass(frozen=True)
@@ -232,3 +235,40 @@ def named(metrics: Mapping[str, float]) -> dict[str, float]:
     folders call it on what they read, so old and new folders read the same.
     """
     return {_BY_SHORT.get(key, key): value for key, value in metrics.items()}
+
+
+TRL_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "reward": "reward/mean",
+        "reward_std": "reward/std",
+        "loss": "actor/loss",
+        "kl": "actor/kl",
+        "entropy": "actor/entropy",
+        "clip_ratio/region_mean": "actor/clip_frac",
+        "grad_norm": "actor/grad_norm",
+        "learning_rate": "actor/lr",
+        "frac_reward_zero_std": "advantage/zero_frac",
+        "completions/mean_length": "response_length/mean",
+    }
+)
+"""A Hugging Face Trainer's (TRL's) log keys that are metrics of this table, and their names
+here: a TRL run's ``metrics.jsonl`` and exporters read like a trainbus run's. TRL's
+per-function rewards (``rewards/<function>/mean``, ``/std``) become
+``reward/<function>/mean`` and ``/std``; every other key is kept as TRL names it."""
+
+
+def from_trl(logs: Mapping[str, Any]) -> dict[str, float]:
+    """A Trainer's log (``on_log``'s ``logs``) under this table's names: its finite numbers
+    (strings, lists and NaN left out), renamed by :data:`TRL_NAMES`."""
+    out: dict[str, float] = {}
+    for key, value in logs.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not math.isfinite(value):
+            continue
+        if key.startswith("rewards/"):
+            name = "reward/" + key.removeprefix("rewards/")
+        else:
+            name = TRL_NAMES.get(key, key)
+        out[name] = float(value)
+    return out

@@ -136,6 +136,15 @@ class StallWatch:
             if self._stages:
                 self._stages[-1].resumed = self._clock()  # the outer wait starts afresh
 
+    def progress(self, step: int | None = None) -> None:
+        """The current stage made progress (now at ``step``, when given): a host without
+        inner stages marks its own, such as a Hugging Face Trainer's step boundaries."""
+        stages = tuple(self._stages)
+        if stages:
+            if step is not None:
+                stages[-1].step = step
+            stages[-1].resumed = self._clock()
+
     def in_thread(self, function: Callable[P, R]) -> Callable[P, R]:
         """``function``, recorded as doing the current stage's work while it runs (so a
         diagnosis shows its thread's stack). For ``anyio.to_thread.run_sync``."""

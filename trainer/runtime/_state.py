@@ -47,7 +47,13 @@ from ._runlock import RunFolderError
 from ._stall import Stages
 from ._stall import WaitDeadlineExceeded
 
-__all__ = ["CHECKPOINT_FORMAT", "RunState", "non_finite_weights"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "RunState",
+    "extension_states",
+    "load_extension_states",
+    "non_finite_weights",
+]
 
 logger = logging.getLogger("trainbus.trainer")
 
@@ -145,7 +151,7 @@ class RunState:
             **self.learner.state_dict(),
             "stream_position": self.stream.position,
             "in_flight": [msgspec.to_builtins(p) for p in self.driver.in_flight_prompts()],
-            "extensions": self._extension_states(),
+            "extensions": extension_states(self.bus),
             "config": self.config.to_dict(),
         }
 
@@ -163,7 +169,7 @@ class RunState:
         self.saved_step = self.learner.step
         self.stream.position = state["stream_position"]
         if resuming:
-            self._load_extension_states(state.get("extensions", {}))
+            load_extension_states(self.bus, state.get("extensions", {}))
         else:
             # In-process recovery keeps the extensions' live state: rewinding it would, for
             # one, hand the self-healing extension its spent restart budget back.
@@ -252,30 +258,37 @@ class RunState:
                 )
             )
 
-    def _extension_states(self) -> dict[str, Any]:
-        states: dict[str, Any] = {}
-        for registration in self.bus.registrations():
-            if Capability.STATE not in registration.capabilities:
-                continue
-            state_dict: Callable[[], Any] = registration.extension.state_dict  # type: ignore[attr-defined]
-            try:
-                state = state_dict()
-                _check_plain(state)
-            except Exception as exc:  # noqa: BLE001  (logged, counted, published)
-                self.bus.report_extension_failure(registration, "state_dict", exc)
-                continue
-            states[registration.name] = state
-        return states
 
-    def _load_extension_states(self, states: dict[str, Any]) -> None:
-        for registration in self.bus.registrations():
-            if Capability.STATE not in registration.capabilities or registration.name not in states:
-                continue
-            load: Callable[[Any], None] = registration.extension.load_state_dict  # type: ignore[attr-defined]
-            try:
-                load(states[registration.name])
-            except Exception as exc:  # noqa: BLE001  (logged, counted, published)
-                self.bus.report_extension_failure(registration, "load_state_dict", exc)
+def extension_states(bus: EventBus) -> dict[str, Any]:
+    """Every ``STATE`` extension's ``state_dict()`` on ``bus``, by name, for a checkpoint. One
+    that raises or returns what a checkpoint cannot hold is reported (``ExtensionFailed``)
+    and left out."""
+    states: dict[str, Any] = {}
+    for registration in bus.registrations():
+        if Capability.STATE not in registration.capabilities:
+            continue
+        state_dict: Callable[[], Any] = registration.extension.state_dict  # type: ignore[attr-defined]
+        try:
+            state = state_dict()
+            _check_plain(state)
+        except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+            bus.report_extension_failure(registration, "state_dict", exc)
+            continue
+        states[registration.name] = state
+    return states
+
+
+def load_extension_states(bus: EventBus, states: dict[str, Any]) -> None:
+    """Hand each ``STATE`` extension on ``bus`` its state from ``states`` (a failure is
+    reported, ``ExtensionFailed``, and the others still load)."""
+    for registration in bus.registrations():
+        if Capability.STATE not in registration.capabilities or registration.name not in states:
+            continue
+        load: Callable[[Any], None] = registration.extension.load_state_dict  # type: ignore[attr-defined]
+        try:
+            load(states[registration.name])
+        except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+            bus.report_extension_failure(registration, "load_state_dict", exc)
 
 
 PLAIN = "dicts with string keys, lists, tuples, numbers, strings, bools, None and tensors"

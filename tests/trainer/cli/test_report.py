@@ -179,6 +179,11 @@ def test_a_run_without_summary_is_reported_from_its_logs(
         f"killed or crashed (its trainer, pid {pid}, has ended); the same --out resumes"
         in capsys.readouterr().out
     )
+    # A TRL run (TrainbusCallback's launch record) resumes with trainbus trl-resume.
+    (folder / "trl-launch.json").write_text("{}")
+    assert report(folder) == 0
+    assert f"has ended); trainbus trl-resume {folder} resumes" in capsys.readouterr().out
+    (folder / "trl-launch.json").unlink()
     (folder / ".lock").write_text(f"{os.getpid()} {socket.gethostname()}\n")
     assert report(folder) == 0
     assert f"still going (pid {os.getpid()})" in capsys.readouterr().out

@@ -139,3 +139,34 @@ def test_refused_py_spy_is_a_note(tmp_path: Path) -> None:
     stacks, note = StackReader(py_spy=str(refusing)).process(12345, "ray-0.1")
     assert stacks == ()
     assert note == "py-spy could not read pid 12345: Permission Denied: try running as root"
+
+
+def test_a_reward_call_helps_its_caller_until_the_caller_gives_up_on_it() -> None:
+    from trainer.rollout._scoring import call_with_deadline
+    from trainer.rollout._stacks import helpers_of
+
+    started, release = threading.Event(), threading.Event()
+    seen: list[dict[int, str]] = []
+
+    def hung(**kwargs: object) -> None:
+        started.set()
+        release.wait(60)
+
+    caller = threading.current_thread().name
+
+    def watch() -> None:  # what a diagnosis of the caller sees while the call runs
+        started.wait(10)
+        seen.append(helpers_of(caller))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(TimeoutError):
+            call_with_deadline(hung, (), {}, 0.5)
+        watcher.join(10)
+        # The abandoned call still runs, but its caller has moved on: a diagnosis of the
+        # caller no longer shows it.
+        assert helpers_of(caller) == {}
+    finally:
+        release.set()
+    assert list(seen[0].values()) == [f"{caller}/reward"]

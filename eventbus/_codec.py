@@ -2,10 +2,17 @@
 
 One decoder handles every :class:`Event` subclass (ours and any the user defined) through
 msgspec's tagged unions. It is rebuilt only when a new event type appears.
+
+JSON has no NaN or infinity: a float that is not finite (a step whose every optimiser step
+was skipped has a NaN gradient norm) is written as the string ``"nan"``, ``"inf"`` or
+``"-inf"``, which the JSON decoder reads back into a float field (msgspec's lax mode). The
+encoder looks for them only when its output holds a ``null`` (where msgspec puts them), so
+an event of finite numbers costs nothing more.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from typing import Literal
 
@@ -44,7 +51,10 @@ def event_types() -> tuple[type[Event], ...]:
 def encode_event(event: Event, *, format: Format = "json") -> bytes:
     """Encode an event (with its type tag) as JSON or msgpack bytes."""
     if format == "json":
-        return _json_encoder.encode(event)
+        data = _json_encoder.encode(event)
+        if b"null" in data and _holds_non_finite(event):
+            data = _json_encoder.encode(_finite(msgspec.to_builtins(event)))
+        return data
     if format == "msgpack":
         return _msgpack_encoder.encode(event)
     raise ValueError(f"unknown event format {format!r}: expected 'json' or 'msgpack'")
@@ -73,7 +83,7 @@ def _decoder(format: Format) -> Any:
     if decoder is None:
         union = _union(event_types())
         if format == "json":
-            decoder = msgspec.json.Decoder(union)
+            decoder = msgspec.json.Decoder(union, strict=False)  # "nan" into a float field
         elif format == "msgpack":
             decoder = msgspec.msgpack.Decoder(union)
         else:
@@ -87,3 +97,27 @@ def _union(types: tuple[type[Event], ...]) -> Any:
     for t in types[1:]:
         union = union | t
     return union
+
+
+def _holds_non_finite(value: Any) -> bool:
+    """Whether a float that is not finite is anywhere in ``value`` (an event's fields)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, msgspec.Struct):
+        return any(_holds_non_finite(getattr(value, f)) for f in value.__struct_fields__)
+    if isinstance(value, dict):
+        return any(_holds_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_non_finite(v) for v in value)
+    return False
+
+
+def _finite(value: Any) -> Any:
+    """``value`` (plain data) with each float that is not finite as its string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 import pytest
 
@@ -136,6 +138,24 @@ def test_round_trip_keeps_type_and_fields(event: Event, fmt: str) -> None:
     decoded = decode_event(encode_event(event, format=fmt), format=fmt)  # type: ignore[arg-type]
     assert type(decoded) is type(event)
     assert decoded == event
+
+
+@pytest.mark.parametrize("fmt", ["json", "msgpack"])
+def test_a_float_that_is_not_a_number_comes_back(fmt: str) -> None:
+    # JSON has no NaN: msgspec writes null, which a float field does not take back, so a
+    # step whose optimiser steps were all skipped (grad_norm NaN) was lost from the log.
+    event = eb.StepFinished(
+        step=3,
+        metrics={"actor/grad_norm": math.nan, "val/reward_mean": math.inf, "x": -math.inf},
+        duration_s=math.nan,
+    )
+    decoded = decode_event(encode_event(event, format=fmt), format=fmt)  # type: ignore[arg-type]
+    assert isinstance(decoded, eb.StepFinished)
+    assert math.isnan(decoded.metrics["actor/grad_norm"]) and math.isnan(decoded.duration_s)
+    assert (decoded.metrics["val/reward_mean"], decoded.metrics["x"]) == (math.inf, -math.inf)
+    # Nothing else changes: a real None is still None, a finite float the same float.
+    report = eb.SafePointReached(point=eb.SafePoint.AFTER_FIT, step=None)
+    assert decode_event(encode_event(report)) == report
 
 
 def test_json_carries_the_type_tag_and_readable_enums() -> None:

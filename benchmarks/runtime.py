@@ -475,8 +475,8 @@ _LANDMARKS: tuple[tuple[str, str], ...] = (
     ("eventbus/_dispatch.py", "_answer"),
     ("eventbus/_sinks.py", "on_event"),
     ("replay/_waiting.py", "report"),
-    ("trainer/runtime/_state.py", "save"),
-    ("trainer/runtime/_state.py", "gather"),
+    ("trainer/runtime/_run_state.py", "save"),
+    ("trainer/runtime/_run_state.py", "gather"),
     ("trainer/rl/_policy.py", "weights_to_bytes"),
 )
 

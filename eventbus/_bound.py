@@ -39,7 +39,7 @@ from ._queue import Queue
 
 if TYPE_CHECKING:
     from ._barrier import Voter
-    from ._state import BusState
+    from ._bus_state import BusState
 
 __all__ = ["OVERFLOW_POLICIES", "Bound", "Overflow"]
 

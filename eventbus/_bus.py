@@ -1,6 +1,6 @@
 """The public face of the bus: :class:`EventBus`, what it hands extensions, its statistics.
 
-The bus owns one :class:`~eventbus._state.BusState` and hands it to everything it creates;
+The bus owns one :class:`~eventbus._bus_state.BusState` and hands it to everything it creates;
 the modules below this one never import it. Hot-path design (see docs/architecture.md for the
 trade-offs):
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from ._bus_state import BusState
 from ._decisions import Decision
 from ._decisions import SafePoint
 from ._errors import BusClosedError
@@ -43,7 +44,6 @@ from ._order import solo_here as _solo_here
 from ._registration import Registration
 from ._registration import Registry
 from ._safepoints import reach
-from ._state import BusState
 from ._subscription import OVERFLOW_POLICIES
 from ._subscription import Overflow
 from ._subscription import Subscription

@@ -26,10 +26,10 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from ._bus_state import BusState
 from ._decisions import Decision
 from ._events import Event
 from ._events import SafePointReached
-from ._state import BusState
 from ._subscription import Subscription
 
 __all__ = ["FAIRNESS", "Dispatch", "run_extension"]

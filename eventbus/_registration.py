@@ -7,7 +7,7 @@ of the same name never removes the newer one. A registration owns one mailbox (a
 dispatcher drains; closing it stops the mailbox and cancels the dispatcher.
 
 Like subscriptions, registrations talk to their bus only through its
-:class:`~eventbus._state.BusState`. What a registration's handle, its dispatcher and the
+:class:`~eventbus._bus_state.BusState`. What a registration's handle, its dispatcher and the
 host share is its :class:`~eventbus._dispatch.Dispatch` record, which the registry creates
 with the handle and hands out by handle (:meth:`Registry.record`).
 """
@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ._bus_state import BusState
 from ._decisions import SafePoint
 from ._dispatch import Dispatch
 from ._errors import BusClosedError
@@ -28,7 +29,6 @@ from ._events import Event
 from ._events import SampleWait
 from ._extensions import Capability
 from ._extensions import ValidatedExtension
-from ._state import BusState
 from ._subscription import Subscription
 from ._util import NoPublicConstructor
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from ._barrier import Barrier
 from ._barrier import Deadlines
+from ._bus_state import BusState
+from ._bus_state import PointRoute
 from ._decisions import Decision
 from ._decisions import SafePoint
 from ._events import SafePointOutcome
@@ -23,8 +25,6 @@ from ._events import SafePointReached
 from ._events import SafePointResolved
 from ._order import lock_free
 from ._order import solo_here as _solo_here
-from ._state import BusState
-from ._state import PointRoute
 
 __all__ = ["reach"]
 

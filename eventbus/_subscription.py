@@ -16,7 +16,7 @@ stream's state (the queues, the counters) lives on the subscription, not in the 
 frame, so leaving a loop half-way and iterating again, or a generator ended by a cancelled
 wait and a new one made, goes on where the stream stopped.
 
-The subscription talks to its bus only through the :class:`~eventbus._state.BusState` it was
+The subscription talks to its bus only through the :class:`~eventbus._bus_state.BusState` it was
 given: it votes and leaves through it.
 """
 
@@ -35,6 +35,8 @@ from typing import cast
 from ._bound import OVERFLOW_POLICIES
 from ._bound import Bound
 from ._bound import Overflow
+from ._bus_state import BusState
+from ._bus_state import Voting
 from ._decisions import SafePoint
 from ._events import Event
 from ._events import Lagged
@@ -44,8 +46,6 @@ from ._order import lock_free
 from ._order import solo_here as _solo_here
 from ._queue import Gap as _Gap
 from ._queue import Queue
-from ._state import BusState
-from ._state import Voting
 from ._util import NoPublicConstructor
 
 __all__ = ["OVERFLOW_POLICIES", "Overflow", "Subscription", "SubscriptionStatistics"]

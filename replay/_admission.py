@@ -47,7 +47,7 @@ from ._records import IN_FLIGHT
 from ._records import PLACEHOLDER
 from ._records import SUCCEEDED
 from ._records import Rollout
-from ._state import TrackerState
+from ._tracker_state import TrackerState
 
 __all__ = ["AdmissionGate", "malformed"]
 

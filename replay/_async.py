@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from eventbus import BatchReconciled
 from eventbus import EventBus
 
-from ._base import BufferBase
+from ._buffer_base import BufferBase
 from ._model import GroupResult
 from ._model import GroupStatus
 from ._model import Partition

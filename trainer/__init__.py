@@ -35,15 +35,15 @@ if _typing.TYPE_CHECKING:
     from .rollout._faults import FaultInjector as FaultInjector
     from .rollout._faults import InjectedFault as InjectedFault
     from .rollout._local import LocalBackend as LocalBackend
-    from .rollout._ray import RayBackend as RayBackend
+    from .rollout._rollout_workload import WorkerSpec as WorkerSpec
     from .rollout._worker import RolloutWork as RolloutWork
     from .rollout._worker import RolloutWorker as RolloutWorker
-    from .rollout._workload import WorkerSpec as WorkerSpec
+    from .rollout.ray._ray_backend import RayBackend as RayBackend
     from .runtime._autoscale import AutoscalingExtension as AutoscalingExtension
     from .runtime._autoscale import ScalingPolicy as ScalingPolicy
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
-    from .runtime._decisions import RunAborted as RunAborted
+    from .runtime._decision_table import RunAborted as RunAborted
     from .runtime._runlock import RunFolderError as RunFolderError
     from .runtime._runlock import RunFolderInUse as RunFolderInUse
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
@@ -52,11 +52,11 @@ if _typing.TYPE_CHECKING:
     from .runtime._summary import FitSummary as FitSummary
     from .runtime._trainer import PPOTrainer as PPOTrainer
     from .runtime._view import TrainerView as TrainerView
-    from .runtime.exporters._base import Exporter as Exporter
-    from .runtime.exporters._base import ExportError as ExportError
-    from .runtime.exporters._base import ExporterStatistics as ExporterStatistics
-    from .runtime.exporters._base import RunEnd as RunEnd
-    from .runtime.exporters._base import RunStart as RunStart
+    from .runtime.exporters._exporter import Exporter as Exporter
+    from .runtime.exporters._exporter import ExportError as ExportError
+    from .runtime.exporters._exporter import ExporterStatistics as ExporterStatistics
+    from .runtime.exporters._exporter import RunEnd as RunEnd
+    from .runtime.exporters._exporter import RunStart as RunStart
     from .runtime.exporters._mlflow import MlflowExporter as MlflowExporter
     from .runtime.exporters._prometheus import PrometheusExporter as PrometheusExporter
     from .runtime.exporters._tensorboard import TensorBoardExporter as TensorBoardExporter

@@ -35,7 +35,7 @@ from eventbus import event_types
 
 from ..runtime._describe import Context
 from ..runtime._describe import describe
-from ._errors import UsageError
+from ._usage import UsageError
 
 __all__ = [
     "CONTINUATION",

@@ -26,11 +26,11 @@ from ..rollout._faults import FAULTS
 from ..runtime._run import check_layout
 from ..runtime._runlock import RunFolderError
 from ..runtime._runlock import check_unowned
-from ._errors import EXIT_USAGE
-from ._errors import UsageError
 from ._logging import log_to
+from ._model_commands import run_workload_command
 from ._parser import build_parser
-from ._workload import run_workload_command
+from ._usage import EXIT_USAGE
+from ._usage import UsageError
 
 if TYPE_CHECKING:
     from ..config._schema import TrainerConfig

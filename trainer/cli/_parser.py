@@ -16,10 +16,10 @@ from typing import NoReturn
 from typing import get_args
 
 from ..rollout._faults import FAULTS
-from ._errors import UsageError
+from ._model_commands import add_workload_commands
 from ._runs import add_run_commands
 from ._trl_resume import add_trl_commands
-from ._workload import add_workload_commands
+from ._usage import UsageError
 
 __all__ = ["Parser", "build_parser"]
 

@@ -23,8 +23,8 @@ from eventbus import StepStarted
 
 from ..runtime._fold import REWARD_METRIC
 from ..runtime._fold import WAIT_METRIC
-from ._errors import UsageError
 from ._rundata import RunData
+from ._usage import UsageError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

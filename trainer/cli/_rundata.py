@@ -29,7 +29,7 @@ from ..runtime._metrics import named
 from ..runtime._run import EVENTS_FILE
 from ..runtime._run import METRICS_FILE
 from ..runtime._run import SUMMARY_FILE
-from ._errors import UsageError
+from ._usage import UsageError
 
 __all__ = ["RUN_FILES", "RunData", "is_run_folder", "load_run", "read_metrics", "run_folder"]
 

@@ -28,10 +28,10 @@ from ..integrations._trl_launch import RESUME_ENV
 from ..integrations._trl_launch import last_checkpoint
 from ..integrations._trl_launch import read_launch
 from ..runtime._runlock import last_owner
-from ._errors import EXIT_USAGE
-from ._errors import UsageError
 from ._rundata import load_run
 from ._rundata import run_folder
+from ._usage import EXIT_USAGE
+from ._usage import UsageError
 
 __all__ = ["add_trl_commands", "run_trl_resume"]
 

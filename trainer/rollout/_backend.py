@@ -31,9 +31,9 @@ from ..config._schema import within
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
     from ..rl._weights import PolicyWeights
     from ._faults import FaultInjector
+    from ._rollout_workload import WorkerSpec
     from ._stacks import StackReader
     from ._worker import RolloutWork
-    from ._workload import WorkerSpec
 
 __all__ = [
     "BackendBase",

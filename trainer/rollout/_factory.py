@@ -9,8 +9,8 @@ from ..config._schema import DEFAULT_WORKERS
 from ..config._schema import TrainerConfig
 from ._backend import RolloutBackend
 from ._faults import FaultInjector
-from ._workload import WorkerSpec
-from ._workload import worker_spec
+from ._rollout_workload import WorkerSpec
+from ._rollout_workload import worker_spec
 
 __all__ = ["make_backend", "rollout_workers"]
 
@@ -36,7 +36,7 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
     rollout = config.rollout
     workers = rollout_workers(config, spec)
     if rollout.backend == "ray":
-        from ._ray import RayBackend
+        from .ray._ray_backend import RayBackend
 
         return RayBackend(
             spec,

@@ -4,7 +4,7 @@ One class serves every backend: the local backend runs it on threads, the Ray ba
 actors. It owns a private copy of the policy (the trainer's copy keeps training), samples
 each group with a generator seeded from the work's seed, so a piece of work produces the
 same completions whichever worker runs it, and scores them: the built-in task's verifier,
-or the run's reward functions (see ``_workload``). A rollout without a reward (its reward
+or the run's reward functions (see ``_rollout_workload``). A rollout without a reward (its reward
 function raised, hung or returned nonsense; its prompt does not fit the context) comes back
 as a non-retryable failure naming why, for the tracker's failure policy to handle.
 """
@@ -26,10 +26,10 @@ from ..rl._datasets import decode_prompt
 from ..rl._rewards import RewardFailure
 from ..rl._tasks import Prompt
 from ..rl._weights import PolicyWeights
+from ._rollout_workload import WorkerSpec
+from ._rollout_workload import build_workload
 from ._worker_events import EventRequest
 from ._worker_events import WorkerEvents
-from ._workload import WorkerSpec
-from ._workload import build_workload
 
 __all__ = ["RolloutWork", "RolloutWorker", "WorkerSpec", "work_seed"]
 

@@ -58,7 +58,7 @@ from eventbus import WorkerJoined
 from eventbus import WorkerLeft
 from eventbus import WorkerLost
 
-from ._decisions import interrupts_sample_wait
+from ._decision_table import interrupts_sample_wait
 from ._metrics import named
 from ._summary import AttemptSummary
 from ._summary import FitSummary

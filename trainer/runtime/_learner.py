@@ -36,7 +36,7 @@ from ..rl._schedule import LRSchedule
 from ..rl._schedule import lr_scheduler
 from ..rl._tasks import Prompt
 from ..rl._weights import PolicyWeights
-from ..rollout._workload import worker_spec
+from ..rollout._rollout_workload import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
     from ..rl._hf_policy import BaseReference

@@ -17,8 +17,8 @@ from eventbus import SafePoint
 from ..rollout._backend import RolloutBackend
 from ..rollout._logs import ALSO_AN_EVENT
 from ._checkpoint import NoCheckpointLoads
-from ._decisions import Action
-from ._state import RunState
+from ._decision_table import Action
+from ._run_state import RunState
 from ._steering import Steering
 
 __all__ = ["MAX_RECOVERIES", "Recovery"]

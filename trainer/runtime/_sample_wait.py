@@ -28,7 +28,7 @@ from eventbus import SafePointResolved
 from replay import GroupResult
 
 from ..rollout._driver import RolloutDriver
-from ._decisions import interrupts_sample_wait
+from ._decision_table import interrupts_sample_wait
 
 __all__ = ["RolloutsLost", "WaitClock", "wait_unless_lost"]
 

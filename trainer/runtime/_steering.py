@@ -1,7 +1,7 @@
 """Steering: reach one of the trainer's safe points and do what its decision asks.
 
 What each decision means at each safe point is looked up in the one table
-(:mod:`trainer.runtime._decisions`); this module only carries it out: write a checkpoint,
+(:mod:`trainer.runtime._decision_table`); this module only carries it out: write a checkpoint,
 restart the rollout side, or raise ``StopRequested`` / ``RunAborted`` for the loop to end
 on. A safe point nobody takes part in or observes is not traversed at all
 (``bus.wants_safe_point``), so a trainer with no extension runs the plain loop.
@@ -21,13 +21,13 @@ from eventbus import SafePoint
 from eventbus import SafePointOutcome
 
 from ..rollout._driver import RolloutDriver
-from ._decisions import Action
-from ._decisions import RunAborted
-from ._decisions import StopRequested
-from ._decisions import action_for
+from ._decision_table import Action
+from ._decision_table import RunAborted
+from ._decision_table import StopRequested
+from ._decision_table import action_for
 from ._learner import Learner
+from ._run_state import RunState
 from ._stall import Stages
-from ._state import RunState
 
 __all__ = ["Steering"]
 

@@ -5,7 +5,7 @@ reports why it waits and may be interrupted by a ``SAMPLE_WAIT`` decision), run 
 update off the event loop, push the new weights to the workers, record metrics, checkpoint,
 and reach the ``STEP_BOUNDARY`` safe point. Every exception inside the loop reaches
 ``TERMINAL_FAILURE``; ``AFTER_FIT`` is reached on every exit path. What the trainer does with
-each decision is looked up in one table (:mod:`trainer.runtime._decisions`).
+each decision is looked up in one table (:mod:`trainer.runtime._decision_table`).
 
 Events are built only when someone listens (``bus.wants``) and safe points are traversed
 only when someone takes part or observes (``bus.wants_safe_point``), so a trainer with no
@@ -56,9 +56,9 @@ from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
 from ..rollout._logs import ALSO_AN_EVENT
 from ._checkpoint import CheckpointStore
-from ._decisions import RunAborted
-from ._decisions import StopRequested
-from ._decisions import interrupts_sample_wait
+from ._decision_table import RunAborted
+from ._decision_table import StopRequested
+from ._decision_table import interrupts_sample_wait
 from ._describe import describe
 from ._diagnosis import StallDiagnoser
 from ._diagnosis import start_stall_diagnosis
@@ -75,15 +75,15 @@ from ._recovery import Recovery
 from ._run import FAULTS_FILE
 from ._run import RunFolder
 from ._run import RunFolderWriteError
+from ._run_state import RunState
+from ._run_state import non_finite_weights
+from ._run_workload import RunWorkload
 from ._sample_wait import WaitClock
 from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
-from ._state import RunState
-from ._state import non_finite_weights
 from ._steering import Steering
 from ._view import TrainerView
 from ._view import ViewedParts
-from ._workload import RunWorkload
 
 if TYPE_CHECKING:
     from ..rl._hf_policy import HFPolicy

@@ -36,7 +36,6 @@ from eventbus import WorkerJoined
 from eventbus import WorkerLeft
 from eventbus import encode_event
 from tests._events import sample_wait
-from trainer.cli._errors import UsageError
 from trainer.cli._inspect import CONTINUATION
 from trainer.cli._inspect import LogReader
 from trainer.cli._inspect import LogView
@@ -46,6 +45,7 @@ from trainer.cli._inspect import entry_step
 from trainer.cli._inspect import format_entry
 from trainer.cli._inspect import parse_types
 from trainer.cli._inspect import show_log
+from trainer.cli._usage import UsageError
 from trainer.runtime._describe import describe
 from trainer.runtime._run import repair_torn_tail
 

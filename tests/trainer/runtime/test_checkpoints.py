@@ -25,7 +25,7 @@ from trainer import PPOTrainer
 from trainer import RunFolderError
 from trainer.runtime._checkpoint import NoCheckpointLoads
 from trainer.runtime._checkpoint import UnreadableCheckpoint
-from trainer.runtime._state import non_finite_weights
+from trainer.runtime._run_state import non_finite_weights
 
 from ..helpers import tiny_config
 

@@ -18,7 +18,7 @@ from eventbus.testing import record_events
 from trainer import SelfHealingExtension
 from trainer.rl._sampler import StaticDecoder
 from trainer.rollout._factory import rollout_workers
-from trainer.rollout._workload import worker_spec
+from trainer.rollout._rollout_workload import worker_spec
 
 from ..helpers import tiny_config
 from .test_diagnosis import ReleaseOnRestart

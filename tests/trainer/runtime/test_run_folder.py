@@ -29,9 +29,9 @@ from eventbus.testing import ScriptedVoter
 from trainer import FaultInjector
 from trainer import PPOTrainer
 from trainer.cli._rundata import load_run
+from trainer.runtime._run_state import changed_settings
 from trainer.runtime._runlock import LOCK_FILE
 from trainer.runtime._runlock import RunFolderLock
-from trainer.runtime._state import changed_settings
 
 from ..helpers import tiny_config
 from ..runfolder import ENV

@@ -12,9 +12,9 @@ import pytest
 import eventbus as eb
 from tests.trainer.helpers import tiny_config
 from trainer import PPOTrainer
-from trainer.runtime.exporters._base import Exporter
-from trainer.runtime.exporters._base import RunEnd
-from trainer.runtime.exporters._base import RunStart
+from trainer.runtime.exporters._exporter import Exporter
+from trainer.runtime.exporters._exporter import RunEnd
+from trainer.runtime.exporters._exporter import RunStart
 
 
 class Recorder(Exporter):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.rollout import _ray_session
-from trainer.rollout._ray_session import check_reachable
+from trainer.rollout.ray import _session
+from trainer.rollout.ray._session import check_reachable
 
-from ..runfolder import trainbus
+from ...runfolder import trainbus
 
 ray = pytest.importorskip("ray")
 
@@ -89,7 +89,7 @@ def test_init_ray_never_calls_ray_init_for_an_unreachable_address(
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     with pytest.raises(ConnectionError):
-        _ray_session.init_ray(f"127.0.0.1:{closed_port}", 1.0, connect_timeout_s=5.0)
+        _session.init_ray(f"127.0.0.1:{closed_port}", 1.0, connect_timeout_s=5.0)
     assert calls == []
 
 
@@ -125,7 +125,7 @@ def test_a_malformed_ray_address_variable_is_named_as_such(
     monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init called"))
     monkeypatch.setenv("RAY_ADDRESS", "head:port")
     with pytest.raises(ValueError, match=r"^RAY_ADDRESS 'head:port': expected HOST:PORT"):
-        _ray_session.init_ray(None, 1.0, connect_timeout_s=1.0)
+        _session.init_ray(None, 1.0, connect_timeout_s=1.0)
 
 
 @pytest.mark.parametrize(("address", "variable"), [("local", None), (None, "local")])
@@ -136,14 +136,14 @@ def test_local_starts_the_confined_local_instance_not_rays_default(
     cleaned: list[str] = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
-    monkeypatch.setattr(_ray_session, "clean_leftovers", lambda: cleaned.append("clean"))
-    monkeypatch.setattr(_ray_session, "record_local_instance", lambda: cleaned.append("record"))
-    monkeypatch.setattr(_ray_session, "_local_instance", False)
+    monkeypatch.setattr(_session, "clean_leftovers", lambda: cleaned.append("clean"))
+    monkeypatch.setattr(_session, "record_local_instance", lambda: cleaned.append("record"))
+    monkeypatch.setattr(_session, "_local_instance", False)
     if variable is None:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
     else:
         monkeypatch.setenv("RAY_ADDRESS", variable)
-    assert _ray_session.init_ray(address, 1.0, connect_timeout_s=1.0)
+    assert _session.init_ray(address, 1.0, connect_timeout_s=1.0)
     (kwargs,) = calls
     assert kwargs["address"] == "local"
     assert kwargs["_node_ip_address"] == "127.0.0.1"
@@ -166,12 +166,12 @@ def test_rays_own_records_go_through_the_command_lines_table(
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr(_ray_session, "clean_leftovers", lambda: 0)
-    monkeypatch.setattr(_ray_session, "record_local_instance", lambda: None)
-    monkeypatch.setattr(_ray_session, "_local_instance", False)
+    monkeypatch.setattr(_session, "clean_leftovers", lambda: 0)
+    monkeypatch.setattr(_session, "record_local_instance", lambda: None)
+    monkeypatch.setattr(_session, "_local_instance", False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with caplog.at_level(logging.INFO):
-        _ray_session.init_ray(None, 1.0)
+        _session.init_ray(None, 1.0)
     # The root logger's handlers (the command line's, with its thresholds) get it.
     assert [r.name for r in caplog.records if "Token" in r.message] == [
         "ray._private.authentication"
@@ -186,8 +186,8 @@ async def test_ray_starts_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) ->
     import anyio
 
     from trainer.config._schema import PolicyConfig
-    from trainer.rollout._ray import RayBackend
     from trainer.rollout._worker import WorkerSpec
+    from trainer.rollout.ray._ray_backend import RayBackend
 
     loop_ran = threading.Event()
     seen: list[bool] = []
@@ -201,7 +201,7 @@ async def test_ray_starts_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr(_ray_session, "clean_leftovers", lambda: 0)
+    monkeypatch.setattr(_session, "clean_leftovers", lambda: 0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = WorkerSpec(task_name="reverse", task_params={"length": 4}, policy=PolicyConfig())
     backend = RayBackend(spec, 1)

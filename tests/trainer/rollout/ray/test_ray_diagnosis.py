@@ -3,7 +3,7 @@ from outside with py-spy, or, without py-spy, from the actor's own diagnosis thr
 trainer with self-healing names it in the restart vote.
 
     unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -m ray \\
-        tests/trainer/rollout/test_ray_diagnosis.py'
+        tests/trainer/rollout/ray/test_ray_diagnosis.py'
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from trainer import SelfHealingExtension
 from trainer import WaitDeadlineExceeded
 from trainer.rollout._stacks import StackReader
 
-from ..helpers import tiny_config
+from ...helpers import tiny_config
 from .test_ray_backend import SPEC
 from .test_ray_backend import FakeSink
 from .test_ray_backend import make_work

@@ -4,7 +4,7 @@
 is already initialised (a test fixture, a user's script) as it is, and otherwise starts a
 small local instance confined to loopback: a new one always, never another run's or user's
 that happens to run on this machine. Before it does, it stops what a killed trainbus run's
-local instance left behind (:mod:`._ray_leftovers`). Whoever it returns True to shuts Ray down
+local instance left behind (:mod:`._leftovers`). Whoever it returns True to shuts Ray down
 again with :func:`shutdown_ray`.
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 
 import ray
 
-from ..config._ray_address import parse_ray_address
-from ._ray_leftovers import clean_leftovers
-from ._ray_leftovers import forget_local_instance
-from ._ray_leftovers import record_local_instance
+from ...config._ray_address import parse_ray_address
+from ._leftovers import clean_leftovers
+from ._leftovers import forget_local_instance
+from ._leftovers import record_local_instance
 
 __all__ = ["check_reachable", "init_ray", "note_local_processes", "shutdown_ray"]
 

@@ -1,6 +1,6 @@
 """The Ray backend: rollout workers as Ray actors, behind the same interface as ``local``.
 
-Each actor (:mod:`._ray_actor`) is a thin wrapper around a rollout worker; :mod:`._ray_pool`
+Each actor (:mod:`._actor`) is a thin wrapper around a rollout worker; :mod:`._pool`
 starts, warms and kills them. The driver side runs on the trainer's asyncio loop (Ray object
 refs are awaitable): one *slot* task per actor takes work from the backend's queue, so every
 actor has at most one call in flight and idle actors pull work as they free up.
@@ -37,7 +37,7 @@ adds actors (standby first) or puts *leave* tokens in the queue: the slot that t
 idle one at once, a busy one after it has delivered) retires its actor, so nothing in flight
 is lost.
 
-Ray itself (:mod:`._ray_session`): the backend joins ``address`` when one is given, uses the
+Ray itself (:mod:`._session`): the backend joins ``address`` when one is given, uses the
 running instance when Ray is already initialised (a test fixture, a user's script), and
 otherwise starts a small local instance confined to loopback, which :meth:`RayBackend.close`
 shuts down again.
@@ -62,29 +62,29 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from eventbus import ThreadStack
 
-from ..config._schema import DEFAULT_WORKERS
-from ..config._schema import ActorCpus
-from ..config._schema import RolloutConfig
-from ..config._schema import Seconds
-from ..config._schema import StandbyActors
-from ..config._schema import within
-from ..rl._weights import PolicyWeights
-from ._backend import ResultSink
-from ._faults import FaultInjector
-from ._logs import ALSO_AN_EVENT
+from ...config._schema import DEFAULT_WORKERS
+from ...config._schema import ActorCpus
+from ...config._schema import RolloutConfig
+from ...config._schema import Seconds
+from ...config._schema import StandbyActors
+from ...config._schema import within
+from ...rl._weights import PolicyWeights
+from .._backend import ResultSink
+from .._faults import FaultInjector
+from .._logs import ALSO_AN_EVENT
+from .._stacks import StackReader
+from .._stacks import helping
+from .._worker import RolloutWork
+from .._worker import WorkerSpec
+from ._actor_stacks import read_actor_stacks
 from ._placement import live_nodes
-from ._ray_pool import ActorPool
-from ._ray_pool import Weights
-from ._ray_serving import Epoch
-from ._ray_serving import ServingActors
-from ._ray_session import init_ray
-from ._ray_session import note_local_processes
-from ._ray_session import shutdown_ray
-from ._ray_stacks import read_actor_stacks
-from ._stacks import StackReader
-from ._stacks import helping
-from ._worker import RolloutWork
-from ._worker import WorkerSpec
+from ._pool import ActorPool
+from ._pool import Weights
+from ._serving import Epoch
+from ._serving import ServingActors
+from ._session import init_ray
+from ._session import note_local_processes
+from ._session import shutdown_ray
 
 __all__ = ["RayBackend"]
 
@@ -322,7 +322,7 @@ class RayBackend(ServingActors):
     def read_stacks(
         self, worker_ids: Sequence[str], reader: StackReader
     ) -> tuple[ThreadStack, ...]:
-        """The actors' stacks (see :mod:`._ray_stacks`). Blocking: call it from a thread."""
+        """The actors' stacks (see :mod:`._actor_stacks`). Blocking: call it from a thread."""
         return read_actor_stacks({a.worker_id: a for a in self._actors}, worker_ids, reader)
 
     def actor_names(self) -> list[str]:

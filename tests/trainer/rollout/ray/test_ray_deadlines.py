@@ -3,7 +3,7 @@ never place fail the start at ``rollout.start_timeout_s`` with a message that na
 setting, instead of waiting forever.
 
     unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -m ray \\
-        tests/trainer/rollout/test_ray_deadlines.py'
+        tests/trainer/rollout/ray/test_ray_deadlines.py'
 """
 
 from __future__ import annotations

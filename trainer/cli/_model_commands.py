@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from typing import get_args
 
-from ._errors import UsageError
+from ._usage import UsageError
 
 __all__ = ["add_workload_commands", "run_workload_command"]
 

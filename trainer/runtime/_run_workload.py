@@ -41,9 +41,9 @@ from ..rl._tasks import Task
 from ..rl._tasks import make_task
 from ..rl._tasks import render
 from ..rollout._logs import ALSO_AN_EVENT
-from ..rollout._workload import Workload
-from ..rollout._workload import build_workload
-from ..rollout._workload import worker_spec
+from ..rollout._rollout_workload import Workload
+from ..rollout._rollout_workload import build_workload
+from ..rollout._rollout_workload import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
     from ..rl._datasets import PromptTable

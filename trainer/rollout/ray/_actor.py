@@ -1,6 +1,6 @@
 """The Ray actor: a rollout worker in its own process, as the Ray backend's actors run it.
 
-Ray imports this module in every actor process; the backend (:mod:`._ray`) only holds
+Ray imports this module in every actor process; the backend (:mod:`._ray_backend`) only holds
 handles (:class:`ActorView`, its view of one actor). The actor's methods are what the
 backend calls: ``ready`` once it is built, ``run`` or ``load_and_run`` for each piece of
 work, ``load`` to keep a standby current and ``warm`` to run its first generation, ``hang``
@@ -28,10 +28,10 @@ from eventbus import Event
 from eventbus import ThreadStack
 from replay import RolloutResult
 
-from ._stacks import own_stacks
-from ._worker import RolloutWork
-from ._worker import RolloutWorker
-from ._worker import WorkerSpec
+from .._stacks import own_stacks
+from .._worker import RolloutWork
+from .._worker import RolloutWorker
+from .._worker import WorkerSpec
 
 Collected = tuple[list[Event], int]
 """A worker's buffered events, oldest first, and how many were dropped before them."""

@@ -1,12 +1,12 @@
 """How the Ray backend's actors serve: one slot task per actor, replacements, the supervisor.
 
-:class:`ServingActors` is the machinery under :class:`~trainer.rollout._ray.RayBackend`: the
-set of serving actors and their *slot* tasks (each takes one piece of work at a time from the
-backend's queue), what happens when an actor dies (reported lost, its place filled: by the
-warm standby at once, else by a new actor started in the background), and the *supervisor*
-task that kills actors whose superseded call overran its grace (hung), fills vacancies and
-keeps the standby full and current. The backend's public methods decide when; this decides
-how.
+:class:`ServingActors` is the machinery under
+:class:`~trainer.rollout.ray._ray_backend.RayBackend`: the set of serving actors and their
+*slot* tasks (each takes one piece of work at a time from the backend's queue), what happens
+when an actor dies (reported lost, its place filled: by the warm standby at once, else by a
+new actor started in the background), and the *supervisor* task that kills actors whose
+superseded call overran its grace (hung), fills vacancies and keeps the standby full and
+current. The backend's public methods decide when; this decides how.
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ from eventbus import Event
 from eventbus import WorkerEventsDropped
 from replay import RolloutResult
 
-from ._backend import BackendBase
-from ._backend import Leave
-from ._faults import FaultInjector
-from ._logs import ALSO_AN_EVENT
+from .._backend import BackendBase
+from .._backend import Leave
+from .._faults import FaultInjector
+from .._logs import ALSO_AN_EVENT
+from .._worker import RolloutWork
+from .._worker import RolloutWorker
+from .._worker import WorkerSpec
+from .._worker_events import EventRequest
+from .._worker_events import rollout_failed
+from ._actor import ActorView
+from ._actor import Output
+from ._actor import first_line
 from ._placement import live_nodes
-from ._ray_actor import ActorView
-from ._ray_actor import Output
-from ._ray_actor import first_line
-from ._ray_pool import ActorPool
-from ._worker import RolloutWork
-from ._worker import RolloutWorker
-from ._worker import WorkerSpec
-from ._worker_events import EventRequest
-from ._worker_events import rollout_failed
+from ._pool import ActorPool
 
 __all__ = ["Epoch", "ServingActors"]
 

@@ -13,12 +13,12 @@ from ray.exceptions import ActorDiedError  # noqa: E402  (needs ray)
 
 from trainer import RayBackend  # noqa: E402
 from trainer.rl._hparams import PolicyConfig  # noqa: E402
-from trainer.rollout import _ray  # noqa: E402
 from trainer.rollout._backend import Leave  # noqa: E402
-from trainer.rollout._placement import ClusterNode  # noqa: E402
-from trainer.rollout._ray_actor import ActorView  # noqa: E402
 from trainer.rollout._worker import RolloutWork  # noqa: E402
 from trainer.rollout._worker import WorkerSpec  # noqa: E402
+from trainer.rollout.ray import _ray_backend  # noqa: E402
+from trainer.rollout.ray._actor import ActorView  # noqa: E402
+from trainer.rollout.ray._placement import ClusterNode  # noqa: E402
 
 from .test_ray_backend import FakeSink  # noqa: E402
 
@@ -28,7 +28,7 @@ SPEC = WorkerSpec(task_name="reverse", task_params={"length": 4}, policy=PolicyC
 
 def backend_with(actors: int, monkeypatch: pytest.MonkeyPatch) -> RayBackend:
     """A backend serving ``actors`` fake actors (no slot tasks: the test plays their part)."""
-    monkeypatch.setattr(_ray, "live_nodes", lambda: [ClusterNode(NODE, "127.0.0.1", 2.0)])
+    monkeypatch.setattr(_ray_backend, "live_nodes", lambda: [ClusterNode(NODE, "127.0.0.1", 2.0)])
     backend = RayBackend(SPEC, actors)
     backend._sink = FakeSink()
     backend._queue = asyncio.Queue()

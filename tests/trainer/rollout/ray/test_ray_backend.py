@@ -1,7 +1,7 @@
 """The Ray backend on a real local Ray instance (run inside a loopback-only namespace).
 
     unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -m ray \
-        tests/trainer/rollout/test_ray_backend.py'
+        tests/trainer/rollout/ray/test_ray_backend.py'
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from trainer.rl._policy import build_policy
 from trainer.rl._tasks import PromptStream
 from trainer.rl._weights import PolicyWeights
 
-from ...conftest import RayCluster
+from ....conftest import RayCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 

@@ -12,9 +12,9 @@ ray = pytest.importorskip("ray")
 from ray.exceptions import RayError  # noqa: E402  (needs ray)
 
 from trainer.rl._hparams import PolicyConfig  # noqa: E402
-from trainer.rollout import _ray_pool  # noqa: E402
-from trainer.rollout._placement import ClusterNode  # noqa: E402
 from trainer.rollout._worker import WorkerSpec  # noqa: E402
+from trainer.rollout.ray import _pool  # noqa: E402
+from trainer.rollout.ray._placement import ClusterNode  # noqa: E402
 
 RAYS_MESSAGE = """The actor died unexpectedly before finishing this task.
 \tclass_name: RolloutActor
@@ -59,10 +59,10 @@ class ActorClass:
 async def test_an_actor_dying_while_it_starts_fails_the_start_with_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_ray_pool, "remote_actor_class", ActorClass)
-    monkeypatch.setattr(_ray_pool, "live_nodes", lambda: [ClusterNode("ab" * 28, "127.0.0.1", 2.0)])
-    monkeypatch.setattr(_ray_pool, "kill_actor", lambda actor: None)
-    pool = _ray_pool.ActorPool(
+    monkeypatch.setattr(_pool, "remote_actor_class", ActorClass)
+    monkeypatch.setattr(_pool, "live_nodes", lambda: [ClusterNode("ab" * 28, "127.0.0.1", 2.0)])
+    monkeypatch.setattr(_pool, "kill_actor", lambda actor: None)
+    pool = _pool.ActorPool(
         WorkerSpec(task_name="reverse", task_params={"length": 4}, policy=PolicyConfig()),
         prefix="trainbus-test",
         actor_cpus=0.0,

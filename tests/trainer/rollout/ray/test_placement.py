@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainer.rollout._placement import ClusterNode
-from trainer.rollout._placement import choose_nodes
+from trainer.rollout.ray._placement import ClusterNode
+from trainer.rollout.ray._placement import choose_nodes
 
 A, B, C = (ClusterNode(node_id=n, address="127.0.0.1", cpus=2.0) for n in "abc")
 

@@ -18,10 +18,10 @@ from ray.exceptions import RayError
 
 from eventbus import ThreadStack
 
+from .._stacks import StackReader
+from ._actor import ActorView
+from ._actor import first_line
 from ._placement import live_nodes
-from ._ray_actor import ActorView
-from ._ray_actor import first_line
-from ._stacks import StackReader
 
 __all__ = ["read_actor_stacks"]
 

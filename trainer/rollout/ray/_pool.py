@@ -7,7 +7,7 @@ kept at the latest weights (each new version is pushed to them as it is publishe
 waiting for them), so a lost, crashed or hung worker is replaced in the time it takes to
 hand over a handle instead of the seconds a new process needs to import torch.
 
-The backend (:mod:`._ray`) decides when actors are needed and what they serve; the pool
+The backend (:mod:`._ray_backend`) decides when actors are needed and what they serve; the pool
 only knows actors. Every Ray error it handles is logged and counted in :attr:`errors`.
 """
 
@@ -27,14 +27,14 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
 
+from .._worker import RolloutWork
+from .._worker import WorkerSpec
+from ._actor import ActorView
+from ._actor import first_line
+from ._actor import remote_actor_class
 from ._placement import affinity
 from ._placement import choose_nodes
 from ._placement import live_nodes
-from ._ray_actor import ActorView
-from ._ray_actor import first_line
-from ._ray_actor import remote_actor_class
-from ._worker import RolloutWork
-from ._worker import WorkerSpec
 
 __all__ = ["ActorPool", "Weights", "kill_actor"]
 

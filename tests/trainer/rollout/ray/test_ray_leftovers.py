@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from trainer.rollout import _ray_leftovers
-from trainer.rollout._ray_leftovers import clean_leftovers
+from trainer.rollout.ray import _leftovers
+from trainer.rollout.ray._leftovers import clean_leftovers
 
-from ..runfolder import kill_at
-from ..runfolder import tiny_toml
-from ..runfolder import trainbus
+from ...runfolder import kill_at
+from ...runfolder import tiny_toml
+from ...runfolder import trainbus
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
 
 
 def started(pid: int) -> int | None:
-    return _ray_leftovers._started(pid)
+    return _leftovers._started(pid)
 
 
 def alive(pid: int, start: int | None) -> bool:
@@ -30,7 +30,7 @@ def alive(pid: int, start: int | None) -> bool:
 
 
 def record(driver: tuple[int, int | None], processes: list[int]) -> Path:
-    path = _ray_leftovers._records() / f"{driver[0]}.json"
+    path = _leftovers._records() / f"{driver[0]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     listed = [[pid, started(pid)] for pid in processes]
     path.write_text(json.dumps({"driver": list(driver), "processes": listed}))
@@ -89,14 +89,14 @@ def test_a_records_folder_of_another_user_is_neither_read_nor_written(
 ) -> None:
     # Another local user created the folder first, in a shared temporary folder.
     monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
-    folder = _ray_leftovers._records()
+    folder = _leftovers._records()
     folder.mkdir(mode=0o700)
     victim, record_file = _leftover_in(folder)
     os.chown(folder, 65534, 65534)
     os.chown(record_file, 65534, 65534)
     try:
         assert clean_leftovers() == 0
-        _ray_leftovers.record_local_instance()
+        _leftovers.record_local_instance()
         assert victim.poll() is None  # no signal was sent
         assert sorted(p.name for p in folder.iterdir()) == ["1.json"]  # nothing written
         warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -110,13 +110,13 @@ def test_a_records_folder_others_may_write_to_is_neither_read_nor_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
-    folder = _ray_leftovers._records()
+    folder = _leftovers._records()
     folder.mkdir()
     folder.chmod(0o777)
     victim, _ = _leftover_in(folder)
     try:
         assert clean_leftovers() == 0
-        _ray_leftovers.record_local_instance()
+        _leftovers.record_local_instance()
         assert victim.poll() is None
         assert [p.name for p in folder.iterdir()] == ["1.json"]
         assert any(
@@ -136,7 +136,7 @@ def test_a_link_in_place_of_the_records_folder_is_not_followed(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     victim, _ = _leftover_in(elsewhere)
-    _ray_leftovers._records().symlink_to(elsewhere)
+    _leftovers._records().symlink_to(elsewhere)
     try:
         assert clean_leftovers() == 0
         assert victim.poll() is None
@@ -148,8 +148,8 @@ def test_the_records_folder_is_created_private(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRAINBUS_RAY_RECORDS", str(tmp_path))
-    _ray_leftovers.record_local_instance()
-    folder = _ray_leftovers._records()
+    _leftovers.record_local_instance()
+    folder = _leftovers._records()
     assert folder.stat().st_mode & 0o777 == 0o700
     assert (folder / f"{os.getpid()}.json").is_file()
 
@@ -169,7 +169,7 @@ def test_a_process_of_another_user_is_never_signalled(
 
 
 def descendants(pid: int) -> dict[int, int | None]:
-    return {p: started(p) for p in _ray_leftovers._descendants(pid)}
+    return {p: started(p) for p in _leftovers._descendants(pid)}
 
 
 @pytest.mark.ray

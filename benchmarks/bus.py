@@ -74,10 +74,10 @@ from benchmarks._common import save_results
 from benchmarks._common import use_clock
 from eventbus import Decision
 from eventbus import EventBus
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StepStarted
 from eventbus import Subscription
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepStarted
 
 try:
     import uvloop

@@ -94,10 +94,11 @@ from benchmarks._common import load_average
 from benchmarks._common import print_table
 from benchmarks._common import run_facts
 from benchmarks._common import save_results
-from eventbus import CheckpointSaved
 from eventbus import JsonlSink
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
 from eventbus.testing import ScriptedVoter
 from trainer import FitSummary
 from trainer import PPOTrainer
@@ -270,7 +271,8 @@ def run_variant(variant: str, steps: int, profiler: cProfile.Profile | None = No
         registrations = []
         if variant == FIT_EXT:
             sink = JsonlSink(Path(folder) / "events.jsonl")
-            voter = ScriptedVoter(sample_wait=True)  # CONTINUE at every point, SAMPLE_WAIT too
+            # CONTINUE at every point, SAMPLE_WAIT too
+            voter = ScriptedVoter(opt_in=[Capability.SAMPLE_WAIT])
             registrations = [
                 trainer.register_runtime_extension(sink),
                 trainer.register_runtime_extension(voter),

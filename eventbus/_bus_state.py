@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from typing import Protocol
 from typing import cast
 
@@ -34,15 +35,15 @@ from ._barrier import Barrier
 from ._barrier import Deadlines
 from ._barrier import Roster
 from ._barrier import Voter
+from ._barrier_types import BarrierOutcome
+from ._barrier_types import BarrierPoint
+from ._barrier_types import BarrierRequest
+from ._barrier_types import Vote
+from ._barrier_types import VotePoints
 from ._decisions import Decision
-from ._decisions import SafePoint
 from ._errors import SafePointError
 from ._events import Event
 from ._events import ExtensionFailed
-from ._events import SafePointOutcome
-from ._events import SafePointReached
-from ._events import SafePointResolved
-from ._events import Vote
 from ._order import OrderLock
 from ._order import lock_free
 from ._order import solo_here as _solo_here
@@ -69,18 +70,18 @@ class Inbox(Voter, Protocol):
     """What routing needs of one subscriber's queue (:class:`~eventbus.Subscription`)."""
 
     @property
-    def _vote_points(self) -> frozenset[SafePoint]: ...
+    def _vote_points(self) -> VotePoints: ...
 
     def _accepts(self, event_type: type[Event], /) -> bool: ...
 
-    def _observes_point(self, point: SafePoint, /) -> bool: ...
+    def _observes_point(self, point: BarrierPoint, /) -> bool: ...
 
     @property
     def _queue(self) -> Queue: ...
 
     def _stop(self, *, discard: bool) -> None: ...
 
-    def _request_expired(self, request: SafePointReached, /) -> None: ...
+    def _request_expired(self, request: BarrierRequest[Any], /) -> None: ...
 
 
 class PointRoute:
@@ -88,14 +89,23 @@ class PointRoute:
 
     Attributes:
         roster: The participants (voters), in the order they joined.
-        requests: The voters' queues, where ``SafePointReached`` goes as a request.
+        requests: The voters' queues, where the point's request goes as a request.
         observers: The queues where it goes as an ordinary event (observers).
-        resolved: Where ``SafePointResolved`` goes (observers).
+        resolved: Where its resolution goes (observers).
+        request_type: The point's request type (it builds the outcome and resolution).
         listened: Someone takes part or watches.
         stale: Subscriptions changed since the route was computed.
     """
 
-    __slots__ = ("listened", "observers", "requests", "resolved", "roster", "stale")
+    __slots__ = (
+        "listened",
+        "observers",
+        "request_type",
+        "requests",
+        "resolved",
+        "roster",
+        "stale",
+    )
 
     def __init__(
         self,
@@ -103,11 +113,13 @@ class PointRoute:
         requests: tuple[Queue, ...],
         observers: tuple[Queue, ...],
         resolved: tuple[Queue, ...],
+        request_type: type[BarrierRequest[Any]],
     ):
         self.roster = roster
         self.requests = requests
         self.observers = observers
         self.resolved = resolved
+        self.request_type = request_type
         self.listened = bool(requests or observers or resolved)
         # Set when subscriptions change: whoever holds this route must look it up again.
         self.stale = False
@@ -229,7 +241,7 @@ class BusState:
                 pushes = self.route_locked(event_type)
         return bool(pushes)
 
-    def point_route(self, point: SafePoint) -> PointRoute:
+    def point_route(self, point: BarrierPoint) -> PointRoute:
         """Participants and observers of ``point``, computed once and cached."""
         route = self.point_routes.get(point._value_)
         if route is None:
@@ -237,20 +249,23 @@ class BusState:
                 route = self.point_route_locked(point)
         return route
 
-    def point_route_locked(self, point: SafePoint) -> PointRoute:
+    def point_route_locked(self, point: BarrierPoint) -> PointRoute:
         """:meth:`point_route`, with the lock held (computed afresh and cached)."""
+        request_type = point.request_type
         voters: list[Inbox] = []
         observers: list[Queue] = []
         resolved: list[Queue] = []
         for s in self.subscribers:
             if point in s._vote_points:
                 voters.append(s)
-            elif s._accepts(SafePointReached) and s._observes_point(point):
+            elif s._accepts(request_type) and s._observes_point(point):
                 observers.append(s._queue)
-            if s._accepts(SafePointResolved) and s._observes_point(point):
+            if s._accepts(request_type.resolution) and s._observes_point(point):
                 resolved.append(s._queue)
         requests = tuple(s._queue for s in voters)
-        route = PointRoute(Roster(tuple(voters)), requests, tuple(observers), tuple(resolved))
+        route = PointRoute(
+            Roster(tuple(voters)), requests, tuple(observers), tuple(resolved), request_type
+        )
         self.point_routes[point._value_] = route
         return route
 
@@ -310,8 +325,8 @@ class BusState:
     # --- votes --------------------------------------------------------------------------
 
     def close_barrier_locked(
-        self, barrier: Barrier, request: SafePointReached, timeout: float
-    ) -> SafePointOutcome:
+        self, barrier: Barrier, request: BarrierRequest[Any], timeout: float
+    ) -> BarrierOutcome:
         """Take ``barrier`` out of the open set, recording a timeout for whoever has not
         voted (whose unread ``request`` then goes first when its queue needs room)."""
         del self.barriers[request.seq]
@@ -320,11 +335,10 @@ class BusState:
             for vote in barrier.expire_late(self.timeout_decision, timeout):
                 self.late_votes += 1
                 logger.warning(
-                    "%r answered safe point %s%s after %.1f s, past its %g s deadline: its "
+                    "%r answered safe point %s after %.1f s, past its %g s deadline: its "
                     "vote (%s) counts as %s, as a vote that never came",
                     vote.participant,
-                    request.point.value,
-                    f" at step {request.step}" if request.step is not None else "",
+                    request.place(),
                     vote.latency_s,
                     timeout,
                     vote.error or vote.decision.value,
@@ -341,7 +355,7 @@ class BusState:
     def record_vote(
         self,
         voter: Voter,
-        event: SafePointReached,
+        event: BarrierRequest[Any],
         decision: Decision,
         *,
         reason: str = "",
@@ -436,7 +450,7 @@ class Voting:
         raise NotImplementedError
 
     @lock_free
-    def decide(self, event: SafePointReached, decision: Decision, *, reason: str = "") -> bool:
+    def decide(self, event: BarrierRequest[Any], decision: Decision, *, reason: str = "") -> bool:
         """Answer the safe point ``event`` with ``decision``.
 
         Returns:
@@ -451,9 +465,9 @@ class Voting:
         # Decision cannot be subclassed (an Enum with members), so its type says it all.
         if type(decision) is not Decision:
             raise TypeError(f"decision must be an eventbus.Decision, got {decision!r}")
-        if type(event) is not SafePointReached:
+        if not isinstance(event, BarrierRequest):
             raise SafePointError(
-                f"{self.name!r} can only decide a SafePointReached event, "
+                f"{self.name!r} can only decide the request of a safe point, "
                 f"not {type(event).__name__}"
             )
         lock = self._lock
@@ -486,7 +500,7 @@ class Voting:
             if not solo:
                 lock.release()
 
-    def _late_vote(self, event: SafePointReached, barrier: Barrier | None) -> bool:
+    def _late_vote(self, event: BarrierRequest[Any], barrier: Barrier | None) -> bool:
         """:meth:`decide` for a vote that does not count: late (False) or wrong (raises)."""
         if barrier is not None and self in barrier.positions:  # it took part: it voted
             raise SafePointError(

@@ -37,8 +37,7 @@ from typing import cast
 
 import msgspec
 
-from eventbus import RolloutRejected
-
+from ._batch_events import RolloutRejected
 from ._model import RolloutResult
 from ._model import RolloutStatus
 from ._reasons import Admission

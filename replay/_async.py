@@ -28,9 +28,9 @@ import logging
 from collections.abc import Callable
 from collections.abc import Iterable
 
-from eventbus import BatchReconciled
 from eventbus import EventBus
 
+from ._batch_events import BatchReconciled
 from ._buffer_base import BufferBase
 from ._model import GroupResult
 from ._model import GroupStatus

@@ -12,8 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from eventbus import BatchReport
-
+from ._batch_events import BatchReport
 from ._model import GroupResult
 from ._model import GroupStatus
 from ._model import PromptGroup

@@ -20,9 +20,8 @@ from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Sequence
 
-from eventbus import BatchReconciled
-from eventbus import BatchReport
-
+from ._batch_events import BatchReconciled
+from ._batch_events import BatchReport
 from ._batch_report import FailureRules
 from ._batch_report import build_report
 from ._batch_report import repeats_the_report

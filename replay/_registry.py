@@ -20,8 +20,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import TypeVar
 
-from eventbus import BatchReport
-
+from ._batch_events import BatchReport
 from ._batch_report import FailureRules
 from ._batch_report import build_report
 from ._batch_report import count_evicted

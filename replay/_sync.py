@@ -18,9 +18,9 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 
-from eventbus import BatchReconciled
 from eventbus import EventBus
 
+from ._batch_events import BatchReconciled
 from ._batch_report import repeats_the_report
 from ._buffer_base import BufferBase
 from ._errors import RegistrationError

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 import anyio
 
-from eventbus import BatchReport
 from eventbus import EventBus
 
 from ._admission import AdmissionGate
+from ._batch_events import BatchReport
 from ._batch_report import FailureRules
 from ._batches import SyncBatches
 from ._cancel import CancelHook

@@ -32,9 +32,23 @@ if _typing.TYPE_CHECKING:
     from .rollout._backend import RolloutBackend as RolloutBackend
     from .rollout._faults import FAULTS as FAULTS
     from .rollout._faults import Fault as Fault
+    from .rollout._faults import FaultInjected as FaultInjected
     from .rollout._faults import FaultInjector as FaultInjector
     from .rollout._faults import InjectedFault as InjectedFault
     from .rollout._local import LocalBackend as LocalBackend
+    from .rollout._rollout_events import RewardTimed as RewardTimed
+    from .rollout._rollout_events import RolloutFailed as RolloutFailed
+    from .rollout._rollout_events import RolloutFinished as RolloutFinished
+    from .rollout._rollout_events import RolloutRestarted as RolloutRestarted
+    from .rollout._rollout_events import RolloutRetried as RolloutRetried
+    from .rollout._rollout_events import RolloutStarted as RolloutStarted
+    from .rollout._rollout_events import WeightsSynced as WeightsSynced
+    from .rollout._rollout_events import WorkerEventsDropped as WorkerEventsDropped
+    from .rollout._rollout_events import WorkerJoined as WorkerJoined
+    from .rollout._rollout_events import WorkerLeft as WorkerLeft
+    from .rollout._rollout_events import WorkerLost as WorkerLost
+    from .rollout._rollout_events import WorkerRestarted as WorkerRestarted
+    from .rollout._rollout_events import WorkerStalled as WorkerStalled
     from .rollout._rollout_workload import WorkerSpec as WorkerSpec
     from .rollout._worker import RolloutWork as RolloutWork
     from .rollout._worker import RolloutWorker as RolloutWorker

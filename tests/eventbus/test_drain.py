@@ -13,12 +13,12 @@ import anyio.lowlevel
 import pytest
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Event
 from eventbus import EventBus
 from eventbus import ExtensionContext
 from eventbus import ExtensionError
-from eventbus import StepStarted
+from eventbus.runtime import Capability
+from eventbus.runtime import StepStarted
 
 # Far longer than any of these tests runs: reaching it means the drain waited for the wrong
 # extension (the behaviour before the fix).

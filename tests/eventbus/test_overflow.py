@@ -14,11 +14,11 @@ from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
 from eventbus import Lagged
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StepStarted
 from eventbus import SubscriberOverflowError
 from eventbus import Subscription
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepStarted
 
 ops = st.lists(
     st.tuples(st.sampled_from(["publish", "take"]), st.integers(min_value=1, max_value=12)),

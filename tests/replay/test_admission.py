@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 import replay._admission as admission_module
 from eventbus import EventBus
-from eventbus import RolloutRejected
 from eventbus import decode_event
 from eventbus import encode_event
 from eventbus.testing import record_events
 from replay import Admission
 from replay import PromptGroup
+from replay import RolloutRejected
 from replay import RolloutResult
 from replay import RolloutStatus
 from replay import RolloutTracker

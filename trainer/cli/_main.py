@@ -364,7 +364,9 @@ def _train(args: argparse.Namespace) -> int:
     from ._live import progress_view
 
     view, handler = progress_view(
-        live=not args.no_progress and sys.stdout.isatty(), verbose=args.verbose
+        live=not args.no_progress and sys.stdout.isatty(),
+        verbose=args.verbose,
+        stall_timeout_s=config.self_heal.stall_timeout_s if config.self_heal.enabled else None,
     )
     # The progress view reports restarts, faults and drops as events; the log adds this
     # project's warnings and every library's errors (everything from INFO with --verbose).

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eventbus import CheckpointRestored
 from eventbus import Event
-from eventbus import RolloutRestarted
-from eventbus import StepStarted
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import StepStarted
 
+from ..rollout._rollout_events import RolloutRestarted
 from ..runtime._fold import REWARD_METRIC
 from ..runtime._fold import WAIT_METRIC
 from ._rundata import RunData

@@ -19,8 +19,8 @@ import msgspec
 
 from eventbus import Event
 from eventbus import Lagged
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import StepFinished
 
 from ..runtime._fold import FitSummary
 from ..runtime._fold import RunFold

@@ -56,26 +56,26 @@ from typing import Any
 import msgspec
 from transformers import TrainerCallback
 
-from eventbus import BatchReconciled
-from eventbus import BatchReport
-from eventbus import Capability
-from eventbus import CheckpointRestored
-from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
 from eventbus import Registration
-from eventbus import RolloutRejected
-from eventbus import SafePoint
-from eventbus import SafePointOutcome
-from eventbus import SafePointReached
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import StepStarted
 from eventbus import Subscription
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
+from replay import BatchReconciled
+from replay import BatchReport
+from replay import RolloutRejected
 
 from ..config._export import ExportConfig
 from ..config._export import exporter_flag
@@ -455,12 +455,15 @@ class TrainbusCallback(TrainerCallback):
                     world_size=fit.ranks.world_size,
                 ),
             )
+        run_id = (fit.fold.summary().run_id if fit.fold is not None else "") or uuid.uuid4().hex[
+            :12
+        ]
+        self.view.started(run_id)
         if self.bus.wants(FitStarted):
-            run_id = fit.fold.summary().run_id if fit.fold is not None else ""
             self._publish(
                 fit,
                 FitStarted(
-                    run_id=run_id or uuid.uuid4().hex[:12],
+                    run_id=run_id,
                     start_step=state.global_step,
                     total_steps=state.max_steps,
                     mode="sync",

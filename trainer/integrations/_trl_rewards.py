@@ -27,7 +27,7 @@ from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
-from eventbus import BatchReport
+from replay import BatchReport
 
 from ..rl._rewards import RewardError
 from ..rl._rewards import RewardFailure

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from eventbus import EventBus
-from eventbus import StallDiagnosed
+from eventbus.runtime import StallDiagnosed
 
 from ..rollout._stacks import StackReader
 from ..rollout._stacks import helpers_of

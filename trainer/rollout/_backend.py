@@ -22,7 +22,8 @@ from typing import Protocol
 from typing import runtime_checkable
 
 from eventbus import Event
-from eventbus import ThreadStack
+from eventbus.runtime import StuckRollout
+from eventbus.runtime import ThreadStack
 from replay import RolloutResult
 
 from ..config._schema import RolloutWorkers
@@ -44,6 +45,7 @@ __all__ = [
     "Leave",
     "ResultSink",
     "RolloutBackend",
+    "stuck_rollouts",
 ]
 
 
@@ -141,6 +143,23 @@ class Holding:
     worker_id: str
     work: RolloutWork
     since: float
+
+
+def stuck_rollouts(holdings: Iterable[Holding], now: float) -> tuple[StuckRollout, ...]:
+    """Every rollout of ``holdings``, with the worker holding it and for how long (``now``
+    on the ledger's clock): what a stall diagnosis and ``Host.held_rollouts`` report."""
+    return tuple(
+        StuckRollout(
+            rollout_id=rollout_id,
+            group_id=group.group_id,
+            attempt=group.attempt,
+            worker_id=holding.worker_id,
+            held_s=now - holding.since,
+        )
+        for holding in holdings
+        for group in holding.work.groups
+        for rollout_id in group.rollout_ids
+    )
 
 
 class HoldingLedger:

@@ -26,11 +26,6 @@ from dataclasses import field
 
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import RolloutRestarted
-from eventbus import WorkerJoined
-from eventbus import WorkerLeft
-from eventbus import WorkerLost
-from eventbus import WorkerRestarted
 from replay import AsyncReplayBuffer
 from replay import EvictionReason
 from replay import GroupResult
@@ -48,6 +43,12 @@ from ..rl._weights import PolicyWeights
 from ._backend import RolloutBackend
 from ._failures import FailureLog
 from ._logs import ALSO_AN_EVENT
+from ._rollout_events import RolloutRestarted
+from ._rollout_events import WorkerJoined
+from ._rollout_events import WorkerLeft
+from ._rollout_events import WorkerLost
+from ._rollout_events import WorkerRestarted
+from ._rollout_events import asked
 from ._worker import RolloutWork
 from ._worker import chunk
 from ._worker import work_seed
@@ -93,7 +94,8 @@ class RolloutDriver(ABC):
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
         # time.monotonic() of the last result or pickup: progress, for the stall watch.
         self.progress_at = -math.inf
-        self._membership_step = 0  # the step boundary of the last resize
+        # The last resize: its step boundary, and who asked for it and why.
+        self._membership: tuple[int, str, str] = (0, "", "")
         # Workers lost with work in flight since the rollout side last (re)started: what
         # they held will never be delivered (see undeliverable()).
         self._losses: list[str] = []
@@ -208,9 +210,18 @@ class RolloutDriver(ABC):
         self, kind: type[WorkerJoined | WorkerLeft], worker_id: str, node: str, reason: str
     ) -> None:
         if self.bus.wants(kind):
-            workers, step = self.backend.workers, self._membership_step
+            step, requester, asked_why = self._membership
+            # The backend's own reasons (a restart trimming surplus workers) name nobody.
+            requester = requester if reason == asked_why else ""
             self.bus.publish(
-                kind(worker_id=worker_id, node=node, reason=reason, workers=workers, step=step)
+                kind(
+                    worker_id=worker_id,
+                    node=node,
+                    requester=requester,
+                    reason=reason,
+                    workers=self.backend.workers,
+                    step=step,
+                )
             )
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -283,12 +294,17 @@ class RolloutDriver(ABC):
             "attempt": self.max_attempt,
         }
 
-    async def resize(self, step: int, workers: int, reason: str) -> None:
-        """At the boundary after ``step``: run ``workers`` workers from the next step on.
-        Work already dispatched stays where it is (leaving workers deliver it first)."""
-        self._membership_step = step
+    async def resize(self, step: int, workers: int, reason: str, *, requester: str = "") -> None:
+        """At the boundary after ``step``: run ``workers`` workers from the next step on, as
+        ``requester`` asked for ``reason``. Work already dispatched stays where it is
+        (leaving workers deliver it first)."""
+        self._membership = (step, requester, reason)
         logger.warning(
-            "rollout workers %d -> %d at step %d: %s", self.backend.workers, workers, step, reason
+            "rollout workers %d -> %d at step %d: %s",
+            self.backend.workers,
+            workers,
+            step,
+            asked(requester, reason),
         )
         await self.backend.resize(workers, reason)
 

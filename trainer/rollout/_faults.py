@@ -32,7 +32,6 @@ import msgspec
 
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import FaultInjected
 
 from ..rl._names import did_you_mean
 from ._logs import ALSO_AN_EVENT
@@ -42,7 +41,15 @@ if TYPE_CHECKING:
 
     from ._worker import RolloutWork
 
-__all__ = ["FAULTS", "FAULT_HELP", "Fault", "FaultInjector", "InjectedFault", "WorkerCrashed"]
+__all__ = [
+    "FAULTS",
+    "FAULT_HELP",
+    "Fault",
+    "FaultInjected",
+    "FaultInjector",
+    "InjectedFault",
+    "WorkerCrashed",
+]
 
 logger = logging.getLogger("trainbus.faults")
 
@@ -64,6 +71,20 @@ FAULT_HELP: Mapping[str, str] = {
 
 FAULTS: tuple[str, ...] = tuple(FAULT_HELP)
 """The fault names ``--inject FAULT@STEP`` and :class:`Fault` accept."""
+
+
+class FaultInjected(Event, frozen=True):
+    """A fault injector fired (tests and ``trainbus train --inject``).
+
+    Attributes:
+        fault: The fault's name (``hang``, ``crash``, ``slow``, ``fail-retry``, ...).
+        step: The step it fired at.
+        detail: Where it struck (the worker, the rollout), in words.
+    """
+
+    fault: str
+    step: int
+    detail: str = ""
 
 
 class InjectedFault(RuntimeError):

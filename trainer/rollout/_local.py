@@ -30,7 +30,7 @@ from dataclasses import field
 
 import anyio
 
-from eventbus import ThreadStack
+from eventbus.runtime import ThreadStack
 
 from ..config._schema import DEFAULT_WORKERS
 from ..config._schema import RolloutConfig

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from eventbus import Decision
-from eventbus import SafePoint
-from eventbus import SafePointOutcome
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
 
 __all__ = [
     "ACTIONS",

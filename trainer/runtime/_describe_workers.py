@@ -13,15 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 from eventbus import Event
-from eventbus import RewardTimed
-from eventbus import RolloutFailed
-from eventbus import RolloutFinished
-from eventbus import RolloutRetried
-from eventbus import RolloutStarted
-from eventbus import WorkerEventsDropped
-from eventbus import WorkerJoined
-from eventbus import WorkerLeft
-from eventbus import WorkerStalled
+
+from ..rollout._rollout_events import RewardTimed
+from ..rollout._rollout_events import RolloutFailed
+from ..rollout._rollout_events import RolloutFinished
+from ..rollout._rollout_events import RolloutRetried
+from ..rollout._rollout_events import RolloutStarted
+from ..rollout._rollout_events import WorkerEventsDropped
+from ..rollout._rollout_events import WorkerJoined
+from ..rollout._rollout_events import WorkerLeft
+from ..rollout._rollout_events import WorkerStalled
+from ..rollout._rollout_events import asked
 
 __all__ = ["WORKER_DESCRIBERS", "count", "short_node", "worker_label"]
 
@@ -52,7 +54,8 @@ def count(n: int, noun: str) -> str:
 def _membership(e: WorkerJoined | WorkerLeft, context: object) -> str:
     verb = "joined" if isinstance(e, WorkerJoined) else "left"
     now = count(e.workers, "worker")
-    return f"{_who(e)} {verb} at step {e.step} ({now}): {e.reason or 'no reason'}"
+    why = asked(e.requester, e.reason) or "no reason"
+    return f"{_who(e)} {verb} at step {e.step} ({now}): {why}"
 
 
 def _started(e: RolloutStarted, context: object) -> str:

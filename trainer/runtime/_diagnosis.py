@@ -31,13 +31,14 @@ from collections.abc import Callable
 from typing import Any
 
 from eventbus import EventBus
-from eventbus import StallDiagnosed
-from eventbus import StuckRollout
-from eventbus import ThreadStack
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StuckRollout
+from eventbus.runtime import ThreadStack
 
 from ..config._schema import TrainerConfig
 from ..rollout._backend import Holding
 from ..rollout._backend import RolloutBackend
+from ..rollout._backend import stuck_rollouts
 from ..rollout._driver import RolloutDriver
 from ..rollout._stacks import StackReader
 from ..rollout._stacks import helpers_of
@@ -223,7 +224,7 @@ class StallDiagnoser(StallWatchdog):
             notes.append(BLOCKED_LOOP_NOTE)
         if stall.stage == "rollouts":
             holdings = self._holdings(notes if loop is None else [])
-            stuck = _stuck(holdings, self._clock())
+            stuck = stuck_rollouts(holdings, self._clock())
             stacks += self._worker_stacks(holdings, notes)
         else:
             stacks += self._trainer_stacks(stall)
@@ -305,21 +306,6 @@ class StallDiagnoser(StallWatchdog):
             return ()
         stacks: tuple[ThreadStack, ...] = read(list(workers), self.reader)
         return stacks
-
-
-def _stuck(holdings: tuple[Holding, ...], now: float) -> tuple[StuckRollout, ...]:
-    return tuple(
-        StuckRollout(
-            rollout_id=rollout_id,
-            group_id=group.group_id,
-            attempt=group.attempt,
-            worker_id=holding.worker_id,
-            held_s=now - holding.since,
-        )
-        for holding in holdings
-        for group in holding.work.groups
-        for rollout_id in group.rollout_ids
-    )
 
 
 def stage_thresholds(config: TrainerConfig) -> dict[str, float]:

@@ -42,12 +42,6 @@ class WorkerRequest:
     requester: str = ""
     reason: str = ""
 
-    def describe(self) -> str:
-        """``requester: reason``: the reason the events carry (the summary's ``membership``
-        splits it back into its two parts)."""
-        who = self.requester or "a membership request"
-        return f"{who}: {self.reason}" if self.reason else who
-
 
 class MembershipRequests:
     """The pending request, written from any thread, taken at a step boundary."""
@@ -83,5 +77,4 @@ class MembershipRequests:
         before = driver.backend.workers
         if request is None or request.workers == before:
             return
-        reason = request.describe()
-        await driver.resize(step, request.workers, reason)
+        await driver.resize(step, request.workers, request.reason, requester=request.requester)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from eventbus import SafePoint
+from eventbus.runtime import SafePoint
 
 from ..rollout._backend import RolloutBackend
 from ..rollout._logs import ALSO_AN_EVENT

@@ -28,10 +28,10 @@ import anyio
 import msgspec
 import torch
 
-from eventbus import Capability
-from eventbus import CheckpointRestored
-from eventbus import CheckpointSaved
 from eventbus import EventBus
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import CheckpointSaved
 
 from ..config._schema import TrainerConfig
 from ..rl._datasets import decode_prompt

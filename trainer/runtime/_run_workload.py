@@ -23,7 +23,7 @@ from typing import cast
 
 import torch
 
-from eventbus import CompletionSample
+from eventbus.runtime import CompletionSample
 
 from ..config._schema import TrainerConfig
 from ..rl._grpo import Sample

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 import anyio
 
 from eventbus import EventBus
-from eventbus import SafePoint
-from eventbus import SafePointResolved
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointResolved
 from replay import GroupResult
 
 from ..rollout._driver import RolloutDriver

@@ -28,18 +28,19 @@ from typing import Any
 import anyio
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import SampleWait
-from eventbus import SampleWaitState
-from eventbus import StallDiagnosed
-from eventbus import WorkerLost
+from eventbus.runtime import Capability
+from eventbus.runtime import Host
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import SampleWait
+from eventbus.runtime import SampleWaitState
+from eventbus.runtime import StallDiagnosed
 
 from ..config._schema import SelfHealConfig
+from ..rollout._rollout_events import WorkerLost
 
 __all__ = ["SelfHealingExtension", "WaitProgress", "recovery_backoff_s"]
 
@@ -158,7 +159,7 @@ class SelfHealingExtension:
 
     # --- observing ------------------------------------------------------------------------
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
+    def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         """Track wait progress and lost workers."""
         if isinstance(event, SampleWait):
             self._observe(event.state)
@@ -180,7 +181,7 @@ class SelfHealingExtension:
     # --- voting ---------------------------------------------------------------------------
 
     async def on_safe_point(
-        self, context: ExtensionContext, safe_point: SafePointReached
+        self, context: ExtensionContext[Host], safe_point: SafePointReached
     ) -> tuple[Decision, str]:
         """Restart on a stall; recover from terminal failures within the budget."""
         point = safe_point.point
@@ -210,8 +211,7 @@ class SelfHealingExtension:
         return f"{reason}: {diagnosis.headline(after_s=safe_point.time - diagnosis.time)}"
 
     async def _recover(self, safe_point: SafePointReached) -> tuple[Decision, str]:
-        details = safe_point.details
-        error = f"{details.get('error_type', 'error')}: {details.get('message', '')}"
+        error = f"{safe_point.error_type or 'error'}: {safe_point.message}"
         if self.restarts_used >= self.max_restarts:
             return (
                 Decision.CONTINUE,

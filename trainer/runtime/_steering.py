@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventbus import EventBus
-from eventbus import SafePoint
-from eventbus import SafePointOutcome
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
 
 from ..rollout._driver import RolloutDriver
 from ._decision_table import Action

@@ -30,20 +30,19 @@ from typing import Any
 import anyio
 import torch
 
-from eventbus import Capability
-from eventbus import CompletionsSampled
 from eventbus import EventBus
 from eventbus import ExtensionBehind
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
 from eventbus import Registration
-from eventbus import SafePoint
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import StepStarted
 from eventbus import Subscription
-from eventbus import WeightsSynced
+from eventbus.runtime import Capability
+from eventbus.runtime import CompletionsSampled
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
 from replay import GroupResult
 from replay import SampleWaitInterrupted
 
@@ -55,6 +54,7 @@ from ..rollout._driver import make_driver
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
 from ..rollout._logs import ALSO_AN_EVENT
+from ..rollout._rollout_events import WeightsSynced
 from ._checkpoint import CheckpointStore
 from ._decision_table import RunAborted
 from ._decision_table import StopRequested
@@ -136,7 +136,14 @@ class PPOTrainer:
             safe_point_timeout=config.safe_point_timeout_s,
             capabilities=frozenset(Capability),
             host=TrainerView(
-                ViewedParts(self.learner, config, self.out_dir, self.backend, self.membership)
+                ViewedParts(
+                    self.learner,
+                    config,
+                    self.out_dir,
+                    self.backend,
+                    self.membership,
+                    run_id=lambda: self.state.run_id,
+                )
             ),
             # Exporters may take a while to write what they hold when the run ends.
             drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Event
 from eventbus import ExtensionContext
 from eventbus import ExtensionFailed
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import Capability
+from eventbus.runtime import StepFinished
 from trainer import CheckpointStore
 from trainer import PPOTrainer
 from trainer import RunFolderError
@@ -268,10 +268,10 @@ async def test_recovery_skips_a_damaged_checkpoint_and_never_restores_it(
 ) -> None:
     """The newest checkpoint is damaged on disk after it was written; two failures follow
     before the next one: each recovery restores the valid one before it."""
-    from eventbus import CheckpointRestored
-    from eventbus import CheckpointSaved
     from eventbus import Decision
-    from eventbus import SafePoint
+    from eventbus.runtime import CheckpointRestored
+    from eventbus.runtime import CheckpointSaved
+    from eventbus.runtime import SafePoint
 
     class Restorer:
         name = "restorer"

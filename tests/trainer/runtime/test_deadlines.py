@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
-from eventbus import CheckpointRestored
-from eventbus import FaultInjected
-from eventbus import StallDiagnosed
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import StallDiagnosed
 from eventbus.testing import record_events
+from replay import BatchReconciled
 from trainer import CheckpointStore
+from trainer import FaultInjected
 from trainer import FaultInjector
 from trainer import PPOTrainer
 from trainer import SelfHealingExtension
@@ -110,9 +110,9 @@ async def test_a_hung_checkpoint_write_is_abandoned_and_never_renamed(
     assert CheckpointStore.load(folder / "step-00000002.pt")["step"] == 2
     # The stall is in the run's summary, as the report folds it from the log.
     [stall] = summary.stalls
-    assert (stall["step"], stall["stage"]) == (2, "checkpoint")
-    assert stall["ended_by"] == "checkpoint of step 1 restored"
-    assert stall["where"].endswith(
+    assert (stall.step, stall.stage) == (2, "checkpoint")
+    assert stall.ended_by == "checkpoint of step 1 restored"
+    assert stall.where.endswith(
         "stuck in `_faults.py:{}`".format(_line("before_checkpoint_rename"))
     )
     assert load_run(tmp_path).summary.stalls == summary.stalls

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eventbus import Decision
-from eventbus import SafePoint
+from eventbus.runtime import SafePoint
 from trainer.runtime._decision_table import ACTIONS
 from trainer.runtime._decision_table import Action
 from trainer.runtime._decision_table import action_for

@@ -16,22 +16,22 @@ import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import FitFinished
-from eventbus import RolloutRestarted
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import Capability
+from eventbus.runtime import FitFinished
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
 from eventbus.testing import record_events
 from replay import RolloutResult
 from replay import SampleDeadlineExceeded
 from trainer import LocalBackend
 from trainer import PPOTrainer
+from trainer import RolloutRestarted
 from trainer import RolloutWork
 from trainer import RolloutWorker
 from trainer import SelfHealingExtension
@@ -134,7 +134,7 @@ async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
     # ... with the durations as of the vote, not of the diagnosis (the stall went on).
     assert restart.reason.endswith(f": {latest.headline(after_s=voted_at.time - latest.time)})")
     assert restart.reason.startswith("restart_required (self-healing: no progress for ")
-    assert summary.restarts[0]["reason"] == restart.reason
+    assert summary.restarts[0].reason == restart.reason
 
 
 async def test_with_nobody_listening_nothing_is_read_or_published() -> None:

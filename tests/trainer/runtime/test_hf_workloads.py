@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
 from trainer import PPOTrainer
 from trainer import TrainerConfig
 from trainer.rl._rewards import load_reward

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import FitFailed
-from eventbus import StepFinished
-from eventbus import WorkerLost
+from eventbus.runtime import FitFailed
+from eventbus.runtime import StepFinished
 from eventbus.testing import record_events
 from trainer import FaultInjector
 from trainer import LocalBackend
 from trainer import PPOTrainer
 from trainer import RolloutWorker
 from trainer import TrainerConfig
+from trainer import WorkerLost
 from trainer.rl._weights import PolicyWeights
 from trainer.rollout._worker import WorkerSpec
 from trainer.runtime._sample_wait import RolloutsLost
@@ -63,7 +63,7 @@ async def test_a_worker_thread_that_dies_is_reported_lost_and_replaced_by_self_h
     assert lost.reason == "thread died: MemoryError: no memory for the new weights"
     assert lost.in_flight > 0  # the work it had taken
     assert (summary.status, summary.steps, summary.workers_lost) == ("finished", 3, 1)
-    assert [r["kind"] for r in summary.restarts] == ["rollouts"]
+    assert [r.kind for r in summary.restarts] == ["rollouts"]
 
 
 async def test_without_self_healing_a_lost_worker_fails_the_wait_at_once_with_why() -> None:

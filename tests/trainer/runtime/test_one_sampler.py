@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import RolloutRestarted
-from eventbus import StallDiagnosed
-from eventbus import WorkerLost
+from eventbus.runtime import StallDiagnosed
 from eventbus.testing import record_events
+from trainer import RolloutRestarted
 from trainer import SelfHealingExtension
+from trainer import WorkerLost
 from trainer.rl._sampler import StaticDecoder
 from trainer.rollout._factory import rollout_workers
 from trainer.rollout._rollout_workload import worker_spec

@@ -16,19 +16,20 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
-from eventbus import CheckpointRestored
 from eventbus import Event
-from eventbus import RolloutFailed
-from eventbus import RolloutRestarted
-from eventbus import SafePoint
-from eventbus import WorkerLost
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import SafePoint
 from eventbus.testing import ScriptedVoter
+from replay import BatchReconciled
 from replay import GroupResult
 from trainer import FaultInjector
 from trainer import InjectedFault
 from trainer import PPOTrainer
+from trainer import RolloutFailed
+from trainer import RolloutRestarted
 from trainer import SelfHealingExtension
+from trainer import WorkerLost
 
 from ..helpers import tiny_config
 
@@ -52,7 +53,7 @@ class Run:
             stall_timeout_s=stall_timeout_s, max_restarts=max_restarts, backoff_s=0.0
         )
         self.trainer.register_runtime_extension(self.healer)
-        self.recorder = ScriptedVoter(name="recorder", sample_wait=True)
+        self.recorder = ScriptedVoter(name="recorder", opt_in=[Capability.SAMPLE_WAIT])
         self.trainer.register_runtime_extension(self.recorder)
         self.batches: list[tuple[GroupResult, ...]] = []
         update = self.trainer.learner.update
@@ -165,7 +166,7 @@ async def test_a_step_error_restores_the_last_checkpoint_and_continues() -> None
     assert summary.steps == 4
     assert [e.step for e in run.events(CheckpointRestored)] == [2]
     assert run.healer.restarts_used == 1
-    assert summary.restarts[0]["kind"] == "recovery"
+    assert summary.restarts[0].kind == "recovery"
     run.check_batches()
 
 

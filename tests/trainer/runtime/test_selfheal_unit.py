@@ -9,13 +9,13 @@ import pytest
 from eventbus import Decision
 from eventbus import EventBus
 from eventbus import ExtensionContext
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import SampleWait
-from eventbus import WorkerLost
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import SampleWait
 from tests._events import sample_wait
 from trainer import ConfigError
 from trainer import SelfHealingExtension
+from trainer import WorkerLost
 from trainer import load_config
 from trainer.config._schema import SelfHealConfig
 from trainer.runtime._selfheal import recovery_backoff_s
@@ -32,8 +32,8 @@ def wait(elapsed: float, available: int, *, step: int = 3, running: int = 2) -> 
     )
 
 
-def at(point: SafePoint, step: int = 3, **details: object) -> SafePointReached:
-    return SafePointReached(point=point, step=step, details=details)
+def at(point: SafePoint, step: int = 3, **fields: object) -> SafePointReached:
+    return SafePointReached(point=point, step=step, **fields)  # type: ignore[arg-type]
 
 
 @pytest.fixture

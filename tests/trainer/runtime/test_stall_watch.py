@@ -9,7 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from eventbus import StallDiagnosed
+from eventbus.runtime import StallDiagnosed
 from trainer import WaitDeadlineExceeded
 from trainer import load_config
 from trainer.runtime._diagnosis import stage_thresholds

@@ -25,7 +25,7 @@ from ray.actor import ActorClass
 from ray.actor import ActorHandle
 
 from eventbus import Event
-from eventbus import ThreadStack
+from eventbus.runtime import ThreadStack
 from replay import RolloutResult
 
 from .._stacks import own_stacks

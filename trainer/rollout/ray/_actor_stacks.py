@@ -16,7 +16,7 @@ import ray
 from ray.exceptions import GetTimeoutError
 from ray.exceptions import RayError
 
-from eventbus import ThreadStack
+from eventbus.runtime import ThreadStack
 
 from .._stacks import StackReader
 from ._actor import ActorView

@@ -60,7 +60,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("the ray rollout backend needs Ray: pip install 'trainbus[ray]'") from exc
 
-from eventbus import ThreadStack
+from eventbus.runtime import ThreadStack
 
 from ...config._schema import DEFAULT_WORKERS
 from ...config._schema import ActorCpus

@@ -26,13 +26,13 @@ from ray.exceptions import RayActorError
 from ray.exceptions import RayError
 
 from eventbus import Event
-from eventbus import WorkerEventsDropped
 from replay import RolloutResult
 
 from .._backend import BackendBase
 from .._backend import Leave
 from .._faults import FaultInjector
 from .._logs import ALSO_AN_EVENT
+from .._rollout_events import WorkerEventsDropped
 from .._worker import RolloutWork
 from .._worker import RolloutWorker
 from .._worker import WorkerSpec

@@ -29,23 +29,25 @@ from typing import Any
 import anyio
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import BatchReconciled
-from eventbus import Capability
-from eventbus import CheckpointRestored
-from eventbus import CheckpointSaved
-from eventbus import CompletionSample
-from eventbus import CompletionsSampled
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
-from eventbus import RolloutRestarted
-from eventbus import SafePointResolved
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import WorkerLost
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import CompletionSample
+from eventbus.runtime import CompletionsSampled
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import Host
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
+
+from ...rollout._rollout_events import RolloutRestarted
+from ...rollout._rollout_events import WorkerLost
 
 __all__ = ["ExportError", "Exporter", "ExporterStatistics", "RunEnd", "RunStart"]
 
@@ -195,7 +197,7 @@ class Exporter:
 
     # --- the extension (on the bus's event loop) ------------------------------------------
 
-    async def on_event(self, context: ExtensionContext, event: Event) -> None:
+    async def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         """Turn ``event`` into records for the writer; raise what the writer failed with."""
         if isinstance(event, FitStarted):
             self._start(context, event)
@@ -205,9 +207,10 @@ class Exporter:
             self._record(event)
         self._raise_failure()
 
-    def _start(self, context: ExtensionContext, event: FitStarted) -> None:
-        host = context.host
-        config = getattr(host, "config", None)
+    def _start(self, context: ExtensionContext[Host], event: FitStarted) -> None:
+        # Any host of the runtime contract (None: a bare bus, in tests, has none).
+        host: Host | None = context.host
+        config = host.config if host is not None else None
         run = RunStart(
             run_id=event.run_id,
             start_step=event.start_step,
@@ -216,7 +219,7 @@ class Exporter:
             mode=event.mode,
             backend=event.backend,
             config=config.to_dict() if config is not None else {},
-            out_dir=getattr(host, "out_dir", None),
+            out_dir=host.out_dir if host is not None else None,
         )
         self._counters = _Counters()
         if self._thread is None:

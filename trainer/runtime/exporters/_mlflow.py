@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from eventbus import CompletionSample
 from eventbus import ExtensionError
+from eventbus.runtime import CompletionSample
 
 from ._deps import require
 from ._exporter import Exporter

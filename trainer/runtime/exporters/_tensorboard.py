@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eventbus import CompletionSample
+from eventbus.runtime import CompletionSample
 
 from ._deps import require
 from ._exporter import Exporter

@@ -13,12 +13,12 @@ import msgspec
 import pytest
 import torch
 
-from eventbus import RolloutRestarted
-from eventbus import SafePointReached
-from eventbus import StallDiagnosed
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StallDiagnosed
 from eventbus.testing import record_events
 from trainer import FaultInjector
 from trainer import PPOTrainer
+from trainer import RolloutRestarted
 from trainer import SelfHealingExtension
 from trainer import WaitDeadlineExceeded
 from trainer.rollout._stacks import StackReader

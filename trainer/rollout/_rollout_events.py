@@ -1,29 +1,108 @@
-"""Events about the rollout workers: who joined and left the set, and what happened inside
-each one (a piece of work started, finished, failed or retried, a stall, a reward's time).
+"""The rollout side's events: its workers joining, leaving, lost and replaced, restarts,
+weight syncs, and what happens inside each worker.
 
 Membership changes happen only at a ``STEP_BOUNDARY`` (an extension with
 ``Capability.MEMBERSHIP`` asked for more or fewer workers), never in the middle of a batch.
-A worker that replaces a lost or hung one is a :class:`~eventbus.WorkerRestarted`, not a
-join: the number of workers does not change.
+A worker that replaces a lost or hung one is a :class:`WorkerRestarted`, not a join: the
+number of workers does not change. Events from inside a worker (a piece of work started,
+finished, failed or retried, a stall, a reward's time) join the trainer's bus in its one
+global order, stamped with the worker and its node.
 
-Like every event these are frozen, tagged Structs of plain data (see :mod:`._events`).
+Like every event these are frozen, tagged Structs of plain data (see :class:`eventbus.Event`).
 """
 
 from __future__ import annotations
 
-from ._events import Event
+from typing import Self
+
+import msgspec
+
+from eventbus import Event
 
 __all__ = [
     "RewardTimed",
+    "asked",
     "RolloutFailed",
     "RolloutFinished",
+    "RolloutRestarted",
     "RolloutRetried",
     "RolloutStarted",
+    "WeightsSynced",
     "WorkerEventsDropped",
     "WorkerJoined",
     "WorkerLeft",
+    "WorkerLost",
+    "WorkerRestarted",
     "WorkerStalled",
 ]
+
+_NO_REQUESTER = "a membership request"  # who an earlier version named when nobody was
+
+
+def asked(requester: str, reason: str) -> str:
+    """A membership request in words: ``requester: reason``, or whichever of the two there
+    is (the log line of a resize, and how the views word its joins and leaves)."""
+    return f"{requester}: {reason}" if requester and reason else requester or reason
+
+
+class WeightsSynced(Event, frozen=True):
+    """Rollout workers now sample from ``policy_version``.
+
+    Attributes:
+        step: The step whose update produced the weights.
+        policy_version: The version the workers now sample from.
+        duration_s: Seconds the transfer took.
+    """
+
+    step: int
+    policy_version: int
+    duration_s: float = 0.0
+
+
+class RolloutRestarted(Event, frozen=True):
+    """The rollout side was restarted: fresh workers, in-flight prompts reissued.
+
+    Attributes:
+        step: The trainer step at the restart.
+        reason: Why (usually the deciding safe-point votes).
+        workers: Workers started.
+        reissued: Rollout ids reissued under a new attempt.
+        attempt: The new attempt number.
+    """
+
+    step: int
+    reason: str = ""
+    workers: int = 0
+    reissued: tuple[str, ...] = ()
+    attempt: int = 0
+
+
+class WorkerLost(Event, frozen=True):
+    """A rollout worker died or stopped answering.
+
+    Attributes:
+        worker_id: The worker.
+        reason: What was seen (Ray's error type and message, the crash).
+        in_flight: Pieces of work it held, lost with it.
+        node: The node it ran on, when known (a Ray node id, or the host name).
+    """
+
+    worker_id: str
+    reason: str = ""
+    in_flight: int = 0
+    node: str = ""
+
+
+class WorkerRestarted(Event, frozen=True):
+    """A rollout worker was replaced.
+
+    Attributes:
+        worker_id: The id of the worker that was replaced.
+        reason: Why the worker was replaced.
+    """
+
+    worker_id: str
+    reason: str = ""
 
 
 class _AboutWorker(Event, frozen=True):
@@ -44,16 +123,29 @@ class _MembershipChange(_AboutWorker, frozen=True):
     """What a join and a leave both say (the base of the two; never published itself).
 
     Attributes:
-        reason: Why it was added or removed (the request's reason, with who asked).
+        requester: The extension that asked for the change (empty when not known).
+        reason: Why it was added or removed, in the requester's words.
         workers: Workers the run asked for after this change.
         step: The step boundary the change was applied at.
     """
 
     base_only = True
 
+    requester: str = ""
     reason: str = ""
     workers: int = 0
     step: int = 0
+
+    @classmethod
+    def from_older(cls, line: bytes, event: Self) -> Self:
+        """``event`` as decoded from ``line``: a line of an earlier version has no
+        ``requester``, and its ``reason`` is ``requester: reason`` (``a membership
+        request`` when nobody was named), which is split back into the two."""
+        if b'"requester"' in line:
+            return event
+        who, _, reason = event.reason.partition(": ")
+        requester = "" if who == _NO_REQUESTER else who
+        return msgspec.structs.replace(event, requester=requester, reason=reason)
 
 
 class WorkerJoined(_MembershipChange, frozen=True):

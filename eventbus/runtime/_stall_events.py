@@ -3,14 +3,14 @@
 When a wait makes no progress for a while, the trainer publishes one :class:`StallDiagnosed`:
 each stuck rollout with the worker holding it, each holding worker's Python stacks, and the
 trainer's own stage. Everything is plain data, captured when the event is built, so the
-diagnosis can be written to the event log and read back as it was (see :mod:`._events`).
+diagnosis can be written to the event log and read back as it was (see :class:`~eventbus.Event`).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from ._events import Event
+from .._events import Event
 
 __all__ = ["StackFrame", "StallDiagnosed", "StuckRollout", "ThreadStack"]
 

@@ -79,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("model", help="a model folder (trainbus model init ... --dataset ...)")
     parser.add_argument("--out", default="runs/trl-demo", help="the trainbus run folder")
-    parser.add_argument("--steps", type=int, default=60, help="training steps")
+    parser.add_argument("--steps", type=int, default=200, help="training steps (at most)")
     parser.add_argument("--stop-at", type=float, metavar="R", help="stop once the reward is R")
     parser.add_argument("--stall-at", type=int, metavar="K", help="hang the reward at step K")
     args = parser.parse_args()

@@ -44,6 +44,7 @@ __all__ = [
     "combine",
     "judge",
     "load_rewards",
+    "located",
     "reward_function",
     "reward_names",
 ]
@@ -147,6 +148,26 @@ def _import(module: str) -> Any:
     return importlib.import_module(module)
 
 
+def located(spec: str) -> str:
+    """``spec`` with a module that is a file of the current folder (``rewards:f`` for
+    ``./rewards.py``) named by that file's path, as the command line finds a user's
+    extension module there; every worker then loads the same file (a Ray actor's current
+    folder is not the trainer's). A module Python finds elsewhere is left as it is."""
+    module, colon, attr = spec.rpartition(":")
+    if not (module and colon) or module.endswith(".py") or "/" in module:
+        return spec
+    path = Path(*module.split(".")).with_suffix(".py")
+    if not path.is_file():
+        return spec
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent package that is not one
+        found = None
+    if found is not None and found.origin and Path(found.origin).resolve() != path.resolve():
+        return spec  # an installed module of that name
+    return f"{path.resolve()}:{attr}"
+
+
 def load_reward(spec: str, weight: float = 1.0) -> RewardFunction:
     """Import ``MODULE:FUNC`` (or ``path/to/file.py:FUNC``).
 
@@ -157,8 +178,9 @@ def load_reward(spec: str, weight: float = 1.0) -> RewardFunction:
     module, colon, attr = spec.rpartition(":")
     if not (module and colon and attr):
         raise RewardError(f"rewards: {spec!r} is not of the form MODULE:FUNC")
+    where = located(spec).rpartition(":")[0]  # ./module.py: that file
     try:
-        loaded = _import(module)
+        loaded = _import(where)
     except RewardError:
         raise
     except ModuleNotFoundError as exc:

@@ -30,6 +30,7 @@ from ..rl._rewards import RewardFailure
 from ..rl._rewards import RewardFunction
 from ..rl._rewards import TrainerState
 from ..rl._rewards import load_rewards
+from ..rl._rewards import located
 from ..rl._tasks import Prompt
 from ..rl._tasks import Task
 from ..rl._tasks import make_task
@@ -309,7 +310,7 @@ def worker_spec(config: TrainerConfig) -> WorkerSpec:
         temperature=config.ppo.temperature,
         top_p=config.rollout.top_p,
         max_new_tokens=max_new_tokens,
-        rewards=tuple(task.rewards),
+        rewards=tuple(located(spec) for spec in task.rewards),
         reward_weights=tuple(task.reward_weights) if task.reward_weights else None,
         reward_timeout_s=task.reward_timeout_s,
         max_steps=config.run.steps,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from trainer.rl._rewards import combine
 from trainer.rl._rewards import judge
 from trainer.rl._rewards import load_reward
 from trainer.rl._rewards import load_rewards
+from trainer.rl._rewards import located
 from trainer.rl._text_tasks import task_reward
 from trainer.rollout._scoring import MAX_ABANDONED
 from trainer.rollout._scoring import RewardScorer
@@ -412,3 +414,18 @@ def test_a_reward_that_stays_hung_is_not_called_again_until_a_call_returns() -> 
     while time.monotonic() < deadline and scorer.score(["p"], ["c"], {}) != [1.0]:
         time.sleep(0.01)
     assert len(calls) > MAX_ABANDONED
+
+
+def test_a_module_of_the_current_folder_is_found_as_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_scores.py").write_text("def f(completions, **kw):\n    return [1.0]\n")
+    (tmp_path / "json.py").write_text("raise RuntimeError('not this one')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", ".")])
+    # `trainbus` is a console script: the current folder is not on its sys.path.
+    assert located("my_scores:f") == f"{tmp_path / 'my_scores.py'}:f"
+    assert load_reward("my_scores:f").fn(completions=["x"]) == [1.0]
+    assert located("json:loads") == "json:loads"  # an installed module wins, as in Python
+    assert located("trainer:task_reward") == "trainer:task_reward"
+    assert located("nowhere_xyz:f") == "nowhere_xyz:f"  # (its import error names it)

@@ -23,10 +23,10 @@ The variant ``ray+standby`` runs the Ray backend with ``rollout.standby = 1``: o
 ``--under-load`` runs everything while another process keeps one core busy (the machine has
 two), and every run records the load average, since the machine is shared.
 
-Targets (from the issues): stall to training resumed within ``S + 2 s`` on ``local``,
+Targets: stall to training resumed within ``S + 2 s`` on ``local``,
 ``S + 5 s`` on ``ray`` and ``S + 0.5 s`` on ``ray+standby``; a killed actor to training
-resumed in under 1 s on ``ray+standby`` (issue 14); and stall to the first diagnosis
-within ``diagnose_after_s + 0.5 s`` on ``local`` and ``+ 2 s`` on ``ray`` (issue 12), each
+resumed in under 1 s on ``ray+standby``; and stall to the first diagnosis
+within ``diagnose_after_s + 0.5 s`` on ``local`` and ``+ 2 s`` on ``ray``, each
 checked on the worst run. The
 diagnosis is timed from ``FaultInjected``, which is conservative: the stall watch counts
 from the last progress, and the other worker still delivers for a moment after the hang.

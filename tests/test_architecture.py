@@ -52,7 +52,7 @@ def test_the_cycle_finder_sees_type_checking_and_function_level_imports(tmp_path
     assert cycles == [["pkg._a", "pkg._b", "pkg._c", "pkg._a"], ["pkg._e", "pkg._e"]]
 
 
-# What DESIGN.md lets eventbus import besides the standard library.
+# What eventbus may import besides the standard library (docs/architecture.md).
 EVENTBUS_THIRD_PARTY = {"msgspec", "anyio"}
 
 
@@ -219,7 +219,7 @@ def test_the_reach_in_finder_sees_another_objects_private_attribute() -> None:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_no_module_reads_another_objects_private_attributes(package: str) -> None:
-    """Issue 9 §2: the pieces talk through package-level interfaces (the tracker's, the
+    """The pieces talk through package-level interfaces (the tracker's, the
     buffers', an extension's ``Dispatch`` record), never through each other's underscore
     names; in eventbus only through the few listed in ``EVENTBUS_INTERNAL``."""
     found = {

@@ -53,7 +53,7 @@ DIAGNOSIS = StallDiagnosed(
             owner="ray-1.0",
             thread="MainThread",
             frames=(
-                StackFrame(file="/w/trainer/rollout/_ray.py", line=120, function="run"),
+                StackFrame(file="/w/trainer/rollout/ray/_actor.py", line=120, function="run"),
                 StackFrame(file="/home/me/myrewards.py", line=41, function="score"),
                 StackFrame(file="/py/threading.py", line=327, function="wait", library=True),
             ),
@@ -73,7 +73,7 @@ def test_events_prints_the_headline_then_holdings_and_indented_stacks() -> None:
         "4 rollouts for 6.2 s, stuck in `myrewards.py:41 score`",
         "    ray-1.0 holds 4 rollouts of groups p7, p8",
         "    ray-1.0 [MainThread] (py-spy, pid 4242):",
-        "        _ray.py:120 run",
+        "        _actor.py:120 run",
         "        myrewards.py:41 score",
         "        threading.py:327 wait",
         "    note: the backend said so",

@@ -34,6 +34,10 @@ from trainer.runtime._summary import RecoverySummary
 from trainer.runtime._summary import RolloutRestartSummary
 from trainer.runtime._summary import StallSummary
 
+from ..runfolder import summary_of
+from ..runfolder import tiny_toml
+from ..runfolder import trainbus
+
 WAIT = {
     "mode": "sync",
     "step": 3,
@@ -236,3 +240,41 @@ def test_trainbus_report_reads_an_earlier_run_folder(tmp_path: Path) -> None:
         "WorkerLeft",
     ]
     assert run.summary.membership[0].requester == "autoscaler"
+
+
+def as_earlier_version_wrote(line: bytes) -> bytes:
+    """A line of today's log in an earlier version's shape: a safe point's typed fields in a
+    ``details`` dict."""
+    event = json.loads(line)
+    if event.get("type") == "SafePointReached":
+        details = {
+            key: event.pop(key)
+            for key in ("wait", "error_type", "message", "failed")
+            if key in event
+        }
+        event["details"] = {
+            key: value for key, value in details.items() if value not in ("", False, None)
+        }
+    return json.dumps(event).encode()
+
+
+def test_a_run_folder_of_an_earlier_version_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ("train", "--config", tiny_toml(tmp_path), "--out", out, "--self-heal")
+    first = trainbus(*args, "--steps", "2", "--inject", "step-error@2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    log = out / "events.jsonl"
+    lines = log.read_bytes().splitlines()
+    earlier_lines = [as_earlier_version_wrote(line) for line in lines]
+    assert sum(b'"details"' in line for line in earlier_lines) >= 3  # the points it reached
+    log.write_bytes(b"".join(line + b"\n" for line in earlier_lines))
+
+    resumed = trainbus(*args, "--steps", "4", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = summary_of(out)
+    assert (summary["steps"], summary["start_step"], len(summary["attempts"])) == (4, 2, 2)
+    assert [r["kind"] for r in summary["restarts"]] == ["recovery"]  # step 2's, kept
+    report = trainbus("report", out, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "step 2 failed; restored the checkpoint of step 0" in report.stdout
+    assert "terminal_failure: restart_required 1" in report.stdout

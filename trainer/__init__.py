@@ -10,10 +10,9 @@ command line up to the training itself) does not pay for importing torch.
 """
 
 # Private names only: the package's namespace shows the public API and nothing else.
-import ast as _ast
-import importlib as _importlib
 import typing as _typing
-from pathlib import Path as _Path
+
+from ._faces import Face as _Face
 
 if _typing.TYPE_CHECKING:
     from .cli._progress import PlainProgress as PlainProgress
@@ -77,30 +76,7 @@ if _typing.TYPE_CHECKING:
     from .runtime.exporters._wandb import WandbExporter as WandbExporter
 
 
-def _exports() -> dict[str, str]:
-    """Each public name and its module, read from this file's ``TYPE_CHECKING`` block."""
-    tree = _ast.parse(_Path(__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, _ast.If))
-    return {
-        alias.name: f"{'.' * node.level}{node.module}"
-        for node in block.body
-        if isinstance(node, _ast.ImportFrom)
-        for alias in node.names
-    }
-
-
-_WHERE = _exports()
-__all__ = tuple(sorted(_WHERE))
-
-
-def __getattr__(name: str) -> _typing.Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module, __name__), name)
-    globals()[name] = value  # resolve once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+_FACE = _Face(__name__, __file__, keep=True)
+__all__ = tuple(_FACE.names())
+__getattr__ = _FACE.attribute
+__dir__ = _FACE.names

@@ -33,8 +33,8 @@ from eventbus.runtime import SafePointResolved
 from eventbus.runtime import SampleWait
 from replay import BatchReconciled
 
-from ..runtime._describe import Context
-from ..runtime._describe import describe
+from ..runtime import Context
+from ..runtime import describe
 from ._usage import UsageError
 
 __all__ = [

@@ -38,11 +38,11 @@ from eventbus.runtime import StepFinished
 from eventbus.runtime import StepStarted
 from eventbus.runtime import StuckRollout
 
-from ..rollout._logs import also_an_event
-from ..runtime._describe import Context
-from ..runtime._describe import describe
-from ..runtime._describe import skipped_updates
-from ..runtime._selfheal import WaitProgress
+from ..rollout import also_an_event
+from ..runtime import Context
+from ..runtime import WaitProgress
+from ..runtime import describe
+from ..runtime import skipped_updates
 from ._progress import PlainProgress
 from ._progress import is_notice
 

@@ -34,9 +34,9 @@ _SETTINGS = {
 
 def add_workload_commands(commands: Any) -> None:
     """Add the ``model`` and ``dataset`` subcommands to the ``trainbus`` parser."""
-    from ..config._schema import TaskConfig
-    from ..rl._hf_init import Architecture
-    from ..rl._hf_init import init_model
+    from ..config import TaskConfig
+    from ..rl import Architecture
+    from ..rl import init_model
 
     # The flags' defaults are init_model's own (its signature decides them, here and in
     # Python), --prompt-column's is [task] prompt_column's; the help shows them with
@@ -99,7 +99,7 @@ def add_workload_commands(commands: Any) -> None:
 
 def run_workload_command(args: argparse.Namespace) -> int:
     """Run ``model init`` or ``dataset export``."""
-    from ..rl._hparams import WorkloadError
+    from ..rl import WorkloadError
 
     try:
         merging = args.command == "model" and getattr(args, "model_command", "") == "merge"
@@ -120,10 +120,10 @@ def run_workload_command(args: argparse.Namespace) -> int:
 def _model_init(args: argparse.Namespace) -> int:
     texts: list[str] = []
     if args.dataset:
-        from ..rl._datasets import load_prompt_table
+        from ..rl import load_prompt_table
 
         texts = load_prompt_table(args.dataset, args.prompt_column).texts()
-    from ..rl._hf_init import init_model
+    from ..rl import init_model
 
     folder = init_model(
         args.dir,
@@ -137,7 +137,7 @@ def _model_init(args: argparse.Namespace) -> int:
 
 
 def _model_merge(args: argparse.Namespace) -> int:
-    from ..rl._lora_merge import merge_adapter
+    from ..rl import merge_adapter
 
     out = Path(args.out) if args.out else Path(args.run) / "merged"
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -148,8 +148,8 @@ def _model_merge(args: argparse.Namespace) -> int:
 
 
 def _dataset_export(args: argparse.Namespace) -> int:
-    from ..rl._tasks import make_task
-    from ..rl._text_tasks import task_rows
+    from ..rl import make_task
+    from ..rl import task_rows
 
     params: dict[str, Any] = {}
     if args.length is not None:

@@ -20,9 +20,9 @@ from eventbus import Event
 from eventbus.runtime import CheckpointRestored
 from eventbus.runtime import StepStarted
 
-from ..rollout._rollout_events import RolloutRestarted
-from ..runtime._fold import REWARD_METRIC
-from ..runtime._fold import WAIT_METRIC
+from ..rollout import RolloutRestarted
+from ..runtime import REWARD_METRIC
+from ..runtime import WAIT_METRIC
 from ._rundata import RunData
 from ._usage import UsageError
 

@@ -28,12 +28,12 @@ from eventbus.runtime import SampleWait
 from eventbus.runtime import StepFinished
 from replay import BatchReconciled
 
-from ..rollout._faults import FaultInjected
-from ..rollout._rollout_events import RolloutRestarted
-from ..rollout._rollout_events import WorkerLost
-from ..rollout._rollout_events import WorkerRestarted
-from ..runtime._describe import Context
-from ..runtime._describe import describe
+from ..rollout import FaultInjected
+from ..rollout import RolloutRestarted
+from ..rollout import WorkerLost
+from ..rollout import WorkerRestarted
+from ..runtime import Context
+from ..runtime import describe
 
 __all__ = ["NOTICES", "PlainProgress", "is_notice"]
 

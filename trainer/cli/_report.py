@@ -21,12 +21,12 @@ import msgspec
 
 from eventbus import Decision
 
-from ..integrations._trl_launch import LAUNCH_FILE
-from ..runtime._describe import describe
-from ..runtime._fold import REWARD_METRIC
-from ..runtime._fold import FitSummary
-from ..runtime._runlock import last_owner
-from ..runtime._summary import StallSummary
+from ..integrations import LAUNCH_FILE
+from ..runtime import REWARD_METRIC
+from ..runtime import FitSummary
+from ..runtime import StallSummary
+from ..runtime import describe
+from ..runtime import last_owner
 from ._plots import write_plots
 from ._rundata import RunData
 from ._rundata import load_run

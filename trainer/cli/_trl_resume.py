@@ -24,10 +24,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..integrations._trl_launch import RESUME_ENV
-from ..integrations._trl_launch import last_checkpoint
-from ..integrations._trl_launch import read_launch
-from ..runtime._runlock import last_owner
+from ..integrations import RESUME_ENV
+from ..integrations import last_checkpoint
+from ..integrations import read_launch
+from ..runtime import last_owner
 from ._rundata import load_run
 from ._rundata import run_folder
 from ._usage import EXIT_USAGE

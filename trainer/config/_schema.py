@@ -22,17 +22,17 @@ import msgspec
 import msgspec.inspect
 from msgspec import Meta
 
-from ..rl._bounds import MAX_COUNT
-from ..rl._bounds import MAX_SECONDS
-from ..rl._bounds import check_fields
-from ..rl._bounds import check_finite
-from ..rl._bounds import within
-from ..rl._hf import ModelLoadError
-from ..rl._hf import check_model_folder
-from ..rl._hparams import PolicyConfig
-from ..rl._hparams import PPOConfig
-from ..rl._tasks import VOCAB_SIZE
-from ..rl._tasks import make_task
+from ..rl import MAX_COUNT
+from ..rl import MAX_SECONDS
+from ..rl import VOCAB_SIZE
+from ..rl import ModelLoadError
+from ..rl import PolicyConfig
+from ..rl import PPOConfig
+from ..rl import check_fields
+from ..rl import check_finite
+from ..rl import check_model_folder
+from ..rl import make_task
+from ..rl import within
 from ._export import ExportConfig
 from ._messages import readable
 from ._ray_address import check_ray_address

@@ -77,20 +77,20 @@ from replay import BatchReconciled
 from replay import BatchReport
 from replay import RolloutRejected
 
-from ..config._export import ExportConfig
-from ..config._export import exporter_flag
-from ..rl._rewards import RewardFailure
-from ..rollout._stacks import StackReader
-from ..runtime._decision_table import Action
-from ..runtime._decision_table import RunAborted
-from ..runtime._decision_table import action_for
-from ..runtime._extload import load_extension
-from ..runtime._fold import RunFold
-from ..runtime._metrics import from_trl
-from ..runtime._run import RunFolder
-from ..runtime._run_state import extension_states
-from ..runtime._run_state import load_extension_states
-from ..runtime._stall import StallWatch
+from ..config import ExportConfig
+from ..config import exporter_flag
+from ..rl import RewardFailure
+from ..rollout import StackReader
+from ..runtime import Action
+from ..runtime import RunAborted
+from ..runtime import RunFold
+from ..runtime import RunFolder
+from ..runtime import StallWatch
+from ..runtime import action_for
+from ..runtime import extension_states
+from ..runtime import from_trl
+from ..runtime import load_extension
+from ..runtime import load_extension_states
 from ._trl_decisions import TrlAction
 from ._trl_decisions import steer
 from ._trl_launch import RESUME_ENV
@@ -236,7 +236,7 @@ class TrainbusCallback(TrainerCallback):
         self.files = RunFolder(self.out_dir)
         self.registrations: list[Registration] = []
         if self_heal:
-            from ..runtime._selfheal import SelfHealingExtension
+            from ..runtime import SelfHealingExtension
 
             self.registrations.append(self.bus.register_extension(SelfHealingExtension()))
         for extension in extensions:
@@ -403,7 +403,7 @@ class TrainbusCallback(TrainerCallback):
         ranks = self._ranks if self._ranks is not None else rank_votes()
         self.view.attach(args, state, ranks.rank, ranks.world_size)
         if main and self.export.to and self._exporters is None:
-            from ..runtime.exporters._build import build_exporters
+            from ..runtime import build_exporters
 
             self._exporters = [
                 self.bus.register_extension(exporter)

@@ -26,11 +26,11 @@ from eventbus.runtime import StuckRollout
 from eventbus.runtime import ThreadStack
 from replay import RolloutResult
 
-from ..config._schema import RolloutWorkers
-from ..config._schema import within
+from ..config import RolloutWorkers
+from ..config import within
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
-    from ..rl._weights import PolicyWeights
+    from ..rl import PolicyWeights
     from ._faults import FaultInjector
     from ._rollout_workload import WorkerSpec
     from ._stacks import StackReader

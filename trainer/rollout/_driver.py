@@ -36,10 +36,10 @@ from replay import RolloutTracker
 from replay import TrackerStatistics
 from replay import WaitInterrupts
 
-from ..config._schema import TrainerConfig
-from ..rl._tasks import Prompt
-from ..rl._tasks import PromptSource
-from ..rl._weights import PolicyWeights
+from ..config import TrainerConfig
+from ..rl import PolicyWeights
+from ..rl import Prompt
+from ..rl import PromptSource
 from ._backend import RolloutBackend
 from ._failures import FailureLog
 from ._logs import ALSO_AN_EVENT

@@ -5,8 +5,8 @@ Ray is imported only when the ``ray`` backend is chosen.
 
 from __future__ import annotations
 
-from ..config._schema import DEFAULT_WORKERS
-from ..config._schema import TrainerConfig
+from ..config import DEFAULT_WORKERS
+from ..config import TrainerConfig
 from ._backend import RolloutBackend
 from ._faults import FaultInjector
 from ._rollout_workload import WorkerSpec
@@ -23,7 +23,7 @@ def rollout_workers(config: TrainerConfig, spec: WorkerSpec) -> int:
     if rollout.workers is not None:
         return rollout.workers
     if rollout.backend == "local" and spec.policy.path is not None:
-        from ..rl._hf_policy import resolve_device
+        from ..rl import resolve_device
 
         if resolve_device(spec.device).type == "cuda":
             return 1

@@ -33,7 +33,7 @@ import msgspec
 from eventbus import Event
 from eventbus import EventBus
 
-from ..rl._names import did_you_mean
+from ..rl import did_you_mean
 from ._logs import ALSO_AN_EVENT
 
 if TYPE_CHECKING:

@@ -32,11 +32,11 @@ import anyio
 
 from eventbus.runtime import ThreadStack
 
-from ..config._schema import DEFAULT_WORKERS
-from ..config._schema import RolloutConfig
-from ..config._schema import Seconds
-from ..config._schema import within
-from ..rl._weights import PolicyWeights
+from ..config import DEFAULT_WORKERS
+from ..config import RolloutConfig
+from ..config import Seconds
+from ..config import within
+from ..rl import PolicyWeights
 from ._backend import BackendBase
 from ._backend import Leave
 from ._backend import ResultSink

@@ -19,21 +19,21 @@ import msgspec
 import torch
 from torch import nn
 
-from ..config._schema import TrainerConfig
-from ..rl._hparams import Completion
-from ..rl._hparams import DtypeName
-from ..rl._hparams import PolicyConfig
-from ..rl._policy import build_policy
-from ..rl._policy import generate
-from ..rl._rewards import NOT_PASSED_COLUMNS
-from ..rl._rewards import RewardFailure
-from ..rl._rewards import RewardFunction
-from ..rl._rewards import TrainerState
-from ..rl._rewards import load_rewards
-from ..rl._rewards import located
-from ..rl._tasks import Prompt
-from ..rl._tasks import Task
-from ..rl._tasks import make_task
+from ..config import TrainerConfig
+from ..rl import NOT_PASSED_COLUMNS
+from ..rl import Completion
+from ..rl import DtypeName
+from ..rl import PolicyConfig
+from ..rl import Prompt
+from ..rl import RewardFailure
+from ..rl import RewardFunction
+from ..rl import Task
+from ..rl import TrainerState
+from ..rl import build_policy
+from ..rl import generate
+from ..rl import load_rewards
+from ..rl import located
+from ..rl import make_task
 from ._scoring import HANGING_REWARD
 from ._scoring import RewardScorer
 
@@ -226,7 +226,7 @@ class _HuggingFace(Workload):
     """A Hugging Face model with reward functions."""
 
     def __init__(self, policy: nn.Module, spec: WorkerSpec) -> None:
-        from ..rl._hf_policy import HFPolicy
+        from ..rl import HFPolicy
 
         super().__init__(policy, spec)
         assert isinstance(policy, HFPolicy)
@@ -264,7 +264,7 @@ class _HuggingFace(Workload):
         hang_reward: bool,
         state: TrainerState,
     ) -> list[Scored]:
-        from ..rl._datasets import TextPrompt
+        from ..rl import TextPrompt
 
         texts: list[Any] = []
         contents: list[Any] = []
@@ -333,9 +333,9 @@ def build_workload(spec: WorkerSpec, policy: nn.Module | None = None) -> Workloa
             policy.requires_grad_(False)
         return _Builtin(policy, spec)
     if policy is None:
-        from ..rl._hf_policy import HFPolicy
-        from ..rl._hf_policy import resolve_device
-        from ..rl._hf_policy import resolve_dtype
+        from ..rl import HFPolicy
+        from ..rl import resolve_device
+        from ..rl import resolve_dtype
 
         device = resolve_device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)

@@ -22,10 +22,10 @@ import torch
 from replay import PromptGroup
 from replay import RolloutResult
 
-from ..rl._datasets import decode_prompt
-from ..rl._rewards import RewardFailure
-from ..rl._tasks import Prompt
-from ..rl._weights import PolicyWeights
+from ..rl import PolicyWeights
+from ..rl import Prompt
+from ..rl import RewardFailure
+from ..rl import decode_prompt
 from ._rollout_workload import WorkerSpec
 from ._rollout_workload import build_workload
 from ._worker_events import EventRequest

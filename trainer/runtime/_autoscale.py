@@ -33,7 +33,7 @@ from eventbus.runtime import SafePoint
 from eventbus.runtime import SafePointReached
 from eventbus.runtime import StepFinished
 
-from ..config._schema import AutoscaleConfig
+from ..config import AutoscaleConfig
 
 __all__ = ["AutoscalingExtension", "ScalingPolicy"]
 

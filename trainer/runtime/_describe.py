@@ -39,11 +39,11 @@ from eventbus.runtime import StepStarted
 from replay import BatchReconciled
 from replay import RolloutRejected
 
-from ..rollout._faults import FaultInjected
-from ..rollout._rollout_events import RolloutRestarted
-from ..rollout._rollout_events import WeightsSynced
-from ..rollout._rollout_events import WorkerLost
-from ..rollout._rollout_events import WorkerRestarted
+from ..rollout import FaultInjected
+from ..rollout import RolloutRestarted
+from ..rollout import WeightsSynced
+from ..rollout import WorkerLost
+from ..rollout import WorkerRestarted
 from ._describe_workers import WORKER_DESCRIBERS
 from ._describe_workers import worker_label
 from ._metrics import named

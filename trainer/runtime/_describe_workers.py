@@ -14,16 +14,16 @@ from typing import Any
 
 from eventbus import Event
 
-from ..rollout._rollout_events import RewardTimed
-from ..rollout._rollout_events import RolloutFailed
-from ..rollout._rollout_events import RolloutFinished
-from ..rollout._rollout_events import RolloutRetried
-from ..rollout._rollout_events import RolloutStarted
-from ..rollout._rollout_events import WorkerEventsDropped
-from ..rollout._rollout_events import WorkerJoined
-from ..rollout._rollout_events import WorkerLeft
-from ..rollout._rollout_events import WorkerStalled
-from ..rollout._rollout_events import asked
+from ..rollout import RewardTimed
+from ..rollout import RolloutFailed
+from ..rollout import RolloutFinished
+from ..rollout import RolloutRetried
+from ..rollout import RolloutStarted
+from ..rollout import WorkerEventsDropped
+from ..rollout import WorkerJoined
+from ..rollout import WorkerLeft
+from ..rollout import WorkerStalled
+from ..rollout import asked
 
 __all__ = ["WORKER_DESCRIBERS", "count", "short_node", "worker_label"]
 

@@ -35,13 +35,13 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StuckRollout
 from eventbus.runtime import ThreadStack
 
-from ..config._schema import TrainerConfig
-from ..rollout._backend import Holding
-from ..rollout._backend import RolloutBackend
-from ..rollout._backend import stuck_rollouts
-from ..rollout._driver import RolloutDriver
-from ..rollout._stacks import StackReader
-from ..rollout._stacks import helpers_of
+from ..config import TrainerConfig
+from ..rollout import Holding
+from ..rollout import RolloutBackend
+from ..rollout import RolloutDriver
+from ..rollout import StackReader
+from ..rollout import helpers_of
+from ..rollout import stuck_rollouts
 from ._describe import describe
 from ._stall import Stages
 from ._stall import Stall

@@ -53,11 +53,11 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from replay import BatchReconciled
 
-from ..rollout._faults import FaultInjected
-from ..rollout._rollout_events import RolloutRestarted
-from ..rollout._rollout_events import WorkerJoined
-from ..rollout._rollout_events import WorkerLeft
-from ..rollout._rollout_events import WorkerLost
+from ..rollout import FaultInjected
+from ..rollout import RolloutRestarted
+from ..rollout import WorkerJoined
+from ..rollout import WorkerLeft
+from ..rollout import WorkerLost
 from ._decision_table import interrupts_sample_wait
 from ._metrics import named
 from ._summary import AttemptSummary

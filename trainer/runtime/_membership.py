@@ -17,11 +17,11 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config._schema import RolloutWorkers
-from ..config._schema import within
+from ..config import RolloutWorkers
+from ..config import within
 
 if TYPE_CHECKING:
-    from ..rollout._driver import RolloutDriver
+    from ..rollout import RolloutDriver
 
 __all__ = ["MembershipRequests", "WorkerRequest"]
 

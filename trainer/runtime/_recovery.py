@@ -14,8 +14,8 @@ import logging
 
 from eventbus.runtime import SafePoint
 
-from ..rollout._backend import RolloutBackend
-from ..rollout._logs import ALSO_AN_EVENT
+from ..rollout import ALSO_AN_EVENT
+from ..rollout import RolloutBackend
 from ._checkpoint import NoCheckpointLoads
 from ._decision_table import Action
 from ._run_state import RunState

@@ -33,11 +33,11 @@ from eventbus.runtime import Capability
 from eventbus.runtime import CheckpointRestored
 from eventbus.runtime import CheckpointSaved
 
-from ..config._schema import TrainerConfig
-from ..rl._datasets import decode_prompt
-from ..rl._tasks import Prompt
-from ..rl._tasks import PromptSource
-from ..rollout._driver import RolloutDriver
+from ..config import TrainerConfig
+from ..rl import Prompt
+from ..rl import PromptSource
+from ..rl import decode_prompt
+from ..rollout import RolloutDriver
 from ._checkpoint import CheckpointStore
 from ._checkpoint import NoCheckpointLoads
 from ._checkpoint import StoredCheckpoint

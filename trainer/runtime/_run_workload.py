@@ -25,30 +25,30 @@ import torch
 
 from eventbus.runtime import CompletionSample
 
-from ..config._schema import TrainerConfig
-from ..rl._grpo import Sample
-from ..rl._hparams import Completion
-from ..rl._policy import Policy
-from ..rl._policy import build_policy
-from ..rl._rewards import RewardFailure
-from ..rl._rewards import check_columns
-from ..rl._rewards import load_rewards
-from ..rl._rewards import reward_names
-from ..rl._tasks import Prompt
-from ..rl._tasks import PromptSource
-from ..rl._tasks import PromptStream
-from ..rl._tasks import Task
-from ..rl._tasks import make_task
-from ..rl._tasks import render
-from ..rollout._logs import ALSO_AN_EVENT
-from ..rollout._rollout_workload import Workload
-from ..rollout._rollout_workload import build_workload
-from ..rollout._rollout_workload import worker_spec
+from ..config import TrainerConfig
+from ..rl import Completion
+from ..rl import Policy
+from ..rl import Prompt
+from ..rl import PromptSource
+from ..rl import PromptStream
+from ..rl import RewardFailure
+from ..rl import Sample
+from ..rl import Task
+from ..rl import build_policy
+from ..rl import check_columns
+from ..rl import load_rewards
+from ..rl import make_task
+from ..rl import render
+from ..rl import reward_names
+from ..rollout import ALSO_AN_EVENT
+from ..rollout import Workload
+from ..rollout import build_workload
+from ..rollout import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
-    from ..rl._datasets import PromptTable
-    from ..rl._datasets import TextPromptStream
-    from ..rl._hf_policy import HFPolicy
+    from ..rl import HFPolicy
+    from ..rl import PromptTable
+    from ..rl import TextPromptStream
 
 __all__ = ["RunWorkload", "export_model"]
 
@@ -86,10 +86,10 @@ class RunWorkload:
             self.policy = build_policy(config.model, seed=seed)
             self.stream = PromptStream(builtin, seed)
         else:
-            from ..rl._datasets import TextPromptStream
-            from ..rl._datasets import load_prompt_table
-            from ..rl._hf_policy import HFPolicy
-            from ..rl._hf_policy import resolve_dtype
+            from ..rl import HFPolicy
+            from ..rl import TextPromptStream
+            from ..rl import load_prompt_table
+            from ..rl import resolve_dtype
 
             # Float32 master weights (and optimizer state); forward and backward passes
             # under autocast to the run's dtype when it is lower.

@@ -27,7 +27,7 @@ from eventbus.runtime import SafePoint
 from eventbus.runtime import SafePointResolved
 from replay import GroupResult
 
-from ..rollout._driver import RolloutDriver
+from ..rollout import RolloutDriver
 from ._decision_table import interrupts_sample_wait
 
 __all__ = ["RolloutsLost", "WaitClock", "wait_unless_lost"]

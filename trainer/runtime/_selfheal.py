@@ -39,8 +39,8 @@ from eventbus.runtime import SampleWait
 from eventbus.runtime import SampleWaitState
 from eventbus.runtime import StallDiagnosed
 
-from ..config._schema import SelfHealConfig
-from ..rollout._rollout_events import WorkerLost
+from ..config import SelfHealConfig
+from ..rollout import WorkerLost
 
 __all__ = ["SelfHealingExtension", "WaitProgress", "recovery_backoff_s"]
 

@@ -20,7 +20,7 @@ from eventbus import EventBus
 from eventbus.runtime import SafePoint
 from eventbus.runtime import SafePointOutcome
 
-from ..rollout._driver import RolloutDriver
+from ..rollout import RolloutDriver
 from ._decision_table import Action
 from ._decision_table import RunAborted
 from ._decision_table import StopRequested

@@ -46,15 +46,15 @@ from eventbus.runtime import StepStarted
 from replay import GroupResult
 from replay import SampleWaitInterrupted
 
-from ..config._schema import TrainerConfig
-from ..rl._policy import Policy
-from ..rl._tasks import make_task
-from ..rollout._backend import RolloutBackend
-from ..rollout._driver import make_driver
-from ..rollout._factory import make_backend
-from ..rollout._faults import FaultInjector
-from ..rollout._logs import ALSO_AN_EVENT
-from ..rollout._rollout_events import WeightsSynced
+from ..config import TrainerConfig
+from ..rl import Policy
+from ..rl import make_task
+from ..rollout import ALSO_AN_EVENT
+from ..rollout import FaultInjector
+from ..rollout import RolloutBackend
+from ..rollout import WeightsSynced
+from ..rollout import make_backend
+from ..rollout import make_driver
 from ._checkpoint import CheckpointStore
 from ._decision_table import RunAborted
 from ._decision_table import StopRequested
@@ -86,7 +86,7 @@ from ._view import TrainerView
 from ._view import ViewedParts
 
 if TYPE_CHECKING:
-    from ..rl._hf_policy import HFPolicy
+    from ..rl import HFPolicy
 
 __all__ = ["PPOTrainer"]
 

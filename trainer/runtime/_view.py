@@ -20,10 +20,10 @@ from eventbus.runtime import Capability
 from eventbus.runtime import Host
 from eventbus.runtime import StuckRollout
 
-from ..config._schema import TrainerConfig
-from ..rollout._backend import Holding
-from ..rollout._backend import RolloutBackend
-from ..rollout._backend import stuck_rollouts
+from ..config import TrainerConfig
+from ..rollout import Holding
+from ..rollout import RolloutBackend
+from ..rollout import stuck_rollouts
 from ._learner import Learner
 from ._membership import MembershipRequests
 

@@ -62,13 +62,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from eventbus.runtime import ThreadStack
 
-from ...config._schema import DEFAULT_WORKERS
-from ...config._schema import ActorCpus
-from ...config._schema import RolloutConfig
-from ...config._schema import Seconds
-from ...config._schema import StandbyActors
-from ...config._schema import within
-from ...rl._weights import PolicyWeights
+from ...config import DEFAULT_WORKERS
+from ...config import ActorCpus
+from ...config import RolloutConfig
+from ...config import Seconds
+from ...config import StandbyActors
+from ...config import within
+from ...rl import PolicyWeights
 from .._backend import ResultSink
 from .._faults import FaultInjector
 from .._logs import ALSO_AN_EVENT

@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from ...config._ray_address import parse_ray_address
+from ...config import parse_ray_address
 from ._leftovers import clean_leftovers
 from ._leftovers import forget_local_instance
 from ._leftovers import record_local_instance

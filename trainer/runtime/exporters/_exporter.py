@@ -46,8 +46,8 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from replay import BatchReconciled
 
-from ...rollout._rollout_events import RolloutRestarted
-from ...rollout._rollout_events import WorkerLost
+from ...rollout import RolloutRestarted
+from ...rollout import WorkerLost
 
 __all__ = ["ExportError", "Exporter", "ExporterStatistics", "RunEnd", "RunStart"]
 

@@ -46,9 +46,9 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from replay import BatchReconciled
 
-from ...config._export import PrometheusExportConfig
-from ...rollout._rollout_events import RolloutRestarted
-from ...rollout._rollout_events import WorkerLost
+from ...config import PrometheusExportConfig
+from ...rollout import RolloutRestarted
+from ...rollout import WorkerLost
 from ._deps import require
 
 __all__ = ["SERIES", "PrometheusExporter", "series_name"]

@@ -48,8 +48,9 @@ class RolloutWork(msgspec.Struct, frozen=True, kw_only=True):
         step: The trainer step it was dispatched at.
         events: The worker events someone on the trainer's bus wants (None: none, and the
             worker builds none).
-        faults: Injected faults the worker enacts itself (``reward-hang``); the backend
-            stamps them (fault injection decides in the trainer's process).
+        faults: Injected faults the worker enacts itself (``reward-hang``), stamped on the
+            work by fault injection (which decides in the trainer's process), so that they
+            reach a Ray actor too.
     """
 
     work_id: str

@@ -34,6 +34,7 @@ if _typing.TYPE_CHECKING:
     from .rollout._faults import FaultInjected as FaultInjected
     from .rollout._faults import FaultInjector as FaultInjector
     from .rollout._faults import InjectedFault as InjectedFault
+    from .rollout._faulty import inject_faults as inject_faults
     from .rollout._local import LocalBackend as LocalBackend
     from .rollout._rollout_events import RewardTimed as RewardTimed
     from .rollout._rollout_events import RolloutFailed as RolloutFailed

@@ -24,6 +24,8 @@ if _typing.TYPE_CHECKING:
     from ._faults import FAULTS as FAULTS
     from ._faults import FaultInjected as FaultInjected
     from ._faults import FaultInjector as FaultInjector
+    from ._faulty import faulty_step as faulty_step
+    from ._faulty import inject_faults as inject_faults
     from ._logs import ALSO_AN_EVENT as ALSO_AN_EVENT
     from ._logs import also_an_event as also_an_event
     from ._rollout_events import RewardTimed as RewardTimed

@@ -31,7 +31,6 @@ from ..config import within
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
     from ..rl import PolicyWeights
-    from ._faults import FaultInjector
     from ._rollout_workload import WorkerSpec
     from ._stacks import StackReader
     from ._worker import RolloutWork
@@ -45,6 +44,8 @@ __all__ = [
     "Leave",
     "ResultSink",
     "RolloutBackend",
+    "WorkAbandoned",
+    "WorkerGone",
     "stuck_rollouts",
 ]
 
@@ -194,6 +195,17 @@ class HoldingLedger:
         return held if workers is None else tuple(h for h in held if h.worker_id in workers)
 
 
+class WorkerGone(RuntimeError):
+    """Raised by a worker's ``run`` that cannot go on: the worker is gone with its work, and
+    the backend reports it lost (``WorkerLost``) with this message."""
+
+
+class WorkAbandoned(Exception):
+    """Raised by a worker's ``run`` that gave its work up because a restart or closing
+    superseded it: nothing is delivered (the trainer reissued the work) and the worker's
+    thread ends, as its generation has."""
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
     """Rollout workers behind one interface (``local``: threads; ``ray``: actors)."""
@@ -248,21 +260,19 @@ class Leave:
 
 
 class BackendBase:
-    """What every backend keeps: what its workers build, how many there are, the faults to
-    inject, the sink it reports to, its counters and who holds which work.
+    """What every backend keeps: what its workers build, how many there are, the sink it
+    reports to, its counters and who holds which work.
 
     Args:
         spec: What each worker builds (task, policy, temperature).
         workers: How many workers (1 to 64, as ``[rollout] workers``).
-        faults: Fault injection (tests and ``--inject``); None for none.
     """
 
     name: str  # set by each backend class
 
-    def __init__(self, spec: WorkerSpec, workers: int, faults: FaultInjector | None) -> None:
+    def __init__(self, spec: WorkerSpec, workers: int) -> None:
         self.spec = spec
         self.workers = workers
-        self._faults = faults
         self._sink: ResultSink | None = None  # given by start()
         self._lock = threading.Lock()  # counts bumped on several threads
         self._counts = BackendCounters()

@@ -8,7 +8,6 @@ from __future__ import annotations
 from ..config import DEFAULT_WORKERS
 from ..config import TrainerConfig
 from ._backend import RolloutBackend
-from ._faults import FaultInjector
 from ._rollout_workload import WorkerSpec
 from ._rollout_workload import worker_spec
 
@@ -30,7 +29,7 @@ def rollout_workers(config: TrainerConfig, spec: WorkerSpec) -> int:
     return DEFAULT_WORKERS
 
 
-def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> RolloutBackend:
+def make_backend(config: TrainerConfig) -> RolloutBackend:
     """The backend of ``config.rollout.backend``, with :func:`rollout_workers` workers."""
     spec = worker_spec(config)
     rollout = config.rollout
@@ -42,7 +41,6 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
             spec,
             workers,
             address=rollout.ray_address,
-            faults=faults,
             actor_cpus=rollout.ray_actor_cpus,
             standby=rollout.standby,
             start_timeout_s=rollout.start_timeout_s,
@@ -50,4 +48,4 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
         )
     from ._local import LocalBackend
 
-    return LocalBackend(spec, workers, faults=faults, close_timeout_s=rollout.close_timeout_s)
+    return LocalBackend(spec, workers, close_timeout_s=rollout.close_timeout_s)

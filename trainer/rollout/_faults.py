@@ -11,6 +11,10 @@ Each fault fires once per run (``slow`` lasts ``slow_steps`` steps), so a recove
 on. With a run folder the faults that fired are kept in its ``faults.json``
 (:meth:`FaultInjector.keep_record`), written before the fault acts, so a resumed process
 (``checkpoint-crash`` kills the process) does not fire them again.
+
+This module decides when each fault fires and holds its waits; :mod:`._faulty` puts it around
+the parts of a run that production code builds (:func:`~._faulty.inject_faults`), so none
+of them knows faults exist.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from eventbus import Event
 from eventbus import EventBus
 
 from ..rl import did_you_mean
+from ._backend import WorkerGone
 from ._logs import ALSO_AN_EVENT
 
 if TYPE_CHECKING:
@@ -91,7 +96,7 @@ class InjectedFault(RuntimeError):
     """The error an injected ``step-error`` raises."""
 
 
-class WorkerCrashed(RuntimeError):
+class WorkerCrashed(WorkerGone):
     """An injected ``crash``: the worker dies with its work."""
 
 

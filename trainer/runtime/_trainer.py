@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -53,6 +54,8 @@ from ..rollout import ALSO_AN_EVENT
 from ..rollout import FaultInjector
 from ..rollout import RolloutBackend
 from ..rollout import WeightsSynced
+from ..rollout import faulty_step
+from ..rollout import inject_faults
 from ..rollout import make_backend
 from ..rollout import make_driver
 from ._checkpoint import CheckpointStore
@@ -101,7 +104,8 @@ class PPOTrainer:
         out_dir: The run folder (``events.jsonl``, ``metrics.jsonl``, ``checkpoints/``,
             ``summary.json``); None keeps everything in memory.
         backend: Rollout workers (default: built from ``config.rollout.backend``).
-        faults: Fault injection (tests, ``--inject``).
+        faults: Fault injection (tests, ``--inject``): wrapped around the backend, its
+            workers, the training step and checkpoint writes (none of them knows of it).
         bus: The event bus (default: a new one offering every capability).
     """
 
@@ -129,7 +133,9 @@ class PPOTrainer:
             epochs=config.ppo.epochs,
             reference=config.ppo.kl_coef > 0,
         )
-        self.backend = backend if backend is not None else make_backend(config, faults)
+        self.backend = backend if backend is not None else make_backend(config)
+        if faults is not None:
+            self.backend = inject_faults(self.backend, faults)
         self.membership = MembershipRequests()
         self._dropped_before: dict[int, int] = {}  # by registration, at this fit()'s start
         self.bus = bus or EventBus(
@@ -150,11 +156,17 @@ class PPOTrainer:
         )
         self.faults = faults
         self.files = RunFolder(self.out_dir)
+        # The training step as the loop calls it: the learner's update, looked up at each
+        # call (fault injection wraps it).
+        self.update: Callable[[tuple[GroupResult, ...]], dict[str, float]] = lambda batch: (
+            self.learner.update(batch)
+        )
         if faults is not None:
             faults.bus = self.bus
             faults.write_now = self.files.write_now
             if self.out_dir is not None:
                 faults.keep_record(self.out_dir / FAULTS_FILE)
+            self.update = faulty_step(self.update, lambda: self.learner.step + 1, faults)
         self.checkpoints = CheckpointStore(
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
@@ -532,11 +544,9 @@ class PPOTrainer:
         waited = time.perf_counter() - began
         await self._drain_record()  # the batch's report, for its failed rollouts
         failed = self.record.batch_failures(step)
-        if self.faults is not None:
-            self.faults.check_step(step)
         update_began = time.perf_counter()
         with self.stages.stage("update", step):
-            update = self.stages.in_thread(learner.update)
+            update = self.stages.in_thread(self.update)
             metrics = await anyio.to_thread.run_sync(update, batch)
         update_s = time.perf_counter() - update_began
         learner.step = step

@@ -70,7 +70,6 @@ from ...config import StandbyActors
 from ...config import within
 from ...rl import PolicyWeights
 from .._backend import ResultSink
-from .._faults import FaultInjector
 from .._logs import ALSO_AN_EVENT
 from .._stacks import StackReader
 from .._stacks import helping
@@ -102,7 +101,6 @@ class RayBackend(ServingActors):
         address: A Ray cluster to join (``"auto"``, ``"10.0.0.5:6379"``, ...); None uses
             the running Ray instance or starts a local one. Joining a cluster needs trainbus
             installed on its nodes.
-        faults: Fault injection (tests and ``--inject``); None for none.
         actor_cpus: CPUs each actor reserves (>= 0, as ``[rollout] ray_actor_cpus``). 0 (the
             default) lets any number of actors share a node; actors are spread over the
             nodes either way.
@@ -130,7 +128,6 @@ class RayBackend(ServingActors):
         workers: int = DEFAULT_WORKERS,
         *,
         address: str | None = None,
-        faults: FaultInjector | None = None,
         actor_cpus: float = RolloutConfig().ray_actor_cpus,
         standby: int = RolloutConfig().standby,
         hung_after_s: float = 2.0,
@@ -149,7 +146,7 @@ class RayBackend(ServingActors):
             start_timeout_s=within("start_timeout_s", start_timeout_s, Seconds),
             kill_timeout_s=within("kill_timeout_s", kill_timeout_s, Seconds),
         )
-        super().__init__(spec, workers, faults, pool, within("hung_after_s", hung_after_s, Seconds))
+        super().__init__(spec, workers, pool, within("hung_after_s", hung_after_s, Seconds))
         self.address = address
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owns_ray = False
@@ -189,7 +186,7 @@ class RayBackend(ServingActors):
         try:
             try:
                 with anyio.fail_after(self._pool.start_timeout_s):
-                    await self._put_weights(weights, version, initial=True)
+                    await self._put_weights(weights, version)
             except TimeoutError:
                 raise RuntimeError(
                     f"putting the initial weights into Ray's object store took over "
@@ -242,7 +239,6 @@ class RayBackend(ServingActors):
         logger.warning("restarting the ray rollout side: %s", reason, extra=ALSO_AN_EVENT)
         self._queue = asyncio.Queue()  # queued work is dropped: the trainer reissues it
         self._leaving = 0  # and the leave tokens with it: queued again below
-        self._epoch.stop.set()  # slow-fault waits of superseded work end now
         self._epoch = Epoch(self._epoch.number + 1)
         self._counts.restarts += 1
         live = {node.node_id for node in live_nodes()}
@@ -296,7 +292,6 @@ class RayBackend(ServingActors):
             return
         self._closed = True
         await self._stop_background()
-        self._epoch.stop.set()
         # Slots first, so a call failing because of the kill is never reported as lost.
         slots, self._slots = list(self._slots.values()), {}
         for task in slots:
@@ -341,17 +336,12 @@ class RayBackend(ServingActors):
         """The Ray node id each standby actor runs on, by worker id."""
         return {a.worker_id: a.node for a in self._pool.standby}
 
-    async def _put_weights(
-        self, weights: PolicyWeights, version: int, *, initial: bool = False
-    ) -> None:
+    async def _put_weights(self, weights: PolicyWeights, version: int) -> None:
         """Put ``weights`` in the object store on a thread helping the trainer (abandoned
         if the caller's deadline cancels it: a full or unreachable object store blocks)."""
-        release, faults = self._epoch.stop, None if initial else self._faults
 
         def put() -> ObjectRef[bytes]:
             with helping("trainer"):
-                if faults is not None:
-                    faults.hang_weight_sync(version, release)  # sync-hang; a restart ends it
                 return ray.put(weights.to_bytes())
 
         ref = await anyio.to_thread.run_sync(put, abandon_on_cancel=True)

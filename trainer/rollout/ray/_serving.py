@@ -12,16 +12,14 @@ current. The backend's public methods decide when; this decides how.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import field
 
 import anyio
-import ray
 from ray.exceptions import RayActorError
 from ray.exceptions import RayError
 
@@ -30,32 +28,32 @@ from replay import RolloutResult
 
 from .._backend import BackendBase
 from .._backend import Leave
-from .._faults import FaultInjector
 from .._logs import ALSO_AN_EVENT
 from .._rollout_events import WorkerEventsDropped
 from .._worker import RolloutWork
 from .._worker import RolloutWorker
 from .._worker import WorkerSpec
 from .._worker_events import EventRequest
-from .._worker_events import rollout_failed
 from ._actor import ActorView
 from ._actor import Output
 from ._actor import first_line
 from ._placement import live_nodes
 from ._pool import ActorPool
 
-__all__ = ["Epoch", "ServingActors"]
+__all__ = ["ActorCall", "Epoch", "ServingActors"]
 
 logger = logging.getLogger("trainbus.ray")
 
 
+ActorCall = Callable[[ActorView, RolloutWork], Awaitable[Output]]
+"""Submits a piece of work to an actor; awaiting it gives the call's :data:`Output`."""
+
+
 @dataclass(eq=False)
 class Epoch:
-    """What one start or restart began: its number (it names new actors) and the event that
-    releases a slow-fault wait of its work when the next restart supersedes it."""
+    """What one start or restart began: its number, which names the actors it starts."""
 
     number: int
-    stop: threading.Event = field(default_factory=threading.Event)
     started: int = 0  # actors started in this epoch
 
     def next_id(self) -> str:
@@ -71,20 +69,19 @@ class ServingActors(BackendBase):
     Args:
         spec: What each worker builds.
         workers: Actors to serve.
-        faults: Fault injection; None for none.
         pool: Starts, warms and kills the actors.
         hung_after_s: The shortest grace a busy actor gets at a restart.
+
+    Attributes:
+        call: Submits each piece of work to its actor: the wrapper point around the calls
+            (fault injection wraps it before ``start``).
     """
 
     def __init__(
-        self,
-        spec: WorkerSpec,
-        workers: int,
-        faults: FaultInjector | None,
-        pool: ActorPool,
-        hung_after_s: float,
+        self, spec: WorkerSpec, workers: int, pool: ActorPool, hung_after_s: float
     ) -> None:
-        super().__init__(spec, workers, faults)
+        super().__init__(spec, workers)
+        self.call: ActorCall = self._submit
         self._pool = pool
         self._hung_after_s = hung_after_s
         self._longest_call_s = 0.0
@@ -312,7 +309,7 @@ class ServingActors(BackendBase):
             sink.started(tuple(group.group_id for group in work.groups))
             began = time.perf_counter()
             try:
-                results = await self._run(actor, work, self._epoch.stop, began)
+                results = await self._run(actor, work, began)
             except RayActorError as exc:
                 self._holdings.release(actor.worker_id)
                 actor.busy = False
@@ -321,7 +318,7 @@ class ServingActors(BackendBase):
                 self._lost(actor, work, exc)
                 return
             except Exception as exc:
-                # The worker raised (RayTaskError) or a fault transformation did: fail its
+                # The worker raised (RayTaskError) or a wrapper of the call did: fail its
                 # rollouts (retryable: a restart may fix it) so the batch accounts for them,
                 # and make the actor reload its weights in case loading them was what failed.
                 self._pool.errors += 1
@@ -348,52 +345,16 @@ class ServingActors(BackendBase):
                 self._wake.set()
                 return
 
-    async def _run(
-        self, actor: ActorView, work: RolloutWork, stop: threading.Event, began: float
-    ) -> list[RolloutResult]:
-        """One call, timed, then the fault transformations of the results."""
+    async def _run(self, actor: ActorView, work: RolloutWork, began: float) -> list[RolloutResult]:
+        """One call, timed; the worker's events are published before its results."""
         try:
-            results, events, dropped, generated = await self._call(actor, work)
+            results, events, dropped, generated = await self.call(actor, work)
         finally:
             self._counts.busy_s += time.perf_counter() - began
         self._counts.add_generation(generated)
         self._publish_events(actor, events, dropped)  # before the results they tell about
         self._longest_call_s = max(self._longest_call_s, time.perf_counter() - began)
-        if self._faults is None:
-            return results
-        transformed: list[RolloutResult] = await anyio.to_thread.run_sync(
-            functools.partial(
-                self._faults.after_work,
-                actor.worker_id,
-                work,
-                results,
-                stop=stop,
-                elapsed_s=time.perf_counter() - began,
-            )
-        )
-        self._publish_injected_failures(actor, work, results, transformed)
-        return transformed
-
-    def _publish_injected_failures(
-        self,
-        actor: ActorView,
-        work: RolloutWork,
-        results: list[RolloutResult],
-        transformed: list[RolloutResult],
-    ) -> None:
-        """``RolloutFailed`` for each failure a fault added here, on the trainer's side of
-        the call (the actor's own events cannot tell of them), as a local worker tells of
-        them."""
-        sink, request = self._sink, work.events
-        if sink is None or request is None or "RolloutFailed" not in request.types:
-            return
-        own = {id(result) for result in results}
-        stamp = {"worker_id": actor.worker_id, "node": actor.node, "work_id": work.work_id}
-        for result in transformed:
-            if not result.ok and id(result) not in own:
-                sink.worker_event(
-                    rollout_failed(result, **stamp, step=work.step, worker_time=time.time())
-                )
+        return results
 
     def _publish_events(self, actor: ActorView, events: list[Event], dropped: int) -> None:
         """Hand an actor's collected events to the trainer's bus, the drop notice first."""
@@ -440,24 +401,13 @@ class ServingActors(BackendBase):
         self._sink.worker_lost(actor.worker_id, reason, len(work.groups), actor.node)
         self._wake.set()
 
-    async def _call(self, actor: ActorView, work: RolloutWork) -> Output:
-        """Run ``work`` on ``actor``, injecting the actor faults (hang, crash)."""
-        faults = self._faults
-        if faults is not None:
-            work = faults.stamp(actor.worker_id, work)  # reward-hang travels with the work
-        if faults is not None and faults.should_hang(actor.worker_id, work.step):
-            await actor.handle.hang.remote(work)  # never answers; killed as hung after a restart
-            raise RuntimeError(f"actor {actor.worker_id} returned from hang()")
+    def _submit(self, actor: ActorView, work: RolloutWork) -> Awaitable[Output]:
+        """Submit ``work`` to ``actor``, with the latest weights when it lacks them."""
         actor.warmed = True
         if self._pool.sample is None:
             self._pool.set_sample(work)
         serial, version, weights = self._pool.weights
         if actor.weights_serial == serial or weights is None:
-            call = actor.handle.run.remote(work)
-        else:
-            call = actor.handle.load_and_run.remote(weights, version, work)
-            actor.weights_serial = serial
-        if faults is not None and faults.should_kill_actor(actor.worker_id, work.step):
-            # A real death: the call then fails with ActorDiedError like any crash would.
-            ray.kill(actor.handle, no_restart=True)  # type: ignore[arg-type]
-        return await call
+            return actor.handle.run.remote(work)
+        actor.weights_serial = serial
+        return actor.handle.load_and_run.remote(weights, version, work)

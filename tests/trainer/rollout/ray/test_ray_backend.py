@@ -26,6 +26,7 @@ from trainer import PPOTrainer
 from trainer import RolloutWork
 from trainer import RolloutWorker
 from trainer import WorkerSpec
+from trainer import inject_faults
 from trainer import load_config
 from trainer import make_task
 from trainer.config._schema import DEFAULT_WORKERS
@@ -185,7 +186,7 @@ async def test_runs_work_delivers_every_result_and_syncs_weights(
 
 async def test_a_dead_actor_is_reported_and_replaced_and_a_restart_keeps_idle_ones() -> None:
     faults = FaultInjector([Fault("crash", 2)])
-    backend = RayBackend(SPEC, 2, faults=faults)
+    backend = inject_faults(RayBackend(SPEC, 2), faults)
     sink = FakeSink()
     await backend.start(sink, weights(0), 0)
     try:
@@ -231,7 +232,7 @@ async def test_a_dead_actor_is_reported_and_replaced_and_a_restart_keeps_idle_on
 
 async def test_the_warm_standby_replaces_lost_and_hung_actors_at_once() -> None:
     faults = FaultInjector([Fault("crash", 2), Fault("hang", 3)])
-    backend = RayBackend(SPEC, 2, faults=faults, standby=1, hung_after_s=0.5)
+    backend = inject_faults(RayBackend(SPEC, 2, standby=1, hung_after_s=0.5), faults)
     sink = FakeSink()
     await backend.start(sink, weights(0), 0)
     try:
@@ -314,7 +315,7 @@ async def test_a_slot_task_that_dies_reports_its_actor_lost_and_kills_it() -> No
 
 async def test_a_hung_actor_blocks_neither_restart_nor_close() -> None:
     faults = FaultInjector([Fault("hang", 1), Fault("hang", 3)])
-    backend = RayBackend(SPEC, 2, faults=faults)
+    backend = inject_faults(RayBackend(SPEC, 2), faults)
     sink = FakeSink()
     await backend.start(sink, weights(0), 0)
     try:

@@ -21,6 +21,7 @@ from trainer import PPOTrainer
 from trainer import RolloutRestarted
 from trainer import SelfHealingExtension
 from trainer import WaitDeadlineExceeded
+from trainer import inject_faults
 from trainer.rollout._stacks import StackReader
 
 from ...helpers import tiny_config
@@ -40,7 +41,7 @@ from trainer import RayBackend  # noqa: E402  (needs ray)
 
 async def hung_backend(reader: StackReader) -> None:
     """Start two actors, hang one on its first work, check what a diagnosis reads."""
-    backend = RayBackend(SPEC, 2, faults=FaultInjector.parse(["hang@1"]))
+    backend = inject_faults(RayBackend(SPEC, 2), FaultInjector.parse(["hang@1"]))
     sink = FakeSink()
     await backend.start(sink, weights(0), 0)
     try:
@@ -132,7 +133,7 @@ async def test_a_hung_reward_call_in_an_actor_is_read_and_fails_its_rollouts() -
     # reward-hang travels to the actor with the work; py-spy sees the reward thread, and
     # past task.reward_timeout_s the actor fails those rollouts as reward_timeout.
     spec = msgspec.structs.replace(SPEC, reward_timeout_s=6.0)
-    backend = RayBackend(spec, 1, faults=FaultInjector.parse(["reward-hang@1"]))
+    backend = inject_faults(RayBackend(spec, 1), FaultInjector.parse(["reward-hang@1"]))
     sink = FakeSink()
     await backend.start(sink, weights(0), 0)
     try:

@@ -50,7 +50,7 @@ from ..config._schema import TrainerConfig
 from ..rl._policy import Policy
 from ..rl._tasks import make_task
 from ..rollout._backend import RolloutBackend
-from ..rollout._driver import make_driver
+from ..rollout._modes import make_driver
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
 from ..rollout._logs import ALSO_AN_EVENT

@@ -8,6 +8,7 @@ work (:mod:`._work_dispatch`), and has one strategy per mode behind one interfac
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -19,11 +20,17 @@ from dataclasses import KW_ONLY
 from dataclasses import dataclass
 from dataclasses import field
 
+import anyio
+
+from eventbus import Decision
 from eventbus import EventBus
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
 from replay import AsyncReplayBuffer
 from replay import GroupResult
 from replay import ReplayBuffer
 from replay import RolloutTracker
+from replay import SampleWaitInterrupted
 from replay import TrackerStatistics
 from replay import WaitInterrupts
 
@@ -39,11 +46,29 @@ from ._rollout_events import RolloutRestarted
 from ._rollout_events import asked
 from ._work_dispatch import Dispatch
 
-__all__ = ["RestartRecord", "RolloutDriver"]
+__all__ = ["RestartRecord", "RolloutDriver", "WaitEnded"]
 
 logger = logging.getLogger("trainbus.rollouts")
 
 RestartRecord = dict[str, object]
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEnded:
+    """How a sample wait ended without its batch.
+
+    Attributes:
+        outcome: The ``SAMPLE_WAIT`` outcome that ended it; None when rollouts were lost
+            and nobody takes part in the safe point (no decision could save the wait).
+        lost: Why nothing can deliver the batch (workers lost with its rollouts), if so.
+    """
+
+    outcome: SafePointOutcome | None
+    lost: str | None
 
 
 @dataclass(eq=False)
@@ -84,7 +109,8 @@ class RolloutDriver(DriverSink, Dispatch, ABC):
         # they held will never be delivered (see undeliverable()).
         self._losses: list[str] = []
         self._losses_lock = threading.Lock()
-        self.on_loss: Callable[[], None] = lambda: None  # called (from any thread) on a loss
+        # Called (from any thread) on a loss: set by the wait in progress, to end it.
+        self.on_loss: Callable[[], None] = _nothing
         self.failure_log = FailureLog()
         self._build_buffer()
 
@@ -159,9 +185,51 @@ class RolloutDriver(DriverSink, Dispatch, ABC):
     def dispatch_step(self, step: int, version: int) -> None:
         """Dispatch what ``step`` needs, sampling from policy ``version``."""
 
+    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...] | WaitEnded:
+        """Wait for the batch of ``step``, sampling for policy ``version``: the batch, or
+        how the wait ended without it.
+
+        A ``SAMPLE_WAIT`` decision that ``interrupts`` says ends waits ends it. So does a
+        loss that leaves the batch undeliverable (:meth:`undeliverable`): the wait's next
+        ``SAMPLE_WAIT`` decision is its last (a restart can still save the run), and with
+        nobody taking part in that safe point, no decision can, so the wait ends at once.
+        """
+        if (lost := self._lost_past_saving()) is not None:
+            return WaitEnded(None, lost)
+        loop = asyncio.get_running_loop()
+        with anyio.CancelScope() as scope:
+
+            def on_loss() -> None:  # (from the thread that saw the loss)
+                loop.call_soon_threadsafe(self._on_loss, scope)
+
+            self.on_loss = on_loss
+            try:
+                return await self._sample(step, version)
+            except SampleWaitInterrupted as ended:  # replay's word for it, ends here
+                return WaitEnded(ended.outcome, self.undeliverable())
+            finally:
+                self.on_loss = _nothing
+        return WaitEnded(None, self.undeliverable())  # (cancelled by _on_loss)
+
+    def _ends_wait(self, decision: Decision) -> bool:
+        """The buffer's ``interrupts``: the decision ends waits, or it was the one decision a
+        wait with lost rollouts had left."""
+        return self.interrupts(decision) or self.undeliverable() is not None
+
+    def _lost_past_saving(self) -> str | None:
+        """Why the batch cannot arrive, when nobody takes part in ``SAMPLE_WAIT`` either (so
+        no restart can save the wait); else None."""
+        if self.bus.wants_safe_point(SafePoint.SAMPLE_WAIT):
+            return None
+        return self.undeliverable()
+
+    def _on_loss(self, scope: anyio.CancelScope) -> None:
+        if self._lost_past_saving() is not None:
+            scope.cancel()
+
     @abstractmethod
-    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
-        """Wait for the batch of ``step`` (raises ``SampleWaitInterrupted`` on a decision)."""
+    async def _sample(self, step: int, version: int) -> tuple[GroupResult, ...]:
+        """The mode's sampling from the buffer (raises ``SampleWaitInterrupted``)."""
 
     @abstractmethod
     def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:

@@ -47,7 +47,7 @@ class SyncDriver(RolloutDriver):
     def _new_buffer(self, tracker: RolloutTracker) -> ReplayBuffer:
         return ReplayBuffer(
             tracker,
-            interrupts=self.interrupts,
+            interrupts=self._ends_wait,
             bus=self.bus,
             wait_timeout_s=self.config.rollout.wait_timeout_s,
             safe_point_timeout_s=self.config.safe_point_timeout_s,
@@ -70,7 +70,7 @@ class SyncDriver(RolloutDriver):
         self.buffer.register(groups)
         self._dispatch(groups, step, "batch")
 
-    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
+    async def _sample(self, step: int, version: int) -> tuple[GroupResult, ...]:
         """Wait for the groups of ``step``."""
         batch = await self.buffer.sample(step, self.config.rollout.prompts_per_step)
         self._unfinished = ()
@@ -104,7 +104,7 @@ class AsyncDriver(RolloutDriver):
         rollout = self.config.rollout
         return AsyncReplayBuffer(
             tracker,
-            interrupts=self.interrupts,
+            interrupts=self._ends_wait,
             bus=self.bus,
             max_off_policy=rollout.max_off_policy,
             strategy=rollout.staleness,
@@ -123,7 +123,7 @@ class AsyncDriver(RolloutDriver):
         self._step, self._version = step, version
         self._top_up(step, version)
 
-    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
+    async def _sample(self, step: int, version: int) -> tuple[GroupResult, ...]:
         """Wait for a batch of groups at most ``max_off_policy`` versions behind ``version``."""
         self._step, self._version = step, version
         self._top_up(step, version)

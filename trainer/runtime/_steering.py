@@ -6,8 +6,9 @@ restart the rollout side, or raise ``StopRequested`` / ``RunAborted`` for the lo
 on. A safe point nobody takes part in or observes is not traversed at all
 (``bus.wants_safe_point``), so a trainer with no extension runs the plain loop.
 
-Every outcome reached here is handed to ``on_outcome`` (the run's fold, which counts the
-decisions), so no decision is left out of the summary.
+Every outcome the trainer receives, reached here or by the sample wait, is acted on by
+:meth:`Steering.act`, which hands it to ``on_outcome`` (the run's fold, which counts the
+decisions) as it looks its cell up: one place, so no decision is left out of the summary.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Steering:
         state: Writes the checkpoints a decision asks for.
         driver: Restarts the rollout side when a decision asks for it.
         stages: Marks a restart as a wait of the trainer (for stall diagnosis).
-        on_outcome: Called with every outcome reached: the run's fold, looked up at each
+        on_outcome: Called with every outcome acted on: the run's fold, looked up at each
             call (the trainer replaces its fold at each ``fit()``).
     """
 
@@ -57,15 +58,13 @@ class Steering:
         self, point: SafePoint, *, step: int | None = None, **details: Any
     ) -> SafePointOutcome | None:
         """Reach ``point`` (at the learner's step unless ``step``); None when nobody takes
-        part in or observes it."""
+        part in or observes it. Hand the outcome to :meth:`act` (or :meth:`settle`)."""
         if not self.bus.wants_safe_point(point):
             return None
         at = self.learner.step if step is None else step
         # A stage like any wait: a voter that blocks the event loop is diagnosed here too.
         with self.stages.stage("safe_point", at):
-            outcome = await self.bus.safe_point(point, step=at, **details)
-        self.on_outcome(outcome)
-        return outcome
+            return await self.bus.safe_point(point, step=at, **details)
 
     async def decide(self, point: SafePoint, *, checkpoint_due: bool = False) -> None:
         """Reach ``point`` (``BEFORE_FIT`` or ``STEP_BOUNDARY``) and act on its decision.
@@ -75,14 +74,15 @@ class Steering:
         ``STOP`` decision writes the same one.
         """
         outcome = await self.reach(point)
-        action = Action.GO_ON if outcome is None else action_for(point, outcome.decision)
+        action = Action.GO_ON if outcome is None else self.settle(point, outcome)
         if checkpoint_due and action not in (Action.SAVE, Action.STOP):
             await self.state.save()
         if outcome is not None:
-            await self.act(point, outcome, self.learner.step)
+            await self._carry_out(action, outcome, self.learner.step)
 
     async def act(self, point: SafePoint, outcome: SafePointOutcome, step: int) -> Action:
-        """Do what the table says for ``outcome`` at ``point``; returns the action.
+        """Record ``outcome`` and do what the table says for it at ``point`` (at ``step``);
+        returns the action.
 
         ``RESTORE`` and ``RERAISE`` (``TERMINAL_FAILURE`` only) are left to the caller.
 
@@ -90,7 +90,16 @@ class Steering:
             StopRequested: The action is ``STOP``.
             RunAborted: The action is ``ABORT``.
         """
-        action = action_for(point, outcome.decision)
+        action = self.settle(point, outcome)
+        await self._carry_out(action, outcome, step)
+        return action
+
+    def settle(self, point: SafePoint, outcome: SafePointOutcome) -> Action:
+        """Record ``outcome`` and look its action up: once for each outcome received."""
+        self.on_outcome(outcome)
+        return action_for(point, outcome.decision)
+
+    async def _carry_out(self, action: Action, outcome: SafePointOutcome, step: int) -> None:
         if action is Action.SAVE:
             await self.state.save()
         elif action is Action.RESTART_ROLLOUTS:
@@ -100,4 +109,3 @@ class Steering:
             raise StopRequested(outcome.summary())
         elif action is Action.ABORT:
             raise RunAborted(outcome)
-        return action

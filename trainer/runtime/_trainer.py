@@ -44,18 +44,19 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from eventbus.runtime import StepStarted
 from replay import GroupResult
-from replay import SampleWaitInterrupted
 
 from ..config._schema import TrainerConfig
 from ..rl._policy import Policy
 from ..rl._tasks import make_task
 from ..rollout._backend import RolloutBackend
-from ..rollout._modes import make_driver
+from ..rollout._driver import WaitEnded
 from ..rollout._factory import make_backend
 from ..rollout._faults import FaultInjector
 from ..rollout._logs import ALSO_AN_EVENT
+from ..rollout._modes import make_driver
 from ..rollout._rollout_events import WeightsSynced
 from ._checkpoint import CheckpointStore
+from ._decision_table import Action
 from ._decision_table import RunAborted
 from ._decision_table import StopRequested
 from ._decision_table import interrupts_sample_wait
@@ -78,8 +79,8 @@ from ._run import RunFolderWriteError
 from ._run_state import RunState
 from ._run_state import non_finite_weights
 from ._run_workload import RunWorkload
+from ._sample_wait import RolloutsLost
 from ._sample_wait import WaitClock
-from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
 from ._steering import Steering
 from ._view import TrainerView
@@ -425,6 +426,8 @@ class PPOTrainer:
                 logger.exception("closing the rollout backend failed while handling an error")
             try:
                 outcome = await self.steering.reach(SafePoint.AFTER_FIT, failed=error is not None)
+                if outcome is not None:
+                    await self.steering.act(SafePoint.AFTER_FIT, outcome, self.step)
                 for vote in outcome.votes if outcome is not None else ():
                     if vote.error:
                         logger.error(
@@ -588,17 +591,22 @@ class PPOTrainer:
         await self.membership.apply(step, self.driver)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
-        """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decisions that end it."""
+        """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decision that ends a wait
+        (a restart, then the wait begins again; ``STOP`` and ``ABORT`` raise).
+
+        Raises:
+            RolloutsLost: Nothing can deliver the batch, and no decision restarted the
+                rollout side.
+        """
         while True:
-            try:
-                return await wait_unless_lost(
-                    self.driver, self.bus, step, self.learner.policy_version
-                )
-            except SampleWaitInterrupted as interrupt:
-                outcome = interrupt.outcome
-            self.record.apply_outcome(outcome)  # (the buffer reached it, not the steering)
-            # RESTART_ROLLOUTS, then wait again; STOP and ABORT raise.
-            await self.steering.act(SafePoint.SAMPLE_WAIT, outcome, step)
+            waited = await self.driver.wait_batch(step, self.learner.policy_version)
+            if not isinstance(waited, WaitEnded):
+                return waited
+            action = Action.GO_ON
+            if waited.outcome is not None:
+                action = await self.steering.act(SafePoint.SAMPLE_WAIT, waited.outcome, step)
+            if action is Action.GO_ON and waited.lost is not None:
+                raise RolloutsLost(waited.lost)
 
     async def _sync_weights(self) -> float:
         learner = self.learner

@@ -79,6 +79,7 @@ from replay import RolloutRejected
 
 from ..config._export import ExportConfig
 from ..config._export import exporter_flag
+from ..config._schema import SelfHealConfig
 from ..rl._rewards import RewardFailure
 from ..rollout._stacks import StackReader
 from ..runtime._decision_table import Action
@@ -87,6 +88,7 @@ from ..runtime._decision_table import action_for
 from ..runtime._extload import load_extension
 from ..runtime._fold import RunFold
 from ..runtime._metrics import from_trl
+from ..runtime._restarts import RestartBudget
 from ..runtime._run import RunFolder
 from ..runtime._run_state import extension_states
 from ..runtime._run_state import load_extension_states
@@ -243,6 +245,10 @@ class TrainbusCallback(TrainerCallback):
             loaded = load_extension(extension) if isinstance(extension, str) else extension
             self.registrations.append(self.bus.register_extension(loaded))
         self._exporters: list[Registration] | None = None  # built when training first begins
+        # Recoveries in the same process, within the restart budget of [self_heal]'s
+        # defaults, after its backoff (slept on the training thread, where training goes on).
+        self.restarts = RestartBudget.from_config(SelfHealConfig())
+        self._backoff_sleep: Callable[[float], None] = time.sleep
         self._ranks = ranks
         self._clock = clock
         self._watchdog_sleep = watchdog_sleep
@@ -911,6 +917,12 @@ class TrainbusCallback(TrainerCallback):
         if checkpoint is None:
             logger.error("no checkpoint in %s to recover from", output_dir)
             return None
+        delay = self.restarts.take(failed)
+        if delay is None:
+            logger.error("not recovering step %d: %s", failed, self.restarts.spent(failed))
+            return None
+        if delay > 0:
+            self._backoff_sleep(delay)
         step = int(checkpoint.name.rpartition("-")[2])
         logger.warning(
             "step %d failed (%s: %s); training on from %s: %s",

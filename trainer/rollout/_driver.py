@@ -46,11 +46,9 @@ from ._rollout_events import RolloutRestarted
 from ._rollout_events import asked
 from ._work_dispatch import Dispatch
 
-__all__ = ["RestartRecord", "RolloutDriver", "WaitEnded"]
+__all__ = ["RolloutDriver", "WaitEnded"]
 
 logger = logging.getLogger("trainbus.rollouts")
-
-RestartRecord = dict[str, object]
 
 
 def _nothing() -> None:
@@ -243,11 +241,26 @@ class RolloutDriver(DriverSink, Dispatch, ABC):
                 prompts.append(group.prompt)
         return prompts
 
-    async def restart(self, step: int, reason: str) -> RestartRecord:
-        """Restart the rollout side: fresh workers, every in-flight rollout reissued under a
-        new attempt. Late results of the old attempts are dropped as superseded."""
+    async def restart(
+        self, step: int, reason: str, *, resubmit: tuple[Sequence[Prompt], int] | None = None
+    ) -> int:
+        """Restart the rollout side at ``step``: fresh workers; returns how many.
+
+        For a stall (no ``resubmit``), every in-flight rollout is reissued under a new
+        attempt (late results of the old attempts are dropped as superseded) and
+        ``RolloutRestarted`` says so. Restoring a checkpoint (``resubmit``: the prompts it
+        held in flight and the policy version to sample them from), every open group is
+        forgotten first (:meth:`reset`) and those prompts are dispatched for the next step;
+        the restore's own event (``CheckpointRestored``) says why.
+        """
+        if resubmit is not None:
+            self.reset()
         workers = await self.backend.restart(reason)
         self._forget_losses()  # the new workers get everything in flight again
+        if resubmit is not None:
+            prompts, version = resubmit
+            self.resubmit(prompts, step + 1, version)
+            return workers
         reissued = self.buffer.reissue()
         if reissued:
             self.max_attempt = max(self.max_attempt, *(g.attempt for g in reissued))
@@ -272,14 +285,7 @@ class RolloutDriver(DriverSink, Dispatch, ABC):
             len(reissued),
             extra=ALSO_AN_EVENT,  # the RolloutRestarted above
         )
-        return {
-            "step": step,
-            "reason": reason,
-            "workers": workers,
-            "reissued_rollouts": len(rollout_ids),
-            "reissued_groups": len(reissued),
-            "attempt": self.max_attempt,
-        }
+        return workers
 
     async def resize(self, step: int, workers: int, reason: str, *, requester: str = "") -> None:
         """At the boundary after ``step``: run ``workers`` workers from the next step on, as

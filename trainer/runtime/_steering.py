@@ -21,12 +21,12 @@ from eventbus import EventBus
 from eventbus.runtime import SafePoint
 from eventbus.runtime import SafePointOutcome
 
-from ..rollout._driver import RolloutDriver
 from ._decision_table import Action
 from ._decision_table import RunAborted
 from ._decision_table import StopRequested
 from ._decision_table import action_for
 from ._learner import Learner
+from ._restarts import Restarter
 from ._run_state import RunState
 from ._stall import Stages
 
@@ -41,8 +41,8 @@ class Steering:
         bus: The trainer's bus.
         learner: Whose step a safe point is reached at (unless told otherwise).
         state: Writes the checkpoints a decision asks for.
-        driver: Restarts the rollout side when a decision asks for it.
-        stages: Marks a restart as a wait of the trainer (for stall diagnosis).
+        restarter: Restarts the rollout side when a decision asks for it.
+        stages: Marks the votes as a wait of the trainer (for stall diagnosis).
         on_outcome: Called with every outcome acted on: the run's fold, looked up at each
             call (the trainer replaces its fold at each ``fit()``).
     """
@@ -50,7 +50,7 @@ class Steering:
     bus: EventBus
     learner: Learner
     state: RunState
-    driver: RolloutDriver
+    restarter: Restarter
     stages: Stages
     on_outcome: Callable[[SafePointOutcome], None]
 
@@ -103,8 +103,7 @@ class Steering:
         if action is Action.SAVE:
             await self.state.save()
         elif action is Action.RESTART_ROLLOUTS:
-            with self.stages.stage("restart", step):
-                await self.driver.restart(step, outcome.summary())
+            await self.restarter.restart("rollouts", step, outcome.summary())
         elif action is Action.STOP:
             raise StopRequested(outcome.summary())
         elif action is Action.ABORT:

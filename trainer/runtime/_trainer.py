@@ -73,6 +73,8 @@ from ._metrics import named
 from ._perf import PerfMeter
 from ._perf import StepWork
 from ._recovery import Recovery
+from ._restarts import RestartBudget
+from ._restarts import Restarter
 from ._run import FAULTS_FILE
 from ._run import RunFolder
 from ._run import RunFolderWriteError
@@ -182,12 +184,16 @@ class PPOTrainer:
             store=self.checkpoints,
             export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
-        self.recovery = Recovery(self.state, self.backend)
+        # The one way the rollout side restarts, within the run's one restart budget.
+        self.restarter = Restarter(
+            self.driver, self.state.stages, RestartBudget.from_config(config.self_heal)
+        )
+        self.recovery = Recovery(self.state, self.restarter)
         self.steering = Steering(
             self.bus,
             self.learner,
             self.state,
-            self.driver,
+            self.restarter,
             self.state.stages,
             on_outcome=lambda outcome: self.record.apply_outcome(outcome),
         )
@@ -611,9 +617,7 @@ class PPOTrainer:
     async def _sync_weights(self) -> float:
         learner = self.learner
         began = time.perf_counter()
-        timeout, setting = self.config.rollout.sync_timeout_s, "rollout.sync_timeout_s"
-        with self.stages.bounded("weight_sync", learner.step, timeout, setting):
-            await self.backend.update_weights(learner.weights(), learner.policy_version)
+        await self.state.sync_weights()
         elapsed = time.perf_counter() - began
         if self.bus.wants(WeightsSynced):
             self.bus.publish(

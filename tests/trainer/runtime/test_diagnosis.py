@@ -97,7 +97,7 @@ def trainer_with_hang(hangs: Hangs, **config: Any) -> PPOTrainer:
 async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
     hangs = Hangs()
     trainer = trainer_with_hang(hangs, diagnose__after_s=0.2)
-    healer = SelfHealingExtension(stall_timeout_s=1.0, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=1.0)
     trainer.register_runtime_extension(healer)
     trainer.register_runtime_extension(ReleaseOnRestart(hangs.release))
     async with record_events(
@@ -169,7 +169,7 @@ async def test_with_nobody_listening_nothing_is_read_or_published() -> None:
 async def test_diagnosis_off_publishes_nothing() -> None:
     hangs = Hangs()
     trainer = trainer_with_hang(hangs, diagnose__after_s=0.0)
-    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=0.5, backoff_s=0.0))
+    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=0.5))
     trainer.register_runtime_extension(ReleaseOnRestart(hangs.release))
     async with record_events(trainer.bus, StallDiagnosed) as recorder:
         summary = await trainer.fit()

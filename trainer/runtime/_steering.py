@@ -3,8 +3,9 @@
 What each decision means at each safe point is looked up in the one table
 (:mod:`trainer.runtime._decision_table`); this module only carries it out: write a checkpoint,
 restart the rollout side, or raise ``StopRequested`` / ``RunAborted`` for the loop to end
-on. A safe point nobody takes part in or observes is not traversed at all
-(``bus.wants_safe_point``), so a trainer with no extension runs the plain loop.
+on. A safe point nobody takes part in or observes is not traversed at all: which are is
+decided once a ``fit()`` (:meth:`Steering.traverse_wanted`), so a trainer with no extension
+runs the plain loop.
 
 Every outcome the trainer receives, reached here or by the sample wait, is acted on by
 :meth:`Steering.act`, which hands it to ``on_outcome`` (the run's fold, which counts the
@@ -53,13 +54,20 @@ class Steering:
     restarter: Restarter
     stages: Stages
     on_outcome: Callable[[SafePointOutcome], None]
+    traversed: frozenset[SafePoint] = frozenset()
+
+    def traverse_wanted(self) -> None:
+        """Traverse, from now on, the safe points someone on the bus takes part in or
+        observes now (the trainer calls it as a ``fit()`` begins, its extensions and
+        recorders registered)."""
+        self.traversed = frozenset(p for p in SafePoint if self.bus.wants_safe_point(p))
 
     async def reach(
         self, point: SafePoint, *, step: int | None = None, **details: Any
     ) -> SafePointOutcome | None:
-        """Reach ``point`` (at the learner's step unless ``step``); None when nobody takes
-        part in or observes it. Hand the outcome to :meth:`act` (or :meth:`settle`)."""
-        if not self.bus.wants_safe_point(point):
+        """Reach ``point`` (at the learner's step unless ``step``); None when it is not
+        traversed (:attr:`traversed`). Hand the outcome to :meth:`act` (or :meth:`settle`)."""
+        if point not in self.traversed:
             return None
         at = self.learner.step if step is None else step
         # A stage like any wait: a voter that blocks the event loop is diagnosed here too.

@@ -7,9 +7,9 @@ and reach the ``STEP_BOUNDARY`` safe point. Every exception inside the loop reac
 ``TERMINAL_FAILURE``; ``AFTER_FIT`` is reached on every exit path. What the trainer does with
 each decision is looked up in one table (:mod:`trainer.runtime._decision_table`).
 
-Events are built only when someone listens (``bus.wants``) and safe points are traversed
-only when someone takes part or observes (``bus.wants_safe_point``), so a trainer with no
-extension and no subscriber runs the plain loop.
+Events are built only when someone listens (``bus.wants``), and the safe points someone
+takes part in or observes are decided once at ``fit()``, as is stall diagnosis, so a trainer
+with no extension and no subscriber runs the plain loop.
 
 The parts live next door: the policy and its update in ``_learner``, what a checkpoint holds
 in ``_state``, reaching safe points and acting on their decisions in ``_steering``,
@@ -290,13 +290,21 @@ class PPOTrainer:
         self._fitting = True
         self._stop_requested = None
         self._task, self._loop = asyncio.current_task(), asyncio.get_running_loop()
-        self._diagnoser = start_stall_diagnosis(
-            self.config, self.driver, self.bus, self.backend, self.stages, self.files.write_now
+        # Whether this fit() diagnoses stalls: decided here, once, from the configuration
+        # (diagnose.after_s, a run folder, whose log records diagnoses) and the extensions
+        # registered, not by whoever happens to listen when a stall comes.
+        diagnosed = self.config.diagnose_after_s > 0 and (
+            self.out_dir is not None or self.bus.wants(StallDiagnosed)
         )
-        diagnosed = self._diagnoser is not None and self.bus.wants(StallDiagnosed)
+        if diagnosed:
+            self._diagnoser = start_stall_diagnosis(
+                self.config, self.driver, self.bus, self.backend, self.stages, self.files.write_now
+            )
         try:
             recording = self.files.recording(self.bus, self.record, diagnosed=diagnosed)
             with recording as (self.record, self._tap):
+                # Which safe points this fit() traverses, once its own recorders are on.
+                self.steering.traverse_wanted()
                 try:
                     async with self.bus.running():
                         return await self._fit()
@@ -362,7 +370,7 @@ class PPOTrainer:
             # A checkpoint of step 0, so that a recovery from a failure can always restore
             # something (written once, after the BEFORE_FIT decision).
             first = not self.checkpoints.list() and (
-                self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
+                self.out_dir is not None or SafePoint.TERMINAL_FAILURE in self.steering.traversed
             )
             try:
                 await self.steering.decide(SafePoint.BEFORE_FIT, checkpoint_due=first)

@@ -177,6 +177,39 @@ async def test_diagnosis_off_publishes_nothing() -> None:
     assert recorder.of_type(StallDiagnosed) == []
 
 
+async def test_a_run_folder_alone_turns_diagnosis_on_and_its_summary_has_the_stall(
+    tmp_path: Path,
+) -> None:
+    # Decided at fit() from the configuration: the run folder's log records diagnoses, so
+    # the run's summary folds them too, as `trainbus report` does from that log.
+    hangs = Hangs()
+    cfg = tiny_config(
+        run__steps=3,
+        diagnose__after_s=0.05,
+        rollout__wait_timeout_s=0.5,
+        rollout__close_timeout_s=0.5,
+    )
+    spec = WorkerSpec(task_name=cfg.task.name, task_params=dict(cfg.task.params), policy=cfg.model)
+    backend = LocalBackend(spec, cfg.rollout.workers, worker_factory=hangs)
+    trainer = PPOTrainer(cfg, backend=backend, out_dir=tmp_path / "run")
+    try:
+        with pytest.raises(SampleDeadlineExceeded):
+            await trainer.fit()
+    finally:
+        hangs.release.set()
+    logged = [
+        e for e in read_events(tmp_path / "run" / "events.jsonl") if isinstance(e, StallDiagnosed)
+    ]
+    assert logged, "the run folder's log recorded no diagnosis"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    stalls = {(s["step"], s["stage"]): s["diagnoses"] for s in summary["stalls"]}
+    assert (2, "rollouts") in stalls
+    assert stalls == {
+        (e.step, e.stage): sum((d.step, d.stage) == (e.step, e.stage) for d in logged)
+        for e in logged
+    }
+
+
 class BlocksTheLoop:
     """An extension whose ``on_event`` makes a synchronous call that blocks the event loop
     (at the first step's end) until a stall is logged, or for a minute at the most."""

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import threading
+import time
 from abc import ABC
 from abc import abstractmethod
 from collections.abc import Callable
@@ -83,6 +84,9 @@ class RolloutDriver(DriverSink, Dispatch, ABC):
         bus: Where rollout events go.
         interrupts: Which ``SAMPLE_WAIT`` decisions end a sample wait (given to the buffer;
             the trainer's decision table says).
+        clock: The rollout side's one clock (monotonic seconds; tests inject a fake): the
+            buffer's waits (``SampleWaitState.elapsed_s``), their deadlines and
+            :attr:`progress_at` are on it, and the trainer's stall watch reads it.
         attempt_floor: Attempt number of newly registered groups. After a checkpoint is
             restored it is raised above every earlier attempt, so results still arriving
             from before the restore are dropped as superseded.
@@ -95,11 +99,13 @@ class RolloutDriver(DriverSink, Dispatch, ABC):
     _: KW_ONLY
     interrupts: WaitInterrupts
     attempt_floor: int = 1
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self.max_attempt = self.attempt_floor
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
-        # time.monotonic() of the last result or pickup: progress, for the stall watch.
+        # When (on self.clock) a worker last delivered a result or picked work up: the one
+        # "last progress" of the rollout side, which the stall watch reads.
         self.progress_at = -math.inf
         # The last resize: its step boundary, and who asked for it and why.
         self._membership: tuple[int, str, str] = (0, "", "")
@@ -126,6 +132,7 @@ class RolloutDriver(DriverSink, Dispatch, ABC):
             poll_interval_s=rollout.poll_interval_s,
             failure_policy=rollout.failure_policy,
             max_failed_fraction=rollout.max_failed_fraction,
+            clock=self.clock,
         )
         self.buffer = self._new_buffer(self.tracker)
 

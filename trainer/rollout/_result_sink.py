@@ -7,7 +7,6 @@ it arrives on; losses, replacements, membership changes and worker events become
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 from eventbus import Event
@@ -34,6 +33,7 @@ class DriverSink:
     backend: RolloutBackend
     buffer: ReplayBuffer | AsyncReplayBuffer
     progress_at: float
+    clock: Callable[[], float]
     failure_log: FailureLog
     on_loss: Callable[[], None]
     _losses: list[str]
@@ -42,14 +42,14 @@ class DriverSink:
 
     def deliver(self, result: RolloutResult) -> None:
         """Offer a result to the admission gate (a failure is logged once per kind)."""
-        self.progress_at = time.monotonic()
+        self.progress_at = self.clock()
         if not result.ok:
             self.failure_log.saw(result)
         self.buffer.add(result)
 
     def started(self, group_ids: tuple[str, ...]) -> None:
         """Groups went from pending to running."""
-        self.progress_at = time.monotonic()
+        self.progress_at = self.clock()
         self.buffer.mark_running(group_ids)
 
     def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None:

@@ -29,6 +29,7 @@ from eventbus.runtime import StepFinished
 from eventbus.testing import record_events
 from replay import RolloutResult
 from replay import SampleDeadlineExceeded
+from trainer import FaultInjector
 from trainer import LocalBackend
 from trainer import PPOTrainer
 from trainer import RolloutRestarted
@@ -182,21 +183,15 @@ async def test_a_run_folder_alone_turns_diagnosis_on_and_its_summary_has_the_sta
 ) -> None:
     # Decided at fit() from the configuration: the run folder's log records diagnoses, so
     # the run's summary folds them too, as `trainbus report` does from that log.
-    hangs = Hangs()
     cfg = tiny_config(
         run__steps=3,
         diagnose__after_s=0.05,
-        rollout__wait_timeout_s=0.5,
+        rollout__wait_timeout_s=1.0,
         rollout__close_timeout_s=0.5,
     )
-    spec = WorkerSpec(task_name=cfg.task.name, task_params=dict(cfg.task.params), policy=cfg.model)
-    backend = LocalBackend(spec, cfg.rollout.workers, worker_factory=hangs)
-    trainer = PPOTrainer(cfg, backend=backend, out_dir=tmp_path / "run")
-    try:
-        with pytest.raises(SampleDeadlineExceeded):
-            await trainer.fit()
-    finally:
-        hangs.release.set()
+    trainer = PPOTrainer(cfg, out_dir=tmp_path / "run", faults=FaultInjector.parse(["hang@2"]))
+    with pytest.raises(SampleDeadlineExceeded):
+        await trainer.fit()
     logged = [
         e for e in read_events(tmp_path / "run" / "events.jsonl") if isinstance(e, StallDiagnosed)
     ]

@@ -103,14 +103,14 @@ class Recovery:
             return False
         in_flight = state.apply(checkpoint, resuming=False)
         # The why is CheckpointRestored's (announced below), not repeated here.
-        workers = await self.restarter.restart(
+        restarted = await self.restarter.restart(
             "recovery",
             failed_step,
             f"restoring the checkpoint of step {stored.step}",
             at=learner.step,
             resubmit=(in_flight, learner.policy_version),
         )
-        if workers is None:  # (not reached: the budget had one left)
+        if restarted is None:  # (not reached: the budget had one left)
             return False
         await state.sync_weights()
         logger.warning(
@@ -118,10 +118,13 @@ class Recovery:
             type(error).__name__,
             failed_step,
             stored.step,
-            workers,
+            restarted.workers,
             extra=ALSO_AN_EVENT,  # the CheckpointRestored below
         )
         state.announce_restored(
-            stored, reason, failed_step=failed_step, error=f"{type(error).__name__}: {error}"
+            stored,
+            f"{reason}; {restarted.budget}",  # the decision, and the budget it spent
+            failed_step=failed_step,
+            error=f"{type(error).__name__}: {error}",
         )
         return True

@@ -32,7 +32,7 @@ from ..rl._tasks import Prompt
 from ..rollout._driver import RolloutDriver
 from ._stall import Stages
 
-__all__ = ["RestartBudget", "Restarter", "backoff_s"]
+__all__ = ["RestartBudget", "Restarted", "Restarter", "backoff_s"]
 
 logger = logging.getLogger("trainbus.trainer")
 
@@ -88,6 +88,20 @@ class RestartBudget:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Restarted:
+    """A restart done.
+
+    Attributes:
+        workers: The workers running now.
+        budget: Where it left the step's budget, and the backoff waited before it
+            (``"restart 1 of 3, after 0.5 s backoff"``), for a recovery's report.
+    """
+
+    workers: int
+    budget: str
+
+
 @dataclass(eq=False)
 class Restarter:
     """Restarts the rollout side, the one way (see the module's docstring).
@@ -112,10 +126,10 @@ class Restarter:
         *,
         at: int | None = None,
         resubmit: tuple[Sequence[Prompt], int] | None = None,
-    ) -> int | None:
+    ) -> Restarted | None:
         """Restart the rollout side for ``step`` (``kind`` and ``reason`` say why), within
-        the budget, after the backoff: the workers running now, or None when the budget
-        refused (logged).
+        the budget, after the backoff: what it did, or None when the budget refused
+        (logged).
 
         Args:
             kind: A stall's restart (``"rollouts"``) or a recovery's (``"recovery"``).
@@ -139,4 +153,6 @@ class Restarter:
             await self.sleep(delay)
         where = step if at is None else at
         with self.stages.stage("restart", where):
-            return await self.driver.restart(where, reason, resubmit=resubmit)
+            workers = await self.driver.restart(where, reason, resubmit=resubmit)
+        used, limit = self.budget.used[step], self.budget.max_restarts
+        return Restarted(workers, f"restart {used} of {limit}, after {delay:.1f} s backoff")

@@ -66,8 +66,11 @@ async def test_the_restarter_sleeps_the_backoff_then_restarts_and_stops_at_the_b
         RestartBudget(max_restarts=2, backoff_s=0.25, backoff_max_s=10.0),
         sleep=sleep,
     )
-    assert await restarter.restart("rollouts", 3, "stalled") == 2
-    assert await restarter.restart("recovery", 3, "failed", at=2, resubmit=((), 1)) == 2
+    first = await restarter.restart("rollouts", 3, "stalled")
+    second = await restarter.restart("recovery", 3, "failed", at=2, resubmit=((), 1))
+    assert first is not None and second is not None
+    assert (first.workers, first.budget) == (2, "restart 1 of 2, after 0.2 s backoff")
+    assert second.budget == "restart 2 of 2, after 0.5 s backoff"
     assert await restarter.restart("rollouts", 3, "stalled again") is None
     assert slept == [0.25, 0.5]
     assert driver.restarts == [(3, "stalled", None), (2, "failed", ((), 1))]

@@ -9,7 +9,8 @@ stall diagnosis), whoever voted for it.
 
 The budget (:class:`RestartBudget`) is ``self_heal.max_restarts`` restarts *of one step*, of
 either kind: a step that stalls or fails again after that many restarts is not restarted
-again (its wait's deadline or its error decides). A step's count survives the restores it
+again (a wait abandoned for the restart fails the step, :class:`RestartBudgetSpent`; a
+failure surfaces). A step's count survives the restores it
 causes, so a failure that recurs at the same step after each restore spends it. Before the
 n-th restart of a step the trainer waits ``backoff_s * 2**(n-1)`` seconds, at most
 ``backoff_max_s``: time for a failing dependency to come back.
@@ -32,7 +33,7 @@ from ..rl._tasks import Prompt
 from ..rollout._driver import RolloutDriver
 from ._stall import Stages
 
-__all__ = ["RestartBudget", "Restarted", "Restarter", "backoff_s"]
+__all__ = ["RestartBudget", "RestartBudgetSpent", "Restarted", "Restarter", "backoff_s"]
 
 logger = logging.getLogger("trainbus.trainer")
 
@@ -44,6 +45,11 @@ def backoff_s(restart: int, first_s: float, max_s: float) -> float:
     doubling each time, at most ``max_s``."""
     doublings = min(restart - 1, 64)  # past 64 doublings, only max_s can be the answer
     return min(max_s, first_s * 2.0**doublings)
+
+
+class RestartBudgetSpent(RuntimeError):
+    """A sample wait was abandoned for a restart that the run's restart budget refused: the
+    step has stalled ``self_heal.max_restarts`` times already."""
 
 
 @dataclass
@@ -126,6 +132,7 @@ class Restarter:
         *,
         at: int | None = None,
         resubmit: tuple[Sequence[Prompt], int] | None = None,
+        needed: bool = False,
     ) -> Restarted | None:
         """Restart the rollout side for ``step`` (``kind`` and ``reason`` say why), within
         the budget, after the backoff: what it did, or None when the budget refused
@@ -138,12 +145,18 @@ class Restarter:
             at: The trainer step it happens at (default ``step``), where it is reported.
             resubmit: Restoring a checkpoint: the prompts it held in flight and the policy
                 version to sample them from (see :meth:`RolloutDriver.restart`).
+            needed: A sample wait was abandoned for this restart, so a refusal cannot
+                leave things as they are: it raises.
+
+        Raises:
+            RestartBudgetSpent: ``needed``, and the budget refused.
         """
         delay = self.budget.take(step)
         if delay is None:
-            logger.error(
-                "not restarting the rollout side for step %d: %s", step, self.budget.spent(step)
-            )
+            why = f"not restarting the rollout side for step {step}: {self.budget.spent(step)}"
+            if needed:
+                raise RestartBudgetSpent(why)
+            logger.error("%s", why)
             return None
         if delay > 0:  # (not a stage: waiting on purpose is no stall)
             logger.info(

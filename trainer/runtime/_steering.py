@@ -86,7 +86,7 @@ class Steering:
         if checkpoint_due and action not in (Action.SAVE, Action.STOP):
             await self.state.save()
         if outcome is not None:
-            await self._carry_out(action, outcome, self.learner.step)
+            await self._carry_out(action, outcome, self.learner.step, point)
 
     async def act(self, point: SafePoint, outcome: SafePointOutcome, step: int) -> Action:
         """Record ``outcome`` and do what the table says for it at ``point`` (at ``step``);
@@ -97,9 +97,10 @@ class Steering:
         Raises:
             StopRequested: The action is ``STOP``.
             RunAborted: The action is ``ABORT``.
+            RestartBudgetSpent: A restart at ``SAMPLE_WAIT`` that the budget refused.
         """
         action = self.settle(point, outcome)
-        await self._carry_out(action, outcome, step)
+        await self._carry_out(action, outcome, step, point)
         return action
 
     def settle(self, point: SafePoint, outcome: SafePointOutcome) -> Action:
@@ -107,11 +108,16 @@ class Steering:
         self.on_outcome(outcome)
         return action_for(point, outcome.decision)
 
-    async def _carry_out(self, action: Action, outcome: SafePointOutcome, step: int) -> None:
+    async def _carry_out(
+        self, action: Action, outcome: SafePointOutcome, step: int, point: SafePoint
+    ) -> None:
         if action is Action.SAVE:
             await self.state.save()
         elif action is Action.RESTART_ROLLOUTS:
-            await self.restarter.restart("rollouts", step, outcome.summary())
+            # At SAMPLE_WAIT the wait was abandoned for the restart: one refused fails the
+            # step (RestartBudgetSpent) rather than wait afresh, without end.
+            needed = point is SafePoint.SAMPLE_WAIT
+            await self.restarter.restart("rollouts", step, outcome.summary(), needed=needed)
         elif action is Action.STOP:
             raise StopRequested(outcome.summary())
         elif action is Action.ABORT:

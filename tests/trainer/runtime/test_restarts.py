@@ -3,16 +3,30 @@ spends it (a fake driver and sleep: no clock, no workers)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from eventbus import Decision
+from eventbus.runtime import Capability
+from eventbus.runtime import SafePoint
+from eventbus.testing import ScriptedVoter
+from replay import RolloutResult
+from trainer import LocalBackend
+from trainer import PPOTrainer
+from trainer import RolloutWork
+from trainer import RolloutWorker
 from trainer.config._schema import SelfHealConfig
+from trainer.rollout._worker import WorkerSpec
 from trainer.runtime._restarts import RestartBudget
+from trainer.runtime._restarts import RestartBudgetSpent
 from trainer.runtime._restarts import Restarter
 from trainer.runtime._restarts import backoff_s
 from trainer.runtime._stall import Stages
+
+from ..helpers import tiny_config
 
 
 def test_the_budget_is_the_self_heal_sections() -> None:
@@ -93,3 +107,45 @@ async def test_a_spent_budget_is_logged_with_the_setting(
         await restarter.restart("rollouts", 7, "stalled")
     assert "not restarting the rollout side for step 7" in caplog.text
     assert "self_heal.max_restarts" in caplog.text
+
+
+async def test_a_restart_a_wait_was_abandoned_for_raises_when_refused() -> None:
+    async def sleep(seconds: float) -> None:
+        pass
+
+    restarter = Restarter(
+        FakeDriver(),  # type: ignore[arg-type]
+        Stages(),
+        RestartBudget(max_restarts=0, backoff_s=0.0, backoff_max_s=0.0),
+        sleep=sleep,
+    )
+    with pytest.raises(RestartBudgetSpent, match=r"step 3: .*0 of 0 .*self_heal\.max_restarts"):
+        await restarter.restart("rollouts", 3, "stalled", needed=True)
+
+
+class SlowWorker(RolloutWorker):
+    """Every piece of work takes a while: each wait has unsuccessful polls."""
+
+    def run(self, work: RolloutWork) -> list[RolloutResult]:
+        time.sleep(0.3)
+        return super().run(work)
+
+
+async def test_a_step_that_keeps_stalling_fails_when_its_budget_is_spent_not_waiting_anew() -> None:
+    # A voter that asks for a restart at every poll: the first is made, the second would be
+    # beyond max_restarts = 1, so the step fails with why, instead of waiting again and again.
+    config = tiny_config(run__steps=2, self_heal__max_restarts=1)
+    spec = WorkerSpec(
+        task_name=config.task.name, task_params=dict(config.task.params), policy=config.model
+    )
+    backend = LocalBackend(spec, config.rollout.workers, worker_factory=SlowWorker)
+    trainer = PPOTrainer(config, backend=backend)
+    voter = ScriptedVoter(
+        {SafePoint.SAMPLE_WAIT: [Decision.RESTART_REQUIRED] * 100},
+        opt_in=[Capability.SAMPLE_WAIT],
+    )
+    trainer.register_runtime_extension(voter)
+    with pytest.raises(RestartBudgetSpent, match="1 of 1 restarts of step 1 used"):
+        await trainer.fit()
+    summary = trainer.record.summary()
+    assert [(r.kind, r.step) for r in summary.restarts] == [("rollouts", 1)]

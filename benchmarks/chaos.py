@@ -129,6 +129,8 @@ def make_config(plan: Plan, backend: str) -> TrainerConfig:
             "rollout.poll_interval_s": 0.1,
             "checkpoint.every": 4,
             "safe_point_timeout_s": 60.0,
+            "self_heal.max_restarts": 3,
+            "self_heal.backoff_s": 0.0,
         }
     )
 
@@ -217,7 +219,7 @@ async def chaos_run(plan: Plan, extra: list[Any], outcome: Outcome) -> None:
         return update(batch)
 
     trainer.learner.update = spy  # type: ignore[method-assign]
-    healer = SelfHealingExtension(stall_timeout_s=2.0, max_restarts=3, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=2.0)
     loss = NodeLoss(extra, plan.node_loss_after, trainer.backend)
     with trainer.register_runtime_extension(healer), trainer.register_runtime_extension(loss):
         async with record_events(trainer.bus, RolloutRestarted, WorkerLost, BatchReconciled) as rec:

@@ -78,10 +78,12 @@ from replay import BatchReport
 from replay import RolloutRejected
 
 from ..config import ExportConfig
+from ..config import SelfHealConfig
 from ..config import exporter_flag
 from ..rl import RewardFailure
 from ..rollout import StackReader
 from ..runtime import Action
+from ..runtime import RestartBudget
 from ..runtime import RunAborted
 from ..runtime import RunFold
 from ..runtime import RunFolder
@@ -243,6 +245,10 @@ class TrainbusCallback(TrainerCallback):
             loaded = load_extension(extension) if isinstance(extension, str) else extension
             self.registrations.append(self.bus.register_extension(loaded))
         self._exporters: list[Registration] | None = None  # built when training first begins
+        # Recoveries in the same process, within the restart budget of [self_heal]'s
+        # defaults, after its backoff (slept on the training thread, where training goes on).
+        self.restarts = RestartBudget.from_config(SelfHealConfig())
+        self._backoff_sleep: Callable[[float], None] = time.sleep
         self._ranks = ranks
         self._clock = clock
         self._watchdog_sleep = watchdog_sleep
@@ -911,6 +917,12 @@ class TrainbusCallback(TrainerCallback):
         if checkpoint is None:
             logger.error("no checkpoint in %s to recover from", output_dir)
             return None
+        delay = self.restarts.take(failed)
+        if delay is None:
+            logger.error("not recovering step %d: %s", failed, self.restarts.spent(failed))
+            return None
+        if delay > 0:
+            self._backoff_sleep(delay)
         step = int(checkpoint.name.rpartition("-")[2])
         logger.warning(
             "step %d failed (%s: %s); training on from %s: %s",

@@ -18,7 +18,7 @@ if _typing.TYPE_CHECKING:
     from ._backend import RolloutBackend as RolloutBackend
     from ._backend import stuck_rollouts as stuck_rollouts
     from ._driver import RolloutDriver as RolloutDriver
-    from ._driver import make_driver as make_driver
+    from ._driver import WaitEnded as WaitEnded
     from ._factory import make_backend as make_backend
     from ._faults import FAULT_HELP as FAULT_HELP
     from ._faults import FAULTS as FAULTS
@@ -28,6 +28,7 @@ if _typing.TYPE_CHECKING:
     from ._faulty import inject_faults as inject_faults
     from ._logs import ALSO_AN_EVENT as ALSO_AN_EVENT
     from ._logs import also_an_event as also_an_event
+    from ._modes import make_driver as make_driver
     from ._rollout_events import RewardTimed as RewardTimed
     from ._rollout_events import RolloutFailed as RolloutFailed
     from ._rollout_events import RolloutFinished as RolloutFinished

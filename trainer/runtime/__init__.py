@@ -30,6 +30,7 @@ if _typing.TYPE_CHECKING:
     from ._fold import fold_events as fold_events
     from ._metrics import from_trl as from_trl
     from ._metrics import named as named
+    from ._restarts import RestartBudget as RestartBudget
     from ._run import EVENTS_FILE as EVENTS_FILE
     from ._run import METRICS_FILE as METRICS_FILE
     from ._run import SUMMARY_FILE as SUMMARY_FILE

@@ -346,11 +346,15 @@ def start_stall_diagnosis(
     if after_s <= 0:
         return None
     options = config.diagnose
+    # One clock: the rollout side's, on which its last progress is stamped.
     watch = StallWatch(
-        after_s, progress_at=lambda: driver.progress_at, stage_after_s=stage_thresholds(config)
+        after_s,
+        progress_at=lambda: driver.progress_at,
+        clock=driver.clock,
+        stage_after_s=stage_thresholds(config),
     )
     reader = StackReader(options.py_spy, timeout_s=options.read_timeout_s)
-    diagnoser = StallDiagnoser(watch, bus, backend, reader, write_now=write_now)
+    diagnoser = StallDiagnoser(watch, bus, backend, reader, clock=driver.clock, write_now=write_now)
     diagnoser.attach(asyncio.current_task())
     # The watchdog thread starts at the first stage entered while someone listens.
     stages.watch_with(watch, diagnoser.ensure_running, diagnoser)

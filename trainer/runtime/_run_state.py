@@ -95,6 +95,18 @@ class RunState:
     saved_step: int | None = None
     changed: dict[str, list[Any]] = field(default_factory=dict)
 
+    async def sync_weights(self) -> None:
+        """Push the learner's weights to the rollout workers, within
+        ``rollout.sync_timeout_s`` (the one bounded weight sync: after each update and after
+        a restore).
+
+        Raises:
+            WaitDeadlineExceeded: The workers did not take them in time.
+        """
+        learner, timeout = self.learner, self.config.rollout.sync_timeout_s
+        with self.stages.bounded("weight_sync", learner.step, timeout, "rollout.sync_timeout_s"):
+            await self.driver.backend.update_weights(learner.weights(), learner.policy_version)
+
     async def save(self) -> StoredCheckpoint:
         """Write a checkpoint of the current step; publishes ``CheckpointSaved``."""
         # Extension state must follow every event published before the checkpoint. Only the

@@ -7,9 +7,9 @@ and reach the ``STEP_BOUNDARY`` safe point. Every exception inside the loop reac
 ``TERMINAL_FAILURE``; ``AFTER_FIT`` is reached on every exit path. What the trainer does with
 each decision is looked up in one table (:mod:`trainer.runtime._decision_table`).
 
-Events are built only when someone listens (``bus.wants``) and safe points are traversed
-only when someone takes part or observes (``bus.wants_safe_point``), so a trainer with no
-extension and no subscriber runs the plain loop.
+Events are built only when someone listens (``bus.wants``), and the safe points someone
+takes part in or observes are decided once at ``fit()``, as is stall diagnosis, so a trainer
+with no extension and no subscriber runs the plain loop.
 
 The parts live next door: the policy and its update in ``_learner``, what a checkpoint holds
 in ``_state``, reaching safe points and acting on their decisions in ``_steering``,
@@ -45,7 +45,6 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from eventbus.runtime import StepStarted
 from replay import GroupResult
-from replay import SampleWaitInterrupted
 
 from ..config import TrainerConfig
 from ..rl import Policy
@@ -53,12 +52,14 @@ from ..rl import make_task
 from ..rollout import ALSO_AN_EVENT
 from ..rollout import FaultInjector
 from ..rollout import RolloutBackend
+from ..rollout import WaitEnded
 from ..rollout import WeightsSynced
 from ..rollout import faulty_step
 from ..rollout import inject_faults
 from ..rollout import make_backend
 from ..rollout import make_driver
 from ._checkpoint import CheckpointStore
+from ._decision_table import Action
 from ._decision_table import RunAborted
 from ._decision_table import StopRequested
 from ._decision_table import interrupts_sample_wait
@@ -75,14 +76,16 @@ from ._metrics import named
 from ._perf import PerfMeter
 from ._perf import StepWork
 from ._recovery import Recovery
+from ._restarts import RestartBudget
+from ._restarts import Restarter
 from ._run import FAULTS_FILE
 from ._run import RunFolder
 from ._run import RunFolderWriteError
 from ._run_state import RunState
 from ._run_state import non_finite_weights
 from ._run_workload import RunWorkload
+from ._sample_wait import RolloutsLost
 from ._sample_wait import WaitClock
-from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
 from ._steering import Steering
 from ._view import TrainerView
@@ -193,12 +196,16 @@ class PPOTrainer:
             store=self.checkpoints,
             export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
-        self.recovery = Recovery(self.state, self.backend)
+        # The one way the rollout side restarts, within the run's one restart budget.
+        self.restarter = Restarter(
+            self.driver, self.state.stages, RestartBudget.from_config(config.self_heal)
+        )
+        self.recovery = Recovery(self.state, self.restarter)
         self.steering = Steering(
             self.bus,
             self.learner,
             self.state,
-            self.driver,
+            self.restarter,
             self.state.stages,
             on_outcome=lambda outcome: self.record.apply_outcome(outcome),
         )
@@ -295,13 +302,21 @@ class PPOTrainer:
         self._fitting = True
         self._stop_requested = None
         self._task, self._loop = asyncio.current_task(), asyncio.get_running_loop()
-        self._diagnoser = start_stall_diagnosis(
-            self.config, self.driver, self.bus, self.backend, self.stages, self.files.write_now
+        # Whether this fit() diagnoses stalls: decided here, once, from the configuration
+        # (diagnose.after_s, a run folder, whose log records diagnoses) and the extensions
+        # registered, not by whoever happens to listen when a stall comes.
+        diagnosed = self.config.diagnose_after_s > 0 and (
+            self.out_dir is not None or self.bus.wants(StallDiagnosed)
         )
-        diagnosed = self._diagnoser is not None and self.bus.wants(StallDiagnosed)
+        if diagnosed:
+            self._diagnoser = start_stall_diagnosis(
+                self.config, self.driver, self.bus, self.backend, self.stages, self.files.write_now
+            )
         try:
             recording = self.files.recording(self.bus, self.record, diagnosed=diagnosed)
             with recording as (self.record, self._tap):
+                # Which safe points this fit() traverses, once its own recorders are on.
+                self.steering.traverse_wanted()
                 try:
                     async with self.bus.running():
                         return await self._fit()
@@ -367,7 +382,7 @@ class PPOTrainer:
             # A checkpoint of step 0, so that a recovery from a failure can always restore
             # something (written once, after the BEFORE_FIT decision).
             first = not self.checkpoints.list() and (
-                self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
+                self.out_dir is not None or SafePoint.TERMINAL_FAILURE in self.steering.traversed
             )
             try:
                 await self.steering.decide(SafePoint.BEFORE_FIT, checkpoint_due=first)
@@ -437,6 +452,8 @@ class PPOTrainer:
                 logger.exception("closing the rollout backend failed while handling an error")
             try:
                 outcome = await self.steering.reach(SafePoint.AFTER_FIT, failed=error is not None)
+                if outcome is not None:
+                    await self.steering.act(SafePoint.AFTER_FIT, outcome, self.step)
                 for vote in outcome.votes if outcome is not None else ():
                     if vote.error:
                         logger.error(
@@ -598,24 +615,27 @@ class PPOTrainer:
         await self.membership.apply(step, self.driver)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
-        """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decisions that end it."""
+        """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decision that ends a wait
+        (a restart, then the wait begins again; ``STOP`` and ``ABORT`` raise).
+
+        Raises:
+            RolloutsLost: Nothing can deliver the batch, and no decision restarted the
+                rollout side.
+        """
         while True:
-            try:
-                return await wait_unless_lost(
-                    self.driver, self.bus, step, self.learner.policy_version
-                )
-            except SampleWaitInterrupted as interrupt:
-                outcome = interrupt.outcome
-            self.record.apply_outcome(outcome)  # (the buffer reached it, not the steering)
-            # RESTART_ROLLOUTS, then wait again; STOP and ABORT raise.
-            await self.steering.act(SafePoint.SAMPLE_WAIT, outcome, step)
+            waited = await self.driver.wait_batch(step, self.learner.policy_version)
+            if not isinstance(waited, WaitEnded):
+                return waited
+            action = Action.GO_ON
+            if waited.outcome is not None:
+                action = await self.steering.act(SafePoint.SAMPLE_WAIT, waited.outcome, step)
+            if action is Action.GO_ON and waited.lost is not None:
+                raise RolloutsLost(waited.lost)
 
     async def _sync_weights(self) -> float:
         learner = self.learner
         began = time.perf_counter()
-        timeout, setting = self.config.rollout.sync_timeout_s, "rollout.sync_timeout_s"
-        with self.stages.bounded("weight_sync", learner.step, timeout, setting):
-            await self.backend.update_weights(learner.weights(), learner.policy_version)
+        await self.state.sync_weights()
         elapsed = time.perf_counter() - began
         if self.bus.wants(WeightsSynced):
             self.bus.publish(

@@ -368,7 +368,7 @@ def test_an_error_in_a_step_is_recorded_and_self_heal_recovers_from_the_last_che
     assert no_trainbus_thread_left()
     import torch
 
-    # The self-healing extension's state (its budget) is in every checkpoint since.
+    # The self-healing extension's state (its counters) is in every checkpoint since.
     states = torch.load(tmp_path / "trl" / "checkpoint-4" / "trainbus-extensions.pt")
     assert states["self-healing"]["restarts_used"] == 1
 

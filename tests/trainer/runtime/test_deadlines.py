@@ -65,7 +65,7 @@ async def test_a_hung_weight_sync_is_diagnosed_then_fails_the_step_naming_its_de
 async def test_self_healing_recovers_from_a_hung_weight_sync_by_restarting_the_rollouts() -> None:
     config = tiny_config(run__steps=4, diagnose__after_s=AFTER_S, rollout__sync_timeout_s=1.0)
     trainer = PPOTrainer(config, faults=FaultInjector.parse(["sync-hang@3"]))
-    healer = SelfHealingExtension(stall_timeout_s=5.0, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=5.0)
     trainer.register_runtime_extension(healer)
     async with record_events(trainer.bus, StallDiagnosed, CheckpointRestored) as recorder:
         summary = await trainer.fit()
@@ -88,7 +88,7 @@ async def test_a_hung_checkpoint_write_is_abandoned_and_never_renamed(
     )
     faults = FaultInjector.parse(["checkpoint-hang@2"])
     trainer = PPOTrainer(config, out_dir=tmp_path, faults=faults)
-    healer = SelfHealingExtension(stall_timeout_s=5.0, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=5.0)
     trainer.register_runtime_extension(healer)
     with caplog.at_level(logging.WARNING, logger="trainbus.checkpoint"):
         async with record_events(trainer.bus, StallDiagnosed) as recorder:

@@ -89,7 +89,7 @@ async def test_a_sampler_hung_in_its_decode_step_is_diagnosed_and_restarted(
     from trainer import PPOTrainer
 
     trainer = PPOTrainer(config)
-    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=2.0, backoff_s=0.0))
+    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=2.0))
     trainer.register_runtime_extension(ReleaseOnRestart(release))
     async with record_events(trainer.bus, StallDiagnosed, RolloutRestarted) as recorder:
         summary = await trainer.fit()

@@ -84,7 +84,7 @@ async def test_a_hung_actor_is_diagnosed_and_named_in_the_restart_vote() -> None
         diagnose__after_s=1.0,
     )
     trainer = PPOTrainer(config, faults=FaultInjector.parse(["hang@2"]))
-    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=3.0, backoff_s=0.0))
+    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=3.0))
     async with record_events(
         trainer.bus, StallDiagnosed, RolloutRestarted, SafePointReached
     ) as recorder:

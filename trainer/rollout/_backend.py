@@ -28,6 +28,8 @@ from replay import RolloutResult
 
 from ..config import RolloutWorkers
 from ..config import within
+from ._worker_exits import WorkAbandoned
+from ._worker_exits import WorkerGone
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
     from ..rl import PolicyWeights
@@ -193,17 +195,6 @@ class HoldingLedger:
         with self._lock:
             held = tuple(self._held.values())
         return held if workers is None else tuple(h for h in held if h.worker_id in workers)
-
-
-class WorkerGone(RuntimeError):
-    """Raised by a worker's ``run`` that cannot go on: the worker is gone with its work, and
-    the backend reports it lost (``WorkerLost``) with this message."""
-
-
-class WorkAbandoned(Exception):
-    """Raised by a worker's ``run`` that gave its work up because a restart or closing
-    superseded it: nothing is delivered (the trainer reissued the work) and the worker's
-    thread ends, as its generation has."""
 
 
 @runtime_checkable

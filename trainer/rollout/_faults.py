@@ -38,8 +38,8 @@ from eventbus import Event
 from eventbus import EventBus
 
 from ..rl import did_you_mean
-from ._backend import WorkerGone
 from ._logs import ALSO_AN_EVENT
+from ._worker_exits import WorkerGone
 
 if TYPE_CHECKING:
     from replay import RolloutResult

@@ -25,7 +25,7 @@ event bus, used with its defaults):
   the bus with ``SafePointReached``-only subscribers, and bubus awaiting a dispatched event
   whose 16 handlers each return a value.
 
-The two targets of issue 9 are printed after the table, per event loop: a 16-participant safe
+The two bus targets are printed after the table, per event loop: a 16-participant safe
 point at most 1.5 times the queue baseline, and delivery to one subscriber at least 0.8 times
 one ``asyncio.Queue``.
 
@@ -74,10 +74,10 @@ from benchmarks._common import save_results
 from benchmarks._common import use_clock
 from eventbus import Decision
 from eventbus import EventBus
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StepStarted
 from eventbus import Subscription
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepStarted
 
 try:
     import uvloop
@@ -89,10 +89,10 @@ FANOUTS = (1, 4, 16)
 
 # Targets, as ratios of two figures from the same run.
 PUBLISH_VS_EMPTY_MAX = 1.5  # no-subscriber publish / empty method call
-# Issue 9: bus deliveries/s / one asyncio.Queue's deliveries/s, one subscriber.
+# Target: bus deliveries/s / one asyncio.Queue's deliveries/s, one subscriber.
 DELIVERY_1_VS_QUEUE_MIN = 0.8
 DELIVERY_16_VS_QUEUE_MIN = 0.8  # the same at 16 subscribers
-# Issue 9: bus safe point / raw barrier with requests via asyncio.Queue, 16 participants.
+# Target: bus safe point / raw barrier with requests via asyncio.Queue, 16 participants.
 SAFE_POINT_VS_QUEUE_MAX = 1.5
 TARGET_FANOUT = 16
 DELIVERY_TARGETS = {1: DELIVERY_1_VS_QUEUE_MIN, TARGET_FANOUT: DELIVERY_16_VS_QUEUE_MIN}
@@ -650,7 +650,7 @@ def run(settings: Settings, selected: Sequence[str]) -> list[Result]:
 
 
 def headline_ratios(rows: Sequence[Result]) -> list[dict[str, Any]]:
-    """The two ratios issue 9 sets targets for, per event loop, from the table's rows."""
+    """The two ratios the bus has targets for, per event loop, from the table's rows."""
     found: list[dict[str, Any]] = []
     for group, case in (HEADLINE_SAFE_POINT, HEADLINE_DELIVERY):
         for row in rows:
@@ -670,7 +670,7 @@ def headline_ratios(rows: Sequence[Result]) -> list[dict[str, Any]]:
 def print_headline(headline: Sequence[Mapping[str, Any]]) -> None:
     if not headline:
         return
-    print("\nheadline ratios (issue 9 targets, ratios of two figures of this run):")
+    print("\nheadline ratios (the bus targets, ratios of two figures of this run):")
     for item in headline:
         verdict = "" if item["met"] is None else ("met" if item["met"] else "MISSED")
         print(

@@ -54,21 +54,22 @@ from benchmarks._common import add_output_arguments
 from benchmarks._common import print_table
 from benchmarks._common import write_results
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import BatchReconciled
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import RolloutRestarted
-from eventbus import SafePointReached
-from eventbus import StepFinished
-from eventbus import WorkerLost
+from eventbus.runtime import Capability
+from eventbus.runtime import Host
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepFinished
 from eventbus.testing import record_events
+from replay import BatchReconciled
 from replay import GroupResult
 from trainer import FaultInjector
 from trainer import PPOTrainer
+from trainer import RolloutRestarted
 from trainer import SelfHealingExtension
 from trainer import TrainerConfig
+from trainer import WorkerLost
 from trainer import load_config
 
 NAME = "chaos"
@@ -128,6 +129,8 @@ def make_config(plan: Plan, backend: str) -> TrainerConfig:
             "rollout.poll_interval_s": 0.1,
             "checkpoint.every": 4,
             "safe_point_timeout_s": 60.0,
+            "self_heal.max_restarts": 3,
+            "self_heal.backoff_s": 0.0,
         }
     )
 
@@ -144,7 +147,7 @@ class NodeLoss:
         self.candidates, self.after_step, self.backend = candidates, after_step, backend
         self.killed: Any = None
 
-    async def on_event(self, context: ExtensionContext, event: Event) -> None:
+    async def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         if not (isinstance(event, StepFinished) and event.step == self.after_step):
             return
         import ray
@@ -167,7 +170,9 @@ class NodeLoss:
     def _alive(self, nodes: list[dict[str, Any]]) -> bool:
         return any(n["NodeID"] == self.killed.node_id and n["Alive"] for n in nodes)
 
-    def on_safe_point(self, context: ExtensionContext, safe_point: SafePointReached) -> Decision:
+    def on_safe_point(
+        self, context: ExtensionContext[Host], safe_point: SafePointReached
+    ) -> Decision:
         return Decision.CONTINUE
 
 
@@ -214,7 +219,7 @@ async def chaos_run(plan: Plan, extra: list[Any], outcome: Outcome) -> None:
         return update(batch)
 
     trainer.learner.update = spy  # type: ignore[method-assign]
-    healer = SelfHealingExtension(stall_timeout_s=2.0, max_restarts=3, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=2.0)
     loss = NodeLoss(extra, plan.node_loss_after, trainer.backend)
     with trainer.register_runtime_extension(healer), trainer.register_runtime_extension(loss):
         async with record_events(trainer.bus, RolloutRestarted, WorkerLost, BatchReconciled) as rec:
@@ -224,7 +229,7 @@ async def chaos_run(plan: Plan, extra: list[Any], outcome: Outcome) -> None:
     outcome.steps, outcome.status = summary.steps, summary.status
     outcome.reward = summary.reward_moving_average or 0.0
     outcome.restarts = len(rec.of_type(RolloutRestarted))
-    outcome.recoveries = sum(r["kind"] == "recovery" for r in summary.restarts)
+    outcome.recoveries = sum(r.kind == "recovery" for r in summary.restarts)
     lost = rec.of_type(WorkerLost)
     outcome.workers_lost = len(lost)
     killed = loss.killed.node_id if loss.killed is not None else ""

@@ -131,7 +131,7 @@ class _Steps:
 
     def __init__(self, target: float | None = None) -> None:
         from eventbus import RUNTIME_EXTENSION_API_VERSION
-        from eventbus import Capability
+        from eventbus.runtime import Capability
 
         self.api_version = RUNTIME_EXTENSION_API_VERSION
         self.required_capabilities = (Capability.EVENTS,)
@@ -143,9 +143,9 @@ class _Steps:
         self._start = 0.0
 
     def on_event(self, context: Any, event: Any) -> None:
-        from eventbus import FitStarted
-        from eventbus import StepFinished
-        from eventbus import StepStarted
+        from eventbus.runtime import FitStarted
+        from eventbus.runtime import StepFinished
+        from eventbus.runtime import StepStarted
 
         if isinstance(event, FitStarted):
             self.began = time.perf_counter()

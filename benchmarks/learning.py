@@ -54,7 +54,7 @@ class _Recorder:
 
     def __init__(self, target: float) -> None:
         from eventbus import RUNTIME_EXTENSION_API_VERSION
-        from eventbus import Capability
+        from eventbus.runtime import Capability
 
         self.api_version = RUNTIME_EXTENSION_API_VERSION
         self.required_capabilities = (Capability.EVENTS,)
@@ -65,8 +65,8 @@ class _Recorder:
         self.trainer: Any = None
 
     def on_event(self, context: Any, event: Any) -> None:
-        from eventbus import FitStarted
-        from eventbus import StepFinished
+        from eventbus.runtime import FitStarted
+        from eventbus.runtime import StepFinished
 
         if isinstance(event, FitStarted):
             self.began = time.perf_counter()

@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eventbus import Decision
 from eventbus import EventBus
-from eventbus import RolloutRejected
 from replay import AsyncReplayBuffer
 from replay import PromptGroup
 from replay import ReplayBuffer
+from replay import RolloutRejected
 from replay import RolloutResult
 from replay import RolloutTracker
 

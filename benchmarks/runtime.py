@@ -22,7 +22,7 @@ points, extension callbacks, the sink, dispatching, the checkpoints ``fit()`` al
 starting and stopping the workers. Nothing here drives the trainer's parts by hand, so the
 figures cannot drift from the loop users run.
 
-Targets (from the issue): ``fit()`` within 1 % of its steps' training work, and within 3 %
+Targets: ``fit()`` within 1 % of its steps' training work, and within 3 %
 with both extensions registered. Both ratios are taken within each run (the run's wall time
 over the run's training work), so a slow spell of the machine moves both sides alike.
 Extension work done while the trainer waits for rollouts hides inside ``timing_s/wait`` on
@@ -50,7 +50,7 @@ all of it lands on the critical path. After the timed runs, one ``cProfile`` run
 variant (thread CPU time, event-loop thread) breaks the time down by package
 (``eventbus/``, ``replay/``, ``trainer/``, the event loop, torch, the rest).
 
-Target for the diagnosis (issue 12): not measurable above noise. The pair is judged on the
+Target for the diagnosis: not measurable above noise. The pair is judged on the
 event-loop thread's CPU time (where marking the waits happens; the watchdog thread sleeps on
 its own): no difference at all (0) must lie within the interquartile range of the run-by-run
 differences, i.e. the middle half of the pairs does not tell on from off.
@@ -94,10 +94,11 @@ from benchmarks._common import load_average
 from benchmarks._common import print_table
 from benchmarks._common import run_facts
 from benchmarks._common import save_results
-from eventbus import CheckpointSaved
 from eventbus import JsonlSink
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
 from eventbus.testing import ScriptedVoter
 from trainer import FitSummary
 from trainer import PPOTrainer
@@ -270,7 +271,8 @@ def run_variant(variant: str, steps: int, profiler: cProfile.Profile | None = No
         registrations = []
         if variant == FIT_EXT:
             sink = JsonlSink(Path(folder) / "events.jsonl")
-            voter = ScriptedVoter(sample_wait=True)  # CONTINUE at every point, SAMPLE_WAIT too
+            # CONTINUE at every point, SAMPLE_WAIT too
+            voter = ScriptedVoter(opt_in=[Capability.SAMPLE_WAIT])
             registrations = [
                 trainer.register_runtime_extension(sink),
                 trainer.register_runtime_extension(voter),
@@ -475,8 +477,8 @@ _LANDMARKS: tuple[tuple[str, str], ...] = (
     ("eventbus/_dispatch.py", "_answer"),
     ("eventbus/_sinks.py", "on_event"),
     ("replay/_waiting.py", "report"),
-    ("trainer/runtime/_state.py", "save"),
-    ("trainer/runtime/_state.py", "gather"),
+    ("trainer/runtime/_run_state.py", "save"),
+    ("trainer/runtime/_run_state.py", "gather"),
     ("trainer/rl/_policy.py", "weights_to_bytes"),
 )
 

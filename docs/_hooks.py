@@ -185,7 +185,7 @@ def _rows(data: dict[str, Any]) -> str:
     headline = data.get("headline") or []
     if headline:
         out += [
-            "**Headline ratios** (the targets of issue 9, two figures of the same run each)",
+            "**Headline ratios** (the bus targets, two figures of the same run each)",
             "",
             "| ratio | variant | value | target | met |",
             "|---|---|--:|---|---|",

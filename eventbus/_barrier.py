@@ -23,12 +23,13 @@ import asyncio
 import math
 import threading
 from collections.abc import Hashable
+from typing import Any
 from typing import Protocol
 
+from ._barrier_types import BarrierOutcome
+from ._barrier_types import BarrierRequest
+from ._barrier_types import Vote
 from ._decisions import Decision
-from ._decisions import SafePoint
-from ._events import SafePointOutcome
-from ._events import Vote
 
 __all__ = ["Barrier", "Deadlines", "Roster", "Voter"]
 
@@ -73,26 +74,23 @@ class Barrier:
         "loop_thread",
         "names",
         "opened",
-        "point",
         "positions",
         "remaining",
+        "request",
         "roster",
-        "step",
         "votes",
         "worst",
     )
 
     def __init__(
         self,
-        point: SafePoint,
-        step: int | None,
+        request: BarrierRequest[Any],
         roster: Roster,
         future: asyncio.Future[None],
         opened: float,
         loop_thread: int,
     ) -> None:
-        self.point = point
-        self.step = step
+        self.request = request
         self.roster = roster
         # The roster's, at hand: a vote reads them once per participant.
         self.names = roster.names
@@ -183,16 +181,12 @@ class Barrier:
             )
         return late
 
-    def outcome(self, now: float) -> SafePointOutcome:
-        """The combined decision and every vote (call after :meth:`expire`)."""
+    def outcome(self, now: float) -> BarrierOutcome:
+        """The combined decision and every vote (call after :meth:`expire`), as the
+        request's outcome type says."""
         votes: tuple[Vote, ...] = tuple(self.votes)  # type: ignore[arg-type]  # all recorded
-        return SafePointOutcome(
-            point=self.point,
-            step=self.step,
-            decision=self.worst,
-            votes=votes,
-            elapsed_s=now - self.opened,
-        )
+        outcome: BarrierOutcome = self.request.outcome(self.worst, votes, now - self.opened)
+        return outcome
 
 
 class Deadlines:

@@ -29,17 +29,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+from typing import Any
 from typing import Literal
 
+from ._barrier_types import BarrierRequest
 from ._errors import SubscriberOverflowError
 from ._events import Event
-from ._events import SafePointReached
 from ._queue import Gap
 from ._queue import Queue
 
 if TYPE_CHECKING:
     from ._barrier import Voter
-    from ._state import BusState
+    from ._bus_state import BusState
 
 __all__ = ["OVERFLOW_POLICIES", "Bound", "Overflow"]
 
@@ -129,7 +130,7 @@ class Bound:
         if len(self.queue.items) > self.peak:
             self.peak = len(self.queue.items)
 
-    def request_expired(self, request: SafePointReached) -> None:
+    def request_expired(self, request: BarrierRequest[Any]) -> None:
         """``request``'s safe point resolved without the subscription's answer: if it is
         still queued, it is the first entry to go when room is needed."""
         queue = self.queue
@@ -172,7 +173,7 @@ class Bound:
         return sum(1 for s, b in barriers.items() if oldest <= s < newest and member in b.positions)
 
     def _is_open_request(self, item: Event | Gap) -> bool:
-        if type(item) is not SafePointReached:
+        if not isinstance(item, BarrierRequest):
             return False
         barrier = self.state.barriers.get(item.seq)
         return barrier is not None and self.member in barrier.positions

@@ -1,6 +1,6 @@
 """The public face of the bus: :class:`EventBus`, what it hands extensions, its statistics.
 
-The bus owns one :class:`~eventbus._state.BusState` and hands it to everything it creates;
+The bus owns one :class:`~eventbus._bus_state.BusState` and hands it to everything it creates;
 the modules below this one never import it. Hot-path design (see docs/architecture.md for the
 trade-offs):
 
@@ -24,17 +24,22 @@ from collections.abc import Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from typing import Generic
+from typing import TypeVar
 
 import msgspec
 
+from ._barrier_types import AtPoint
+from ._barrier_types import BarrierOutcome
+from ._barrier_types import BarrierPoint
+from ._bus_state import BusState
+from ._capabilities import CapabilityBase
+from ._capabilities import known_capabilities
 from ._decisions import Decision
-from ._decisions import SafePoint
 from ._errors import BusClosedError
 from ._errors import BusNotRunningError
 from ._events import Event
-from ._events import SafePointOutcome
 from ._extensions import RUNTIME_EXTENSION_API_VERSION
-from ._extensions import Capability
 from ._extensions import host_for
 from ._extensions import validate_extension
 from ._host import ExtensionHost
@@ -43,10 +48,11 @@ from ._order import solo_here as _solo_here
 from ._registration import Registration
 from ._registration import Registry
 from ._safepoints import reach
-from ._state import BusState
+from ._subscription import EVERY_POINT
 from ._subscription import OVERFLOW_POLICIES
 from ._subscription import Overflow
 from ._subscription import Subscription
+from ._subscription import VotePoints
 from ._util import check_timeout
 
 _force_setattr = msgspec.structs.force_setattr
@@ -54,10 +60,8 @@ _replace = msgspec.structs.replace
 
 __all__ = ["BusStatistics", "EventBus", "ExtensionContext"]
 
-_ALL_POINTS = frozenset(SafePoint)
-DEFAULT_CAPABILITIES = frozenset(
-    {Capability.EVENTS, Capability.SAFE_POINTS, Capability.SAMPLE_WAIT}
-)
+H = TypeVar("H")
+OutcomeT = TypeVar("OutcomeT", bound=BarrierOutcome)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +93,26 @@ class BusStatistics:
 
 
 @dataclass(frozen=True, slots=True)
-class ExtensionContext:
-    """What an extension's hooks receive as ``context``.
+class ExtensionContext(Generic[H]):
+    """What an extension's hooks receive as ``context``, with a host of type ``H``.
+
+    An extension annotates it with the protocol its host implements (the runtime
+    contract's, for the hosts of :mod:`eventbus.runtime`).
 
     Attributes:
         name: The extension's registered name.
         bus: The bus, so the extension can publish its own events.
         capabilities: The capabilities it was granted.
-        host: Whatever the host offers extensions (the trainer passes a view of its run),
-            or None on a bare bus. A host object with a ``for_extension(name,
-            capabilities)`` method gives each extension what that returns: a view bound to
-            the extension, so the host knows who asks and what it was granted.
+        host: What the host offers extensions (the trainer passes a view of its run), or
+            None on a bare bus. A host object with a ``for_extension(name, capabilities)``
+            method gives each extension what that returns: a view bound to the extension,
+            so the host knows who asks and what it was granted.
     """
 
     name: str
     bus: EventBus
-    capabilities: frozenset[Capability]
-    host: Any = None
+    capabilities: frozenset[CapabilityBase]
+    host: H = None  # type: ignore[assignment]  # (a bare bus's extensions have no host)
 
 
 class EventBus:
@@ -115,7 +122,8 @@ class EventBus:
         safe_point_timeout: Default seconds a safe point waits for its participants.
         timeout_decision: The vote recorded for a participant that did not answer in time.
         error_decision: The vote recorded for a participant that raised or closed.
-        capabilities: The extension capabilities this host offers.
+        capabilities: The extension capabilities this host offers (default: every known
+            capability a bus provides by itself, those whose grant is not ``hosted``).
         host: Passed to every extension as ``context.host``.
         extension_queue_size: Bound of each extension's mailbox (overflow: drop oldest).
         drain_timeout: Seconds :meth:`running` gives extensions to finish queued events
@@ -131,8 +139,8 @@ class EventBus:
         safe_point_timeout: float = 30.0,
         timeout_decision: Decision = Decision.CONTINUE,
         error_decision: Decision = Decision.CONTINUE,
-        capabilities: Iterable[Capability] = DEFAULT_CAPABILITIES,
-        host: Any = None,
+        capabilities: Iterable[CapabilityBase] | None = None,
+        host: object = None,
         extension_queue_size: int = 10_000,
         drain_timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
@@ -157,7 +165,11 @@ class EventBus:
             state, self._registry, drain_timeout=float(drain_timeout), monotonic=monotonic
         )
         self._safe_point_timeout = float(safe_point_timeout)
-        self._capabilities = frozenset(capabilities)
+        self._capabilities = frozenset(
+            capabilities
+            if capabilities is not None
+            else (c for c in known_capabilities() if not c.grant.hosted)
+        )
         self._subscription_names = 0
         self.host = host
 
@@ -210,7 +222,7 @@ class EventBus:
             return False
         return self._state.wants(event_type)
 
-    def wants_safe_point(self, point: SafePoint) -> bool:
+    def wants_safe_point(self, point: BarrierPoint) -> bool:
         """True when :meth:`safe_point` at ``point`` has a participant or an observer."""
         if not self._subscribers:
             return False
@@ -223,7 +235,7 @@ class EventBus:
         *event_types: type[Event],
         maxsize: int = 1024,
         overflow: Overflow = "drop_oldest",
-        safe_points: bool | Iterable[SafePoint] = False,
+        safe_points: bool | Iterable[BarrierPoint] = False,
         name: str | None = None,
     ) -> Subscription:
         """Open a subscription to ``event_types`` (every event when none are given).
@@ -239,8 +251,8 @@ class EventBus:
                 notice), ``"drop_newest"`` (likewise) or ``"error"`` (the subscription closes
                 and iteration raises :class:`SubscriberOverflowError`).
             safe_points: Take part in safe points: True for every point, or the points to
-                vote at. Participants receive ``SafePointReached`` and must answer with
-                :meth:`Subscription.decide`.
+                vote at. Participants receive each point's request event and must answer
+                with :meth:`Subscription.decide`.
             name: Shown in votes and statistics.
 
         Raises:
@@ -283,36 +295,35 @@ class EventBus:
     # --- safe points --------------------------------------------------------------------
 
     async def safe_point(
-        self,
-        point: SafePoint,
-        *,
-        step: int | None = None,
-        timeout: float | None = None,
-        **details: Any,
-    ) -> SafePointOutcome:
+        self, point: AtPoint[OutcomeT], *, timeout: float | None = None, **fields: Any
+    ) -> OutcomeT:
         """Reach a safe point: collect one vote from every participant and combine them.
 
-        Participants receive ``SafePointReached`` in their ordered stream, after every event
-        published before it. The barrier resolves when all have answered or ``timeout``
-        passes; a missing answer is recorded as a timed-out vote. Observers see
-        ``SafePointReached`` and ``SafePointResolved``. With nobody listening this returns
-        ``CONTINUE`` at once, creating no task or future.
+        Participants receive the point's request (an event of ``point.request_type``, built
+        from ``fields``) in their ordered stream, after every event published before it.
+        The barrier resolves when all have answered or ``timeout`` passes; a missing answer
+        is recorded as a timed-out vote. Observers see the request and its resolution (the
+        request type's ``resolution``). With nobody listening this returns ``CONTINUE`` at
+        once, creating no task or future.
 
         Args:
-            point: Which safe point.
-            step: The trainer step, if any.
+            point: Which safe point (a member of a :class:`BarrierPoint` enum).
             timeout: Seconds to wait for votes (default: the bus's ``safe_point_timeout``).
-            details: Plain data describing the situation, passed to participants.
+            fields: The request's fields: what the host says about the situation (the
+                runtime contract's: ``step``, ``wait``, ``error_type``, ``message``,
+                ``failed``).
 
         Raises:
             BusNotRunningError: An extension takes part, but :meth:`running` is not active.
+            TypeError: A field the point's request type does not have.
         """
+        at: BarrierPoint = point  # type: ignore[assignment]  # every AtPoint is a BarrierPoint
         if not self._subscribers:
-            return SafePointOutcome(point=point, step=step, decision=Decision.CONTINUE)
+            return point.request_type(point=at, **fields).outcome(Decision.CONTINUE)
         state = self._state
-        route = state.point_routes.get(point._value_) or state.point_route(point)
+        route = state.point_routes.get(at._value_) or state.point_route(at)
         if not route.listened:
-            return SafePointOutcome(point=point, step=step, decision=Decision.CONTINUE)
+            return point.request_type(point=at, **fields).outcome(Decision.CONTINUE)
         if timeout is None:
             timeout = self._safe_point_timeout
         else:
@@ -326,7 +337,8 @@ class EventBus:
                     f"extensions {idle} take part in safe points, but the bus is not running "
                     f"their callbacks; wrap the work in 'async with bus.running():'"
                 )
-        return await reach(state, route, point, step, timeout, details)
+        outcome: OutcomeT = await reach(state, route, at, timeout, fields)
+        return outcome
 
     # --- extensions ---------------------------------------------------------------------
 
@@ -336,7 +348,7 @@ class EventBus:
         return RUNTIME_EXTENSION_API_VERSION
 
     @property
-    def capabilities(self) -> frozenset[Capability]:
+    def capabilities(self) -> frozenset[CapabilityBase]:
         """The extension capabilities this host offers."""
         return self._capabilities
 
@@ -359,7 +371,7 @@ class EventBus:
             BusClosedError: The bus is closed.
         """
         validated = validate_extension(extension, offered=self._capabilities)
-        context = ExtensionContext(
+        context: ExtensionContext[object] = ExtensionContext(
             name=validated.name,
             bus=self,
             capabilities=validated.capabilities,
@@ -391,7 +403,7 @@ class EventBus:
 
         A host calls this before it reads extension state: a checkpoint must hold the state
         that follows every event before it. Pass only the ``registrations`` whose state is
-        read (the trainer passes those with :attr:`Capability.STATE`), so an extension that
+        read (a host passes those whose state it saves), so an extension that
         is slow or stuck elsewhere costs the checkpoint nothing. The wait is event-driven and
         never longer than ``timeout``; an extension already inside one hook call for
         ``timeout`` seconds is stalled and not waited for at all (a warning names it).
@@ -415,7 +427,7 @@ class EventBus:
 
         Each extension runs on its own task in a task group owned by this block. On exit,
         extensions get up to ``drain_timeout`` seconds to finish the events already
-        published (so they see ``FitFinished`` or ``FitFailed``); then their tasks are
+        published (so they see how the host's run ended); then their tasks are
         cancelled. No task outlives the block. The bus stays usable afterwards.
         """
         if self._state.closed:
@@ -463,19 +475,19 @@ class EventBus:
         )
 
 
-def _observes_every_point(point: SafePoint) -> bool:
+def _observes_every_point(point: BarrierPoint) -> bool:
     return True
 
 
-def _vote_points(safe_points: bool | Iterable[SafePoint]) -> frozenset[SafePoint]:
+def _vote_points(safe_points: bool | Iterable[BarrierPoint]) -> VotePoints:
     if safe_points is True:
-        return _ALL_POINTS
+        return EVERY_POINT
     if safe_points is False:
         return frozenset()
     if isinstance(safe_points, Iterable):
         points = frozenset(safe_points)
         for point in points:
-            if not isinstance(point, SafePoint):
-                raise TypeError(f"safe_points must hold SafePoint members, got {point!r}")
+            if not isinstance(point, BarrierPoint):
+                raise TypeError(f"safe_points must hold BarrierPoint members, got {point!r}")
         return points
-    raise TypeError(f"safe_points must be a bool or SafePoint members, got {safe_points!r}")
+    raise TypeError(f"safe_points must be a bool or BarrierPoint members, got {safe_points!r}")

@@ -3,6 +3,10 @@
 One decoder handles every :class:`Event` subclass (ours and any the user defined) through
 msgspec's tagged unions. It is rebuilt only when a new event type appears.
 
+An event type whose log lines changed shape reads the older ones itself: a classmethod
+``from_older(line, event)`` on the type gets each JSON line of its type and the event as it
+decoded (fields the line lacks at their defaults), and returns the event the line meant.
+
 JSON has no NaN or infinity: a float that is not finite (a step whose every optimiser step
 was skipped has a NaN gradient norm) is written as the string ``"nan"``, ``"inf"`` or
 ``"-inf"``, which the JSON decoder reads back into a float field (msgspec's lax mode). The
@@ -13,6 +17,7 @@ an event of finite numbers costs nothing more.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 from typing import Literal
 
@@ -30,6 +35,7 @@ _json_encoder = msgspec.json.Encoder()
 _msgpack_encoder = msgspec.msgpack.Encoder()
 _decoders: dict[Format, Any] = {}
 _decoders_generation = -1
+_upgrades: dict[type[Event], Callable[[bytes, Any], Event]] = {}
 
 
 def event_types() -> tuple[type[Event], ...]:
@@ -69,6 +75,9 @@ def decode_event(data: bytes | str, *, format: Format = "json") -> Event:
     try:
         decoder = _decoder(format)
         event: Event = decoder.decode(data)
+        upgrade = _upgrades.get(type(event)) if format == "json" else None
+        if upgrade is not None:
+            event = upgrade(data.encode() if isinstance(data, str) else data, event)
     except msgspec.DecodeError as exc:
         raise EventDecodeError(f"cannot decode event: {exc}") from None
     return event
@@ -79,6 +88,11 @@ def _decoder(format: Format) -> Any:
     if _decoders_generation != event_types_generation():
         _decoders.clear()
         _decoders_generation = event_types_generation()
+        _upgrades.clear()
+        for kind in event_types():
+            from_older = getattr(kind, "from_older", None)
+            if from_older is not None:
+                _upgrades[kind] = from_older
     decoder = _decoders.get(format)
     if decoder is None:
         union = _union(event_types())

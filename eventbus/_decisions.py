@@ -1,4 +1,4 @@
-"""Safe points and the decisions participants vote at them.
+"""The decisions participants vote at safe points.
 
 A :class:`Decision` is ordered by severity. Votes are combined by taking the most severe,
 so the order in which participants answer can never change the result (unlike callback
@@ -10,21 +10,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-__all__ = ["Decision", "SafePoint"]
-
-
-class SafePoint(enum.Enum):
-    """Points in the trainer loop where it is safe to restart, checkpoint or stop."""
-
-    BEFORE_FIT = "before_fit"
-    STEP_BOUNDARY = "step_boundary"
-    SAMPLE_WAIT = "sample_wait"
-    TERMINAL_FAILURE = "terminal_failure"
-    AFTER_FIT = "after_fit"
+__all__ = ["Decision"]
 
 
 class Decision(enum.Enum):
-    """What a participant asks the trainer to do at a safe point, least severe first.
+    """What a participant asks the host to do at a safe point, least severe first.
 
     ``CONTINUE < CHECKPOINT < RESTART_REQUIRED < STOP < ABORT``. Decisions compare by
     severity, and :meth:`combine` returns the most severe of several votes.

@@ -26,10 +26,10 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from ._barrier_types import BarrierRequest
+from ._bus_state import BusState
 from ._decisions import Decision
 from ._events import Event
-from ._events import SafePointReached
-from ._state import BusState
 from ._subscription import Subscription
 
 __all__ = ["FAIRNESS", "Dispatch", "run_extension"]
@@ -142,7 +142,7 @@ async def run_extension(
                 dispatch.handling = event.seq
                 dispatch.busy_since = monotonic()
                 try:
-                    if type(event) is SafePointReached and event.point in vote_points:
+                    if isinstance(event, BarrierRequest) and event.point in vote_points:
                         dispatch.hook = "on_safe_point"
                         await _answer(state, dispatch, event)
                     else:
@@ -178,7 +178,7 @@ async def _deliver(dispatch: Dispatch, event: Event) -> None:
         dispatch.failed("on_event", exc, event)
 
 
-async def _answer(state: BusState, dispatch: Dispatch, event: SafePointReached) -> None:
+async def _answer(state: BusState, dispatch: Dispatch, event: BarrierRequest[Any]) -> None:
     on_safe_point = dispatch.on_safe_point
     assert on_safe_point is not None  # only SAFE_POINTS extensions receive requests
     try:

@@ -11,7 +11,6 @@ What an extension may do once registered lives in ``_registration`` and ``_dispa
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,12 +18,13 @@ from typing import Any
 from typing import Protocol
 from typing import runtime_checkable
 
-from ._decisions import SafePoint
+from ._barrier_types import BarrierPoint
+from ._capabilities import CapabilityBase
+from ._capabilities import capability_named
 from ._errors import ExtensionError
 
 __all__ = [
     "RUNTIME_EXTENSION_API_VERSION",
-    "Capability",
     "RuntimeExtension",
     "ValidatedExtension",
     "host_for",
@@ -36,35 +36,19 @@ RUNTIME_EXTENSION_API_VERSION = "1.0"
 minor version must not be newer than the host's."""
 
 
-class Capability(enum.Enum):
-    """What an extension asks the host for."""
-
-    EVENTS = "events"
-    """``on_event(context, event)`` receives the ordered event stream."""
-    SAFE_POINTS = "safe_points"
-    """``on_safe_point(context, safe_point)`` votes at safe points."""
-    SAMPLE_WAIT = "sample_wait"
-    """Also receive ``SampleWait`` events and ``SAMPLE_WAIT`` safe points (many a second)."""
-    STATE = "state"
-    """``state_dict()`` / ``load_state_dict()`` are saved in checkpoints under the name."""
-    MEMBERSHIP = "membership"
-    """``context.host.request_workers(n)`` asks for more or fewer rollout workers; the host
-    applies it at the next ``STEP_BOUNDARY`` and publishes ``WorkerJoined`` / ``WorkerLeft``."""
-
-
 @runtime_checkable
 class RuntimeExtension(Protocol):
     """The shape of an extension. Hooks may be plain functions or coroutines.
 
-    Only the hooks its capabilities need must exist: ``on_event`` for ``EVENTS``,
-    ``on_safe_point`` for ``SAFE_POINTS``, ``state_dict``/``load_state_dict`` for ``STATE``.
-    ``on_safe_point`` returns a :class:`Decision`, a ``(Decision, reason)`` pair, or None
-    (counted as ``CONTINUE``).
+    Only the hooks its capabilities need must exist (each capability's
+    :class:`~eventbus.Grant` names them: ``on_event`` for the event stream,
+    ``on_safe_point`` for votes, ...). ``on_safe_point`` returns a :class:`Decision`, a
+    ``(Decision, reason)`` pair, or None (counted as ``CONTINUE``).
     """
 
     name: str
     api_version: str
-    required_capabilities: Iterable[Capability]
+    required_capabilities: Iterable[CapabilityBase | str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,18 +58,28 @@ class ValidatedExtension:
     extension: object
     name: str
     api_version: str
-    capabilities: frozenset[Capability]
+    capabilities: frozenset[CapabilityBase]
     # The hooks as read from the extension: called with (context, event).
     on_event: Callable[..., Any] | None
     on_safe_point: Callable[..., Any] | None
 
     @property
-    def vote_points(self) -> frozenset[SafePoint]:
-        if Capability.SAFE_POINTS not in self.capabilities:
-            return frozenset()
-        if Capability.SAMPLE_WAIT in self.capabilities:
-            return frozenset(SafePoint)
-        return frozenset(SafePoint) - {SafePoint.SAMPLE_WAIT}
+    def events(self) -> bool:
+        """Its ``on_event`` receives the event stream."""
+        return any(c.grant.events for c in self.capabilities)
+
+    @property
+    def votes(self) -> bool:
+        """Its ``on_safe_point`` votes at safe points."""
+        return any(c.grant.votes for c in self.capabilities)
+
+    def opted_in(self, stream: CapabilityBase | None) -> bool:
+        """Whether it receives a stream that needs ``stream`` (None: every extension)."""
+        return stream is None or stream in self.capabilities
+
+    def votes_at(self, point: BarrierPoint) -> bool:
+        """Whether it takes part in safe points at ``point``."""
+        return self.votes and self.opted_in(point.opt_in)
 
 
 def _parse_version(text: str) -> tuple[int, int] | None:
@@ -103,7 +97,7 @@ _MISSING = object()
 def validate_extension(
     extension: object,
     *,
-    offered: frozenset[Capability],
+    offered: frozenset[CapabilityBase],
     host_version: str = RUNTIME_EXTENSION_API_VERSION,
 ) -> ValidatedExtension:
     """Check ``extension`` against the contract once, and return what was checked.
@@ -146,12 +140,17 @@ def validate_extension(
         raise ExtensionError(f"{who} has no attribute 'required_capabilities'")
     if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
         raise ExtensionError(
-            f"{who} has required_capabilities={raw!r}: need an iterable of Capability"
+            f"{who} has required_capabilities={raw!r}: need an iterable of capabilities"
         )
-    capabilities = frozenset(_capability(who, item) for item in raw)
-    if not capabilities & {Capability.EVENTS, Capability.SAFE_POINTS}:
+    capabilities = frozenset(_capability(who, item, offered) for item in raw)
+    if not any(c.grant.events or c.grant.votes for c in capabilities):
+        streams = " nor ".join(
+            f"{type(c).__name__}.{c.name}"
+            for c in _members(offered)
+            if c.grant.events or c.grant.votes
+        )
         raise ExtensionError(
-            f"{who} requires neither Capability.EVENTS nor Capability.SAFE_POINTS, "
+            f"{who} requires neither {streams or 'the event stream nor votes'}, "
             f"so it would never be called"
         )
     missing = capabilities - offered
@@ -160,11 +159,9 @@ def validate_extension(
         wanted = ", ".join(sorted(c.value for c in missing))
         raise ExtensionError(f"{who} requires {wanted}, which this host does not offer ({offers})")
 
-    on_event = _hook(extension, who, "on_event", Capability.EVENTS in capabilities)
-    on_safe_point = _hook(extension, who, "on_safe_point", Capability.SAFE_POINTS in capabilities)
-    if Capability.STATE in capabilities:
-        _hook(extension, who, "state_dict", True)
-        _hook(extension, who, "load_state_dict", True)
+    ordered = [c for c in _members(capabilities) if c in capabilities]
+    hooks = {h: _hook(extension, who, h) for c in ordered for h in c.grant.hooks}
+    on_event, on_safe_point = hooks.get("on_event"), hooks.get("on_safe_point")
     return ValidatedExtension(
         extension=extension,
         name=name,
@@ -175,28 +172,35 @@ def validate_extension(
     )
 
 
-def _capability(who: str, item: object) -> Capability:
-    if isinstance(item, Capability):
+def _capability(who: str, item: object, offered: frozenset[CapabilityBase]) -> CapabilityBase:
+    """``item`` as a capability: a member, or the value of one (the host's first)."""
+    if isinstance(item, CapabilityBase):
         return item
-    try:
-        return Capability(item)
-    except ValueError:
-        known = ", ".join(c.value for c in Capability)
-        raise ExtensionError(
-            f"{who} requires unknown capability {item!r} (known: {known})"
-        ) from None
+    if isinstance(item, str):
+        for capability in offered:
+            if capability.value == item:
+                return capability
+        named = capability_named(item)
+        if named is not None:
+            return named
+    known = ", ".join(c.value for c in _members(offered))
+    raise ExtensionError(f"{who} requires unknown capability {item!r} (known: {known})")
 
 
-def _hook(extension: object, who: str, attribute: str, required: bool) -> Any:
-    if not required:
-        return None
+def _members(offered: frozenset[CapabilityBase]) -> list[CapabilityBase]:
+    """Every member of the capability enums of ``offered``, in definition order."""
+    kinds = sorted({type(c) for c in offered}, key=lambda kind: kind.__qualname__)
+    return [c for kind in kinds for c in kind]
+
+
+def _hook(extension: object, who: str, attribute: str) -> Any:
     hook = getattr(extension, attribute, None)
     if not callable(hook):
         raise ExtensionError(f"{who} has no callable {attribute!r}, which its capabilities require")
     return hook
 
 
-def host_for(host: Any, name: str, capabilities: frozenset[Capability]) -> Any:
+def host_for(host: Any, name: str, capabilities: frozenset[CapabilityBase]) -> Any:
     """What extension ``name`` gets as ``context.host``: the host's ``for_extension(name,
     capabilities)`` when it has one, else the host itself."""
     bind = getattr(host, "for_extension", None)

@@ -20,11 +20,11 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 
+from ._bus_state import BusState
 from ._dispatch import Dispatch
 from ._dispatch import run_extension
 from ._registration import Registration
 from ._registration import Registry
-from ._state import BusState
 
 __all__ = ["ExtensionHost"]
 

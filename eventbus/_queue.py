@@ -18,9 +18,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+from typing import Any
 
+from ._barrier_types import BarrierRequest
 from ._events import Event
-from ._events import SafePointReached
 
 if TYPE_CHECKING:
     from ._order import OrderLock
@@ -93,7 +94,7 @@ class Queue:
         self.maxsize = maxsize
         self.make_room: Callable[[bool], bool] = _no_room
         self.items: deque[Event | Gap] = deque()
-        self.expired: deque[SafePointReached] = deque()
+        self.expired: deque[BarrierRequest[Any]] = deque()
         self.accepting = True
         self.waiter: asyncio.Future[None] | None = None
         self.waiter_thread = 0

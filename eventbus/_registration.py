@@ -7,7 +7,7 @@ of the same name never removes the newer one. A registration owns one mailbox (a
 dispatcher drains; closing it stops the mailbox and cancels the dispatcher.
 
 Like subscriptions, registrations talk to their bus only through its
-:class:`~eventbus._state.BusState`. What a registration's handle, its dispatcher and the
+:class:`~eventbus._bus_state.BusState`. What a registration's handle, its dispatcher and the
 host share is its :class:`~eventbus._dispatch.Dispatch` record, which the registry creates
 with the handle and hands out by handle (:meth:`Registry.record`).
 """
@@ -20,15 +20,15 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._decisions import SafePoint
+from ._barrier_types import BarrierPoint
+from ._barrier_types import OptedInPoints
+from ._bus_state import BusState
+from ._capabilities import CapabilityBase
 from ._dispatch import Dispatch
 from ._errors import BusClosedError
 from ._errors import ExtensionError
 from ._events import Event
-from ._events import SampleWait
-from ._extensions import Capability
 from ._extensions import ValidatedExtension
-from ._state import BusState
 from ._subscription import Subscription
 from ._util import NoPublicConstructor
 
@@ -97,7 +97,7 @@ class Registration(metaclass=NoPublicConstructor):
         return self._validated.extension
 
     @property
-    def capabilities(self) -> frozenset[Capability]:
+    def capabilities(self) -> frozenset[CapabilityBase]:
         """The capabilities validated at registration."""
         return self._validated.capabilities
 
@@ -150,18 +150,20 @@ class Registration(metaclass=NoPublicConstructor):
         return f"<Registration #{self._id} {self.name!r} {state}>"
 
 
-def _sample_wait_filters(
-    caps: frozenset[Capability],
-) -> tuple[Callable[[type[Event]], bool], Callable[[SafePoint], bool]]:
-    """What an extension's mailbox accepts: SampleWait and its safe point only on request."""
-    events = Capability.EVENTS in caps
-    sample_wait = Capability.SAMPLE_WAIT in caps
+def _opt_in_filters(
+    validated: ValidatedExtension,
+) -> tuple[Callable[[type[Event]], bool], Callable[[BarrierPoint], bool]]:
+    """What an extension's mailbox accepts: the event stream if it asked for it, and of the
+    opt-in event types and safe points (their ``opt_in`` capability) only those it holds.
+    Asked once per event type or point, when the bus computes its routes."""
+    events = validated.events
+    opted_in = validated.opted_in
 
     def accepts(event_type: type[Event]) -> bool:
-        return events and (sample_wait or not issubclass(event_type, SampleWait))
+        return events and opted_in(event_type.opt_in)
 
-    def observes_point(point: SafePoint) -> bool:
-        return events and (sample_wait or point is not SafePoint.SAMPLE_WAIT)
+    def observes_point(point: BarrierPoint) -> bool:
+        return events and opted_in(point.opt_in)
 
     return accepts, observes_point
 
@@ -202,7 +204,7 @@ class Registry:
             ExtensionError: The name is taken.
             BusClosedError: The bus is closed.
         """
-        accepts, observes_point = _sample_wait_filters(validated.capabilities)
+        accepts, observes_point = _opt_in_filters(validated)
         state = self.state
         with state.lock:
             if state.closed:
@@ -214,7 +216,9 @@ class Registry:
                 validated.name,
                 accepts=accepts,
                 observes_point=observes_point,
-                vote_points=validated.vote_points,
+                vote_points=(
+                    OptedInPoints(validated.capabilities) if validated.votes else frozenset()
+                ),
                 maxsize=self._mailbox_size,
                 overflow="drop_oldest",
             )

@@ -2,8 +2,8 @@
 
 Invariant: a safe point with a participant always ends with every participant's vote recorded
 and its barrier out of the open set, however the wait ends (all answered, the timeout, the
-bus closing, or the caller being cancelled); observers then receive ``SafePointResolved``
-after every event published before it. A safe point nobody takes part in or watches creates
+bus closing, or the caller being cancelled); observers then receive its resolution after
+every event published before it. A safe point nobody takes part in or watches creates
 no future, task or timer.
 """
 
@@ -16,15 +16,13 @@ from typing import Any
 
 from ._barrier import Barrier
 from ._barrier import Deadlines
+from ._barrier_types import BarrierOutcome
+from ._barrier_types import BarrierPoint
+from ._bus_state import BusState
+from ._bus_state import PointRoute
 from ._decisions import Decision
-from ._decisions import SafePoint
-from ._events import SafePointOutcome
-from ._events import SafePointReached
-from ._events import SafePointResolved
 from ._order import lock_free
 from ._order import solo_here as _solo_here
-from ._state import BusState
-from ._state import PointRoute
 
 __all__ = ["reach"]
 
@@ -46,12 +44,12 @@ def _complete(future: asyncio.Future[None]) -> None:
 async def reach(
     state: BusState,
     route: PointRoute,
-    point: SafePoint,
-    step: int | None,
+    point: BarrierPoint,
     timeout: float,
-    details: dict[str, Any],
-) -> SafePointOutcome:
-    """Run the safe point ``point`` for ``route``'s participants and observers."""
+    fields: dict[str, Any],
+) -> Any:
+    """Run the safe point ``point`` for ``route``'s participants and observers; returns
+    the outcome its request type builds (the caller knows that type)."""
     opened = _perf_counter()
     roster = route.roster
     barrier: Barrier | None = None
@@ -60,22 +58,20 @@ async def reach(
     if not solo:  # (acquire() ends single-thread mode first)
         lock.raw_acquire() if lock.shared else lock.acquire()
     try:
-        # Stamped as it is built, in the same critical section as its delivery (see _state).
-        state.seq = seq = state.seq + 1
-        request = SafePointReached(
-            point=point,
-            step=step,
-            details=details,
-            participants=roster.names,
-            seq=seq,
-            time=state.clock(),
+        # Stamped as it is built, in the same critical section as its delivery (see
+        # _bus_state); the number is taken once it is built (a field the request type lacks
+        # raises TypeError, and must not leave a gap in seq).
+        seq = state.seq + 1
+        request = route.request_type(
+            point=point, participants=roster.names, seq=seq, time=state.clock(), **fields
         )
+        state.seq = seq
         if roster.participants:
             loop = _get_running_loop()
             # Not loop.create_future(): on asyncio's loop, a Python method around this.
             future: asyncio.Future[None] = _Future(loop=loop)
             thread = lock.owner if solo else _get_ident()  # (solo: we are the owner)
-            barrier = Barrier(point, step, roster, future, opened, thread)
+            barrier = Barrier(request, roster, future, opened, thread)
             state.barriers[seq] = barrier
         state.deliver_locked(request, route.requests, True)
         if route.observers:
@@ -119,20 +115,16 @@ async def reach(
     if not solo:
         lock.raw_acquire() if lock.shared else lock.acquire()
     try:
+        outcome: BarrierOutcome
         if barrier is not None:
             outcome = state.close_barrier_locked(barrier, request, timeout)
         else:
-            outcome = SafePointOutcome(
-                point=point,
-                step=step,
-                decision=Decision.CONTINUE,
-                elapsed_s=_perf_counter() - opened,
-            )
+            outcome = request.outcome(Decision.CONTINUE, (), _perf_counter() - opened)
         if route.stale:  # subscriptions changed while the barrier was open
             route = state.point_routes.get(point._value_) or state.point_route_locked(point)
         if route.resolved:
             state.seq += 1
-            resolved = SafePointResolved(outcome=outcome, seq=state.seq, time=state.clock())
+            resolved = request.resolution(outcome=outcome, seq=state.seq, time=state.clock())
             state.deliver_locked(resolved, route.resolved)
     finally:
         if not solo:

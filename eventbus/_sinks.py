@@ -11,18 +11,21 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 from typing import Literal
 
 from ._bus import ExtensionContext
+from ._capabilities import CapabilityBase
+from ._capabilities import Grant
+from ._capabilities import known_capabilities
 from ._codec import decode_event
 from ._codec import encode_event
 from ._errors import EventDecodeError
 from ._events import Event
 from ._extensions import RUNTIME_EXTENSION_API_VERSION
-from ._extensions import Capability
 
 __all__ = ["JsonlSink", "LoggingSink", "read_events"]
 
@@ -30,7 +33,7 @@ logger = logging.getLogger("eventbus")
 
 
 class JsonlSink:
-    """Append every event, ``Lagged`` notices and ``SampleWait`` included, as one JSON line.
+    """Append every event, ``Lagged`` notices and opt-in events included, as one JSON line.
 
     Each line is flushed as it is written, so a log read while the run goes on (``trainbus
     events --follow``) or after the process was killed holds every event the sink handled.
@@ -50,6 +53,8 @@ class JsonlSink:
         path: The ``.jsonl`` file; appended to, created with its parent folders.
         name: The extension name (unique per bus).
         on_error: Called once, with the error, when a write fails (default: log it).
+        opt_in: The opt-in streams to record too (the capabilities that open them); None,
+            the default: every one defined (the host must offer them all).
 
     Attributes:
         error: The write error that stopped the sink, if one did.
@@ -57,7 +62,6 @@ class JsonlSink:
     """
 
     api_version = RUNTIME_EXTENSION_API_VERSION
-    required_capabilities = (Capability.EVENTS, Capability.SAMPLE_WAIT)
 
     def __init__(
         self,
@@ -65,8 +69,10 @@ class JsonlSink:
         *,
         name: str = "jsonl-sink",
         on_error: Callable[[OSError], None] | None = None,
+        opt_in: Iterable[CapabilityBase | str] | None = None,
     ) -> None:
         self.name = name
+        self.required_capabilities = _with_events(opt_in_streams() if opt_in is None else opt_in)
         self.path = Path(path)
         self._file: IO[bytes] | None = None
         self._end = 0  # the file's size: where the next line goes
@@ -79,7 +85,7 @@ class JsonlSink:
         self._ahead: list[Event] = []  # written by write_now, not yet handed to on_event
         self._handled = 0  # the highest seq handed to on_event
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
+    def on_event(self, context: ExtensionContext[object], event: Event) -> None:
         """Write ``event`` as one line (unless :meth:`write_now` already did)."""
         with self._lock:
             self._handled = max(self._handled, event.seq)
@@ -165,35 +171,44 @@ class LoggingSink:
     Args:
         logger: Logger name.
         level: Logging level of the records.
-        sample_wait: Also log ``SampleWait`` events (many a second while waiting).
+        opt_in: The opt-in streams to log too (the capabilities that open them: events that
+            come many times a second).
         name: The extension name.
     """
 
     api_version = RUNTIME_EXTENSION_API_VERSION
-    on_event: Callable[[ExtensionContext, Event], None]
+    on_event: Callable[[ExtensionContext[object], Event], None]
 
     def __init__(
         self,
         logger: str = "trainbus.events",
         *,
         level: int = logging.INFO,
-        sample_wait: bool = False,
+        opt_in: Iterable[CapabilityBase | str] = (),
         name: str = "logging-sink",
     ) -> None:
         self.name = name
         self._logger = logging.getLogger(logger)
         self._level = level
-        caps = [Capability.EVENTS]
-        if sample_wait:
-            caps.append(Capability.SAMPLE_WAIT)
-        self.required_capabilities = tuple(caps)
+        self.required_capabilities = _with_events(opt_in)
         self.on_event = self._log if self._logger.isEnabledFor(level) else self._ignore
 
-    def _log(self, context: ExtensionContext, event: Event) -> None:
+    def _log(self, context: ExtensionContext[object], event: Event) -> None:
         self._logger.log(self._level, "%s %s", type(event).__name__, encode_event(event).decode())
 
-    def _ignore(self, context: ExtensionContext, event: Event) -> None:
+    def _ignore(self, context: ExtensionContext[object], event: Event) -> None:
         pass
+
+
+def opt_in_streams() -> tuple[CapabilityBase, ...]:
+    """Every capability defined so far that opens opt-in streams (its grant is empty)."""
+    return tuple(c for c in known_capabilities() if c.grant == Grant())
+
+
+def _with_events(opt_in: Iterable[CapabilityBase | str]) -> tuple[CapabilityBase | str, ...]:
+    """The event stream (the capability named ``"events"``, as every host of the runtime
+    contract names it) and the opt-in streams ``opt_in``."""
+    return ("events", *opt_in)
 
 
 def read_events(path: str | Path, *, errors: Literal["raise", "skip"] = "raise") -> Iterator[Event]:

@@ -16,7 +16,7 @@ stream's state (the queues, the counters) lives on the subscription, not in the 
 frame, so leaving a loop half-way and iterating again, or a generator ended by a cancelled
 wait and a new one made, goes on where the stream stopped.
 
-The subscription talks to its bus only through the :class:`~eventbus._state.BusState` it was
+The subscription talks to its bus only through the :class:`~eventbus._bus_state.BusState` it was
 given: it votes and leaves through it.
 """
 
@@ -30,25 +30,35 @@ from collections.abc import AsyncGenerator
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import AsyncGeneratorType
+from typing import Any
 from typing import cast
 
+from ._barrier_types import EVERY_POINT
+from ._barrier_types import BarrierPoint
+from ._barrier_types import BarrierRequest
+from ._barrier_types import VotePoints
 from ._bound import OVERFLOW_POLICIES
 from ._bound import Bound
 from ._bound import Overflow
-from ._decisions import SafePoint
+from ._bus_state import BusState
+from ._bus_state import Voting
 from ._events import Event
 from ._events import Lagged
-from ._events import SafePointReached
 from ._loops import RunningLoop
 from ._order import lock_free
 from ._order import solo_here as _solo_here
 from ._queue import Gap as _Gap
 from ._queue import Queue
-from ._state import BusState
-from ._state import Voting
 from ._util import NoPublicConstructor
 
-__all__ = ["OVERFLOW_POLICIES", "Overflow", "Subscription", "SubscriptionStatistics"]
+__all__ = [
+    "EVERY_POINT",
+    "OVERFLOW_POLICIES",
+    "Overflow",
+    "Subscription",
+    "SubscriptionStatistics",
+    "VotePoints",
+]
 
 _get_ident = threading.get_ident
 _get_running_loop = asyncio.get_running_loop
@@ -106,7 +116,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
 
     Created by :meth:`EventBus.subscribe`; live as soon as it is returned. Iterate it with
     ``async for``; use it as an async context manager (or call :meth:`close`) to leave.
-    A subscription that takes part in safe points answers each ``SafePointReached`` with
+    A subscription that takes part in safe points answers each safe point's request with
     :meth:`decide`.
 
     Its queue is bounded: at most ``maxsize`` entries besides the safe-point requests still
@@ -122,8 +132,8 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         name: str,
         *,
         accepts: Callable[[type[Event]], bool],
-        observes_point: Callable[[SafePoint], bool],
-        vote_points: frozenset[SafePoint],
+        observes_point: Callable[[BarrierPoint], bool],
+        vote_points: VotePoints,
         maxsize: int,
         overflow: Overflow,
     ) -> None:
@@ -172,7 +182,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
         return not self._queue.accepting
 
     @property
-    def safe_points(self) -> frozenset[SafePoint]:
+    def safe_points(self) -> VotePoints:
         """The safe points this subscription votes at (empty when it only observes)."""
         return self._vote_points
 
@@ -301,7 +311,7 @@ class Subscription(Voting, metaclass=NoPublicConstructor):
 
     # --- called by the bus, with the bus lock held -----------------------------------------
 
-    def _request_expired(self, request: SafePointReached) -> None:
+    def _request_expired(self, request: BarrierRequest[Any]) -> None:
         """``request``'s safe point resolved without this subscription's answer."""
         self._bound.request_expired(request)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -20,14 +21,14 @@ from typing import overload
 
 import anyio
 
+from ._barrier_types import BarrierPoint
+from ._barrier_types import BarrierRequest
 from ._bus import EventBus
 from ._bus import ExtensionContext
+from ._capabilities import CapabilityBase
 from ._decisions import Decision
-from ._decisions import SafePoint
 from ._events import Event
-from ._events import SafePointReached
 from ._extensions import RUNTIME_EXTENSION_API_VERSION
-from ._extensions import Capability
 from ._subscription import Subscription
 
 __all__ = ["HANG", "RecordingSubscriber", "ScriptEntry", "ScriptedVoter", "record_events"]
@@ -133,50 +134,50 @@ class ScriptedVoter:
 
     Args:
         script: Entries consumed one per safe point, either a sequence (for every point) or
-            a mapping from :class:`SafePoint` to a sequence. An entry is a
-            :class:`Decision`, a ``(Decision, reason)`` pair, an exception instance to raise,
-            or :data:`HANG`.
+            a mapping from a point to a sequence. An entry is a :class:`Decision`, a
+            ``(Decision, reason)`` pair, an exception instance to raise, or :data:`HANG`.
         default: The vote once the script for a point is used up.
         name: The extension name.
-        sample_wait: Also take part in ``SAMPLE_WAIT`` safe points and receive
-            ``SampleWait`` events.
-        events: Also record the event stream (``Capability.EVENTS``).
+        opt_in: The opt-in streams to take part in and receive too (the capabilities that
+            open them).
+        events: Also record the event stream (the ``"events"`` capability).
     """
 
     api_version = RUNTIME_EXTENSION_API_VERSION
 
     def __init__(
         self,
-        script: Sequence[ScriptEntry] | Mapping[SafePoint, Sequence[ScriptEntry]] = (),
+        script: Sequence[ScriptEntry] | Mapping[BarrierPoint, Sequence[ScriptEntry]] = (),
         *,
         default: Decision = Decision.CONTINUE,
         name: str = "scripted-voter",
-        sample_wait: bool = False,
+        opt_in: Iterable[CapabilityBase | str] = (),
         events: bool = True,
     ) -> None:
         self.name = name
         self.default = default
-        caps: list[Capability] = [Capability.SAFE_POINTS]
+        # By value: the host's capabilities of these names (every host of the runtime
+        # contract has them).
+        caps: list[CapabilityBase | str] = ["safe_points"]
         if events:
-            caps.append(Capability.EVENTS)
-        if sample_wait:
-            caps.append(Capability.SAMPLE_WAIT)
-        self.required_capabilities: tuple[Capability, ...] = tuple(caps)
+            caps.append("events")
+        caps.extend(opt_in)
+        self.required_capabilities: tuple[CapabilityBase | str, ...] = tuple(caps)
         if isinstance(script, Mapping):
             self._by_point = {point: list(entries) for point, entries in script.items()}
             self._shared: list[ScriptEntry] | None = None
         else:
             self._by_point = {}
             self._shared = list(script)
-        self.safe_points: list[SafePointReached] = []
+        self.safe_points: list[BarrierRequest[Any]] = []
         self.events: list[Event] = []
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
+    def on_event(self, context: ExtensionContext[object], event: Event) -> None:
         """Record the event."""
         self.events.append(event)
 
     async def on_safe_point(
-        self, context: ExtensionContext, safe_point: SafePointReached
+        self, context: ExtensionContext[object], safe_point: BarrierRequest[Any]
     ) -> tuple[Decision, str]:
         """Answer with the next script entry for this point."""
         self.safe_points.append(safe_point)
@@ -190,6 +191,6 @@ class ScriptedVoter:
             return entry[0], entry[1]
         return entry, "scripted"
 
-    def points_seen(self) -> list[SafePoint]:
+    def points_seen(self) -> list[BarrierPoint]:
         """The safe points answered (or attempted), in order."""
         return [sp.point for sp in self.safe_points]

@@ -28,13 +28,14 @@ from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import Host
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepFinished
 from trainer.integrations.trl import TrainbusCallback
 from trainer.integrations.trl import guard_rewards
 
@@ -53,11 +54,11 @@ class StopAtReward:
         self.target = target
         self.reward: float | None = None
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
+    def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         if isinstance(event, StepFinished) and "reward/mean" in event.metrics:
             self.reward = event.metrics["reward/mean"]
 
-    def on_safe_point(self, context: ExtensionContext, safe_point: SafePointReached) -> Any:
+    def on_safe_point(self, context: ExtensionContext[Host], safe_point: SafePointReached) -> Any:
         reward = self.reward
         at_boundary = safe_point.point is SafePoint.STEP_BOUNDARY
         if at_boundary and reward is not None and reward >= self.target:

@@ -13,6 +13,9 @@ This module only re-exports the public API; the implementation lives in private 
 
 from ._async import AsyncReplayBuffer as AsyncReplayBuffer
 from ._async import RefillCallback as RefillCallback
+from ._batch_events import BatchReconciled as BatchReconciled
+from ._batch_events import BatchReport as BatchReport
+from ._batch_events import RolloutRejected as RolloutRejected
 from ._cancel import CancelHook as CancelHook
 from ._errors import BatchFailedError as BatchFailedError
 from ._errors import RegistrationError as RegistrationError

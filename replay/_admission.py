@@ -37,8 +37,7 @@ from typing import cast
 
 import msgspec
 
-from eventbus import RolloutRejected
-
+from ._batch_events import RolloutRejected
 from ._model import RolloutResult
 from ._model import RolloutStatus
 from ._reasons import Admission
@@ -47,7 +46,7 @@ from ._records import IN_FLIGHT
 from ._records import PLACEHOLDER
 from ._records import SUCCEEDED
 from ._records import Rollout
-from ._state import TrackerState
+from ._tracker_state import TrackerState
 
 __all__ = ["AdmissionGate", "malformed"]
 

@@ -28,10 +28,10 @@ import logging
 from collections.abc import Callable
 from collections.abc import Iterable
 
-from eventbus import BatchReconciled
 from eventbus import EventBus
 
-from ._base import BufferBase
+from ._batch_events import BatchReconciled
+from ._buffer_base import BufferBase
 from ._model import GroupResult
 from ._model import GroupStatus
 from ._model import Partition

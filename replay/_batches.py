@@ -20,9 +20,11 @@ from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Sequence
 
-from eventbus import BatchReconciled
-from eventbus import BatchReport
-
+from ._batch_events import BatchReconciled
+from ._batch_events import BatchReport
+from ._batch_report import FailureRules
+from ._batch_report import build_report
+from ._batch_report import repeats_the_report
 from ._errors import BatchFailedError
 from ._errors import RegistrationError
 from ._model import Partition
@@ -37,10 +39,7 @@ from ._records import PLACEHOLDER
 from ._records import TIMED_OUT
 from ._records import Batch
 from ._records import Counters
-from ._report import FailureRules
-from ._report import build_report
-from ._report import repeats_the_report
-from ._state import TrackerState
+from ._tracker_state import TrackerState
 from ._validate import check_groups
 from ._waiting import Poll
 from ._waiting import PollTimeout

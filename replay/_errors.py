@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from eventbus import BatchReport
 from eventbus import Decision
-from eventbus import SafePointOutcome
-from eventbus import SampleWaitState
+from eventbus.runtime import SafePointOutcome
+from eventbus.runtime import SampleWaitState
+
+from ._batch_events import BatchReport
 
 __all__ = [
     "BatchFailedError",

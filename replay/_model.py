@@ -15,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-from eventbus import BatchReport
+from ._batch_events import BatchReport
 
 __all__ = [
     "PARTITIONS",

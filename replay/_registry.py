@@ -20,8 +20,11 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import TypeVar
 
-from eventbus import BatchReport
-
+from ._batch_events import BatchReport
+from ._batch_report import FailureRules
+from ._batch_report import build_report
+from ._batch_report import count_evicted
+from ._batch_report import failures_said
 from ._errors import BatchFailedError
 from ._model import Partition
 from ._model import PromptGroup
@@ -29,11 +32,7 @@ from ._reasons import Admission
 from ._reasons import EvictionReason
 from ._records import Counters
 from ._records import Group
-from ._report import FailureRules
-from ._report import build_report
-from ._report import count_evicted
-from ._report import failures_said
-from ._state import TrackerState
+from ._tracker_state import TrackerState
 from ._validate import check_groups
 from ._waiting import Poll
 from ._waiting import PollTimeout

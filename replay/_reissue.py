@@ -27,7 +27,7 @@ from ._records import IN_FLIGHT
 from ._records import PLACEHOLDER
 
 if TYPE_CHECKING:
-    from ._state import TrackerState
+    from ._tracker_state import TrackerState
 
 __all__ = ["reissue"]
 

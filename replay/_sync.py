@@ -18,10 +18,11 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 
-from eventbus import BatchReconciled
 from eventbus import EventBus
 
-from ._base import BufferBase
+from ._batch_events import BatchReconciled
+from ._batch_report import repeats_the_report
+from ._buffer_base import BufferBase
 from ._errors import RegistrationError
 from ._model import GroupResult
 from ._model import GroupStatus
@@ -29,7 +30,6 @@ from ._model import Partition
 from ._model import PromptGroup
 from ._model import check_partition
 from ._reasons import EvictionReason
-from ._report import repeats_the_report
 from ._stats import PartitionCounts
 from ._tracker import RolloutTracker
 from ._waiting import DEFAULT_INTERRUPTS

@@ -3,7 +3,7 @@ retried rollouts.
 
 The tracker is the admission gate for every rollout result, and it decides when a batch
 is complete. It is built from four pieces, one job each, sharing one
-:class:`~replay._state.TrackerState`:
+:class:`~replay._tracker_state.TrackerState`:
 
 * :mod:`replay._admission`: the admission state machine (:meth:`RolloutTracker.record`);
 * :mod:`replay._batches`: sync-mode batches, their completion and their report;
@@ -30,10 +30,11 @@ from collections.abc import Sequence
 
 import anyio
 
-from eventbus import BatchReport
 from eventbus import EventBus
 
 from ._admission import AdmissionGate
+from ._batch_events import BatchReport
+from ._batch_report import FailureRules
 from ._batches import SyncBatches
 from ._cancel import CancelHook
 from ._grace import GraceWindow
@@ -52,11 +53,10 @@ from ._records import PLACEHOLDER
 from ._records import Group
 from ._registry import AsyncRegistry
 from ._reissue import reissue
-from ._report import FailureRules
 from ._signal import Sleep
-from ._state import TrackerState
 from ._stats import PartitionCounts
 from ._stats import TrackerStatistics
+from ._tracker_state import TrackerState
 from ._validate import check_count
 from ._validate import check_seconds
 from ._waiting import PollTimeout

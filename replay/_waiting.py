@@ -21,9 +21,9 @@ from typing import TypeVar
 
 from eventbus import Decision
 from eventbus import EventBus
-from eventbus import SafePoint
-from eventbus import SampleWait
-from eventbus import SampleWaitState
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SampleWait
+from eventbus.runtime import SampleWaitState
 
 from ._errors import SampleWaitInterrupted
 from ._signal import ChangeSignal
@@ -214,8 +214,8 @@ class WaitReporter:
         if publish:
             bus.publish(SampleWait(state=state))
         if vote:
-            # The state travels whole, as the one detail `wait` (participants read
-            # `safe_point.details["wait"]`, a SampleWaitState).
+            # The state travels whole, as the request's typed field (participants read
+            # `safe_point.wait`, a SampleWaitState).
             outcome = await bus.safe_point(
                 SafePoint.SAMPLE_WAIT, step=step, timeout=self.safe_point_timeout, wait=state
             )

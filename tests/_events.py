@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventbus import SampleWait
-from eventbus import SampleWaitState
-from eventbus import StallDiagnosed
+from eventbus.runtime import SampleWait
+from eventbus.runtime import SampleWaitState
+from eventbus.runtime import StallDiagnosed
 
 _WAIT_DEFAULTS: dict[str, Any] = {
     "mode": "sync",

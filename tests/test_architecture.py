@@ -1,5 +1,5 @@
 """The package's shape, read from its source: no import cycles, allowed dependencies only,
-modules of a readable size.
+one concept a module under a name of its own, a bus that names no training concept.
 
 The graph helpers live in ``tests/_imports.py`` so every package's tests can use them; the
 cycle test below already runs over each package of the repository.
@@ -8,6 +8,7 @@ cycle test below already runs over each package of the repository.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Set
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_the_cycle_finder_sees_type_checking_and_function_level_imports(tmp_path
     assert cycles == [["pkg._a", "pkg._b", "pkg._c", "pkg._a"], ["pkg._e", "pkg._e"]]
 
 
-# What DESIGN.md lets eventbus import besides the standard library.
+# What eventbus may import besides the standard library (docs/architecture.md).
 EVENTBUS_THIRD_PARTY = {"msgspec", "anyio"}
 
 
@@ -66,6 +67,81 @@ def test_eventbus_imports_only_the_stdlib_msgspec_and_anyio() -> None:
             if top and top != "eventbus" and top not in sys.stdlib_module_names:
                 outside.add(top)
     assert outside <= EVENTBUS_THIRD_PARTY
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A name says which module a reader opens: two ``_state.py`` of unrelated concepts make
+    every search a guess. Each package's exceptions are its ``_errors.py``, the one name a
+    top-level package may share."""
+    paths = [
+        path.relative_to(REPOSITORY)
+        for package in ("eventbus", "replay", "trainer")
+        for path in sorted((REPOSITORY / package).rglob("*.py"))
+        if path.name != "__init__.py"
+        and not (path.name == "_errors.py" and len(path.relative_to(REPOSITORY).parts) == 2)
+    ]
+    seen: dict[str, list[str]] = {}
+    for path in paths:
+        seen.setdefault(path.name, []).append(str(path))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+# The bus is the mechanism: every module of eventbus but its face, the table of names that
+# moved out of it (_moved.py: each name and where it went) and the runtime contract's
+# vocabulary (eventbus/runtime/).
+MECHANISM = sorted(
+    path
+    for path in (REPOSITORY / "eventbus").glob("*.py")
+    if path.name not in {"__init__.py", "_moved.py"}
+)
+
+
+def vocabulary() -> set[str]:
+    """What the mechanism may not name: the runtime contract's vocabulary and the events
+    their producers own (replay's, the trainer's)."""
+    import eventbus.runtime
+    import replay
+    import trainer.rollout._faults
+    import trainer.rollout._rollout_events
+    from eventbus import Event
+
+    producers = (replay, trainer.rollout._rollout_events, trainer.rollout._faults)
+    owned = {
+        name
+        for module in producers
+        for name in getattr(module, "__all__", ())
+        if isinstance(getattr(module, name), type) and issubclass(getattr(module, name), Event)
+    }
+    return set(eventbus.runtime.__all__) | owned
+
+
+def test_the_bus_imports_no_vocabulary() -> None:
+    imports = {
+        str(path.relative_to(REPOSITORY)): sorted(
+            name
+            for name in imported_modules(f"eventbus.{path.stem}", path.read_text(encoding="utf-8"))
+            if name.startswith(("eventbus.runtime", "replay", "trainer"))
+        )
+        for path in MECHANISM
+    }
+    assert {path: names for path, names in imports.items() if names} == {}
+
+
+def test_the_bus_names_no_training_concept() -> None:
+    """Not in its code, its messages or its docstrings: no safe point of the trainer's, no
+    lifecycle event, no capability of the runtime contract, no worker's event. (It knows its
+    hosts' safe points, capabilities and requests only through their bases:
+    ``BarrierPoint``, ``CapabilityBase``, ``BarrierRequest``.)"""
+    names = vocabulary()
+    assert {"SafePoint", "SampleWaitState", "Capability", "Host", "WorkerLost"} <= names
+    word = re.compile(r"\b(" + "|".join(sorted(names)) + r")\b")
+    found = [
+        f"{path.relative_to(REPOSITORY)}:{number}: {match[0]}"
+        for path in MECHANISM
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        for match in word.finditer(line)
+    ]
+    assert found == []
 
 
 def test_every_module_states_its_one_concept() -> None:
@@ -143,7 +219,7 @@ def test_the_reach_in_finder_sees_another_objects_private_attribute() -> None:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_no_module_reads_another_objects_private_attributes(package: str) -> None:
-    """Issue 9 §2: the pieces talk through package-level interfaces (the tracker's, the
+    """The pieces talk through package-level interfaces (the tracker's, the
     buffers', an extension's ``Dispatch`` record), never through each other's underscore
     names; in eventbus only through the few listed in ``EVENTBUS_INTERNAL``."""
     found = {

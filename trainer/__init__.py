@@ -10,10 +10,9 @@ command line up to the training itself) does not pay for importing torch.
 """
 
 # Private names only: the package's namespace shows the public API and nothing else.
-import ast as _ast
-import importlib as _importlib
 import typing as _typing
-from pathlib import Path as _Path
+
+from ._faces import Face as _Face
 
 if _typing.TYPE_CHECKING:
     from .cli._progress import PlainProgress as PlainProgress
@@ -32,18 +31,33 @@ if _typing.TYPE_CHECKING:
     from .rollout._backend import RolloutBackend as RolloutBackend
     from .rollout._faults import FAULTS as FAULTS
     from .rollout._faults import Fault as Fault
+    from .rollout._faults import FaultInjected as FaultInjected
     from .rollout._faults import FaultInjector as FaultInjector
     from .rollout._faults import InjectedFault as InjectedFault
+    from .rollout._faulty import inject_faults as inject_faults
     from .rollout._local import LocalBackend as LocalBackend
-    from .rollout._ray import RayBackend as RayBackend
+    from .rollout._rollout_events import RewardTimed as RewardTimed
+    from .rollout._rollout_events import RolloutFailed as RolloutFailed
+    from .rollout._rollout_events import RolloutFinished as RolloutFinished
+    from .rollout._rollout_events import RolloutRestarted as RolloutRestarted
+    from .rollout._rollout_events import RolloutRetried as RolloutRetried
+    from .rollout._rollout_events import RolloutStarted as RolloutStarted
+    from .rollout._rollout_events import WeightsSynced as WeightsSynced
+    from .rollout._rollout_events import WorkerEventsDropped as WorkerEventsDropped
+    from .rollout._rollout_events import WorkerJoined as WorkerJoined
+    from .rollout._rollout_events import WorkerLeft as WorkerLeft
+    from .rollout._rollout_events import WorkerLost as WorkerLost
+    from .rollout._rollout_events import WorkerRestarted as WorkerRestarted
+    from .rollout._rollout_events import WorkerStalled as WorkerStalled
+    from .rollout._rollout_workload import WorkerSpec as WorkerSpec
     from .rollout._worker import RolloutWork as RolloutWork
     from .rollout._worker import RolloutWorker as RolloutWorker
-    from .rollout._workload import WorkerSpec as WorkerSpec
+    from .rollout.ray._ray_backend import RayBackend as RayBackend
     from .runtime._autoscale import AutoscalingExtension as AutoscalingExtension
     from .runtime._autoscale import ScalingPolicy as ScalingPolicy
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
-    from .runtime._decisions import RunAborted as RunAborted
+    from .runtime._decision_table import RunAborted as RunAborted
     from .runtime._runlock import RunFolderError as RunFolderError
     from .runtime._runlock import RunFolderInUse as RunFolderInUse
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
@@ -52,41 +66,18 @@ if _typing.TYPE_CHECKING:
     from .runtime._summary import FitSummary as FitSummary
     from .runtime._trainer import PPOTrainer as PPOTrainer
     from .runtime._view import TrainerView as TrainerView
-    from .runtime.exporters._base import Exporter as Exporter
-    from .runtime.exporters._base import ExportError as ExportError
-    from .runtime.exporters._base import ExporterStatistics as ExporterStatistics
-    from .runtime.exporters._base import RunEnd as RunEnd
-    from .runtime.exporters._base import RunStart as RunStart
+    from .runtime.exporters._exporter import Exporter as Exporter
+    from .runtime.exporters._exporter import ExportError as ExportError
+    from .runtime.exporters._exporter import ExporterStatistics as ExporterStatistics
+    from .runtime.exporters._exporter import RunEnd as RunEnd
+    from .runtime.exporters._exporter import RunStart as RunStart
     from .runtime.exporters._mlflow import MlflowExporter as MlflowExporter
     from .runtime.exporters._prometheus import PrometheusExporter as PrometheusExporter
     from .runtime.exporters._tensorboard import TensorBoardExporter as TensorBoardExporter
     from .runtime.exporters._wandb import WandbExporter as WandbExporter
 
 
-def _exports() -> dict[str, str]:
-    """Each public name and its module, read from this file's ``TYPE_CHECKING`` block."""
-    tree = _ast.parse(_Path(__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, _ast.If))
-    return {
-        alias.name: f"{'.' * node.level}{node.module}"
-        for node in block.body
-        if isinstance(node, _ast.ImportFrom)
-        for alias in node.names
-    }
-
-
-_WHERE = _exports()
-__all__ = tuple(sorted(_WHERE))
-
-
-def __getattr__(name: str) -> _typing.Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module, __name__), name)
-    globals()[name] = value  # resolve once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+_FACE = _Face(__name__, __file__, keep=True)
+__all__ = tuple(_FACE.names())
+__getattr__ = _FACE.attribute
+__dir__ = _FACE.names

@@ -1,11 +1,12 @@
 """The public surface of eventbus, checked from the code and the API reference, not from a
 copy of the list (anyio's ``test_all_attributes`` in spirit).
 
-For each public module (``eventbus``, ``eventbus.testing``): every name in ``__all__``
-resolves, is defined in a private module of the package (or in the public module itself),
-has a docstring and is rendered by ``docs/api/eventbus.md``; nothing else public is defined
-there, and nothing private is re-exported. Every field of every event (and other Struct) is
-described, since the API page lists each field from the docstring's ``Attributes:``.
+For each public module (``eventbus``, ``eventbus.runtime``, ``eventbus.testing``): every
+name in ``__all__`` resolves, is defined in a private module of the package (or in the
+public module itself), has a docstring and is rendered by ``docs/api/eventbus.md``; nothing
+else public is defined there, and nothing private is re-exported. Every field of every event
+(and other Struct) is described, since the API page lists each field from the docstring's
+``Attributes:``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .._docs import rendered
 griffe = pytest.importorskip("griffe")
 
 PACKAGE = "eventbus"
-PUBLIC_MODULES = ("eventbus", "eventbus.testing")
+PUBLIC_MODULES = ("eventbus", "eventbus.runtime", "eventbus.testing")
 ROOT = Path(__file__).resolve().parents[2]
 
 

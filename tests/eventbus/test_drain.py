@@ -1,4 +1,4 @@
-"""Draining before a host reads extension state (issue 10, 2.1): only the extensions whose
+"""Draining before a host reads extension state: only the extensions whose
 state is read are waited for, only for events published before the drain, and never for one
 that is stalled. Waits are on events and an injected clock; deadlines here are safety nets
 that a correct bus never reaches, not measurements."""
@@ -13,15 +13,15 @@ import anyio.lowlevel
 import pytest
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Event
 from eventbus import EventBus
 from eventbus import ExtensionContext
 from eventbus import ExtensionError
-from eventbus import StepStarted
+from eventbus.runtime import Capability
+from eventbus.runtime import StepStarted
 
 # Far longer than any of these tests runs: reaching it means the drain waited for the wrong
-# extension (the behaviour before the fix).
+# extension.
 NEVER = 3600.0
 SAFETY_NET = 30.0
 EVERY_CAPABILITY = frozenset(Capability)

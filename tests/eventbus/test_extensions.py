@@ -10,7 +10,6 @@ import anyio.lowlevel
 import pytest
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
@@ -18,12 +17,13 @@ from eventbus import ExtensionContext
 from eventbus import ExtensionError
 from eventbus import ExtensionFailed
 from eventbus import Registration
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import SafePointResolved
-from eventbus import SampleWait
-from eventbus import StepFinished
-from eventbus import StepStarted
+from eventbus.runtime import Capability
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
 from eventbus.testing import ScriptedVoter
 from eventbus.testing import record_events
 from tests._events import wait_state
@@ -89,7 +89,7 @@ VALID = {
             {k: v for k, v in VALID.items() if k != "required_capabilities"},
             "no attribute 'required_capabilities'",
         ),
-        ({**VALID, "required_capabilities": "events"}, "need an iterable of Capability"),
+        ({**VALID, "required_capabilities": "events"}, "need an iterable of capabilities"),
         (
             {**VALID, "required_capabilities": ("events", "teleport")},
             "unknown capability 'teleport'",
@@ -315,7 +315,7 @@ async def test_sample_wait_reaches_only_extensions_that_ask_for_it() -> None:
     state = wait_state(step=1, required=4, available=1)
     bus = EventBus()
     plain = ScriptedVoter(name="plain")
-    watcher = ScriptedVoter(name="watcher", sample_wait=True)
+    watcher = ScriptedVoter(name="watcher", opt_in=[Capability.SAMPLE_WAIT])
     bus.register_extension(plain)
     bus.register_extension(watcher)
     async with bus.running():
@@ -343,8 +343,10 @@ async def test_safe_point_hook_receives_the_request_and_may_return_a_reason() ->
     bus = EventBus()
     bus.register_extension(Restarter("restarter"))
     async with bus.running():
-        outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, step=7, stalled_for=31.0)
-    assert (seen[0].step, seen[0].details) == (7, {"stalled_for": 31.0})
+        outcome = await bus.safe_point(
+            SafePoint.TERMINAL_FAILURE, step=7, error_type="OSError", message="disk full"
+        )
+    assert (seen[0].step, seen[0].error_type, seen[0].message) == (7, "OSError", "disk full")
     assert outcome.summary() == "restart_required (restarter: worker 2 stalled)"
 
 

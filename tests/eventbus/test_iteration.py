@@ -9,8 +9,8 @@ import anyio
 
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import StepStarted
 from eventbus import Subscription
+from eventbus.runtime import StepStarted
 
 WAIT_S = 5.0  # a deadline for every wait: a lost event fails the test instead of hanging it
 

@@ -10,10 +10,10 @@ import anyio.lowlevel
 import pytest
 
 from eventbus import BusClosedError
-from eventbus import Capability
 from eventbus import EventBus
-from eventbus import FitFinished
-from eventbus import StepStarted
+from eventbus.runtime import Capability
+from eventbus.runtime import FitFinished
+from eventbus.runtime import StepStarted
 from eventbus.testing import HANG
 from eventbus.testing import ScriptedVoter
 

@@ -14,11 +14,11 @@ from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
 from eventbus import Lagged
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StepStarted
 from eventbus import SubscriberOverflowError
 from eventbus import Subscription
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepStarted
 
 ops = st.lists(
     st.tuples(st.sampled_from(["publish", "take"]), st.integers(min_value=1, max_value=12)),
@@ -152,8 +152,8 @@ async def test_safe_point_requests_are_never_dropped_from_a_full_queue() -> None
 
 @pytest.mark.parametrize("overflow", ["drop_oldest", "drop_newest"])
 async def test_a_voter_that_never_reads_keeps_a_bounded_queue(overflow: str) -> None:
-    """Issue 10, 2.2: every safe point used to leave its request (and the SafePointResolved
-    behind it) in the queue of a participant that never reads, however small its limit."""
+    """A participant that never reads holds at most its limit: the requests of safe points
+    it let time out (and the SafePointResolved behind each) do not pile up in its queue."""
     bus = EventBus()
     sub = bus.subscribe(maxsize=8, overflow=overflow, safe_points=True, name="deaf")  # type: ignore[arg-type]
     rounds = 2_000

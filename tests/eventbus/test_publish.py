@@ -15,10 +15,10 @@ import eventbus
 from eventbus import BusClosedError
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import FitStarted
-from eventbus import StepFinished
-from eventbus import StepStarted
 from eventbus import Subscription
+from eventbus.runtime import FitStarted
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
 
 
 async def drain(sub: Subscription) -> list[Event]:
@@ -185,7 +185,7 @@ def test_publishing_a_non_event_is_a_type_error_naming_it() -> None:
         ({"maxsize": 0}, "maxsize"),
         ({"maxsize": True}, "maxsize"),
         ({"overflow": "block"}, "overflow"),
-        ({"safe_points": ["step_boundary"]}, "SafePoint"),
+        ({"safe_points": ["step_boundary"]}, "BarrierPoint"),
     ],
 )
 def test_bad_subscribe_arguments_are_named(kwargs: dict[str, object], message: str) -> None:

@@ -17,12 +17,12 @@ from eventbus import BusNotRunningError
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import SafePoint
 from eventbus import SafePointError
-from eventbus import SafePointReached
-from eventbus import SafePointResolved
-from eventbus import StepStarted
 from eventbus import Subscription
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import StepStarted
 from eventbus.testing import HANG
 from eventbus.testing import ScriptedVoter
 from eventbus.testing import record_events
@@ -88,11 +88,11 @@ async def test_participant_sees_every_earlier_event_before_the_request() -> None
         tg.start_soon(answer)
         for step in range(3):
             bus.publish(StepStarted(step=step))
-        await bus.safe_point(SafePoint.STEP_BOUNDARY, step=3, note="x")
+        await bus.safe_point(SafePoint.AFTER_FIT, step=3, failed=True)
     assert [type(e).__name__ for e in seen] == ["StepStarted"] * 3 + ["SafePointReached"]
     request = seen[-1]
     assert isinstance(request, SafePointReached)
-    assert (request.step, request.details, request.participants) == (3, {"note": "x"}, ("p",))
+    assert (request.step, request.failed, request.participants) == (3, True, ("p",))
     bus.close()
 
 
@@ -135,7 +135,7 @@ async def test_a_vote_that_blocked_the_loop_past_the_deadline_is_recorded_as_lat
     import time
 
     from eventbus import RUNTIME_EXTENSION_API_VERSION
-    from eventbus import Capability
+    from eventbus.runtime import Capability
 
     class Blocks:
         name = "blocks"

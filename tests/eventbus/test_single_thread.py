@@ -25,14 +25,14 @@ import pytest
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StepStarted
 from eventbus import Subscription
 from eventbus._loops import RunningLoop
 from eventbus._order import OrderLock
 from eventbus._order import lock_free
 from eventbus._order import solo_here
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepStarted
 
 WAIT_S = 10.0  # bound of every wait below; never reached when the bus behaves
 GRACE_S = 0.3  # how long a held thread lets the other one (wrongly) get through

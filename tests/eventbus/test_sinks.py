@@ -14,10 +14,10 @@ from eventbus import EventDecodeError
 from eventbus import JsonlSink
 from eventbus import Lagged
 from eventbus import LoggingSink
-from eventbus import SafePoint
-from eventbus import StepFinished
-from eventbus import StepStarted
 from eventbus import read_events
+from eventbus.runtime import SafePoint
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
 from eventbus.testing import ScriptedVoter
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from eventbus import StackFrame
-from eventbus import StuckRollout
-from eventbus import ThreadStack
+from eventbus.runtime import StackFrame
+from eventbus.runtime import StuckRollout
+from eventbus.runtime import ThreadStack
 from tests._events import stall
 
 LIB = StackFrame(file="/usr/lib/python3.11/threading.py", line=327, function="wait", library=True)

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 import replay._admission as admission_module
 from eventbus import EventBus
-from eventbus import RolloutRejected
 from eventbus import decode_event
 from eventbus import encode_event
 from eventbus.testing import record_events
 from replay import Admission
 from replay import PromptGroup
+from replay import RolloutRejected
 from replay import RolloutResult
 from replay import RolloutStatus
 from replay import RolloutTracker
@@ -52,7 +52,7 @@ def test_registered_id_claiming_a_later_step_is_unregistered(make_tracker: MakeT
 
 
 def test_late_result_of_a_reused_id_is_from_an_earlier_step(make_tracker: MakeTracker) -> None:
-    # Issue 355: a result of step 1 arrives while step 2 reuses the same rollout ids.
+    # A result of step 1 arrives while step 2 reuses the same rollout ids.
     tracker = make_tracker()
     step1 = groups_for(1, count=1)
     step2 = groups_for(2, count=1)
@@ -285,7 +285,7 @@ def test_group_ids_in_reissued_groups_keep_the_prompt(make_tracker: MakeTracker)
     assert (again.group_id, again.prompt, again.step) == ("prompt-9", {"text": "abc"}, 3)
 
 
-# --- malformed results (issue 10 §2.3, §2.4) -------------------------------------------
+# --- malformed results -------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from eventbus import BatchReconciled
 from eventbus import EventBus
-from eventbus import SampleWait
+from eventbus.runtime import SampleWait
 from eventbus.testing import record_events
 from replay import Admission
 from replay import AsyncReplayBuffer
 from replay import BatchFailedError
+from replay import BatchReconciled
 from replay import EvictionReason
 from replay import PartitionCounts
 from replay import PromptGroup

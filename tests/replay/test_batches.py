@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from eventbus import BatchReconciled
 from eventbus import EventBus
 from eventbus.testing import record_events
 from replay import Admission
 from replay import BatchFailedError
+from replay import BatchReconciled
 from replay import FailurePolicy
 from replay import GroupStatus
 from replay import PromptGroup

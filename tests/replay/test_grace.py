@@ -96,7 +96,7 @@ async def test_zero_grace_settles_failures_at_once(
 async def test_grace_polls_count_only_after_the_rest_of_the_batch_settled(
     make_tracker: MakeTracker, fake_time: FakeTime
 ) -> None:
-    # Issue 10 §3: the failure comes first, the other rollouts land later. Wake-ups while
+    # The failure comes first, the other rollouts land later. Wake-ups while
     # they are in flight (and the one their results cause) are no grace polls.
     tracker = make_tracker(grace_s=0, grace_polls=2, poll_interval_s=0.25)
     group = first_rollout_failed(tracker, "agent raised", kind="agent_error", rollouts=3)
@@ -147,7 +147,7 @@ def test_is_complete_polled_in_the_callers_own_loop_advances_the_window(
     assert [tracker.is_complete() for _ in range(5)] == [False] * 5
     answers = []
     for _ in range(3):
-        fake_time.now += 1.0  # the caller sleeps between its polls, as the old daemon did
+        fake_time.now += 1.0  # the caller sleeps between its polls
         answers.append(tracker.is_complete())
     assert answers == [False, True, True]
     assert tracker.finalize().report.grace_polls == 2

@@ -8,15 +8,16 @@ import msgspec
 import pytest
 
 import replay._waiting as waiting_module
-from eventbus import BatchReconciled
 from eventbus import Decision
 from eventbus import EventBus
-from eventbus import SafePoint
-from eventbus import SampleWait
-from eventbus import SampleWaitState
+from eventbus.runtime import Capability
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SampleWait
+from eventbus.runtime import SampleWaitState
 from eventbus.testing import ScriptedVoter
 from eventbus.testing import record_events
 from replay import Admission
+from replay import BatchReconciled
 from replay import GroupStatus
 from replay import PartitionCounts
 from replay import RegistrationError
@@ -102,7 +103,9 @@ async def test_each_unsuccessful_poll_publishes_sample_wait(
 async def test_an_interrupting_decision_ends_the_wait_with_the_outcome(
     fake_time: FakeTime, bus: EventBus, decision: Decision
 ) -> None:
-    voter = ScriptedVoter([Decision.CONTINUE, (decision, "stalled")], sample_wait=True)
+    voter = ScriptedVoter(
+        [Decision.CONTINUE, (decision, "stalled")], opt_in=[Capability.SAMPLE_WAIT]
+    )
     bus.register_extension(voter)
     buffer = make_buffer(fake_time, bus)
     buffer.register(groups_for(2, count=2, n=2))
@@ -115,7 +118,7 @@ async def test_an_interrupting_decision_ends_the_wait_with_the_outcome(
     assert voter.points_seen() == [SafePoint.SAMPLE_WAIT] * 2
     # the safe point carries the wait state whole: the very struct the interrupt holds
     assert voter.safe_points[1].step == 2
-    assert voter.safe_points[1].details == {"wait": caught.value.state}
+    assert voter.safe_points[1].wait == caught.value.state
     assert isinstance(caught.value.state, SampleWaitState)
     assert buffer.statistics().interrupted == 1
 
@@ -124,7 +127,9 @@ async def test_the_host_says_which_decisions_interrupt_a_wait(
     fake_time: FakeTime, bus: EventBus
 ) -> None:
     # A host whose table ends a wait on CHECKPOINT only: RESTART_REQUIRED keeps it waiting.
-    voter = ScriptedVoter([Decision.RESTART_REQUIRED, Decision.CHECKPOINT], sample_wait=True)
+    voter = ScriptedVoter(
+        [Decision.RESTART_REQUIRED, Decision.CHECKPOINT], opt_in=[Capability.SAMPLE_WAIT]
+    )
     bus.register_extension(voter)
     tracker = RolloutTracker(clock=fake_time.clock, sleep=fake_time.sleep, poll_interval_s=0.25)
     buffer = ReplayBuffer(tracker, bus=bus, interrupts=lambda d: d is Decision.CHECKPOINT)
@@ -155,7 +160,7 @@ async def test_a_buffer_built_with_the_tracker_alone_waits_by_the_contracts_tabl
 ) -> None:
     from replay import AsyncReplayBuffer
 
-    voter = ScriptedVoter([decision], sample_wait=True)
+    voter = ScriptedVoter([decision], opt_in=[Capability.SAMPLE_WAIT])
     bus.register_extension(voter)
     tracker = RolloutTracker(
         clock=fake_time.clock, sleep=fake_time.sleep, poll_interval_s=0.25, bus=bus
@@ -180,7 +185,7 @@ async def test_a_buffer_built_with_the_tracker_alone_waits_by_the_contracts_tabl
 
 
 async def test_checkpoint_and_continue_keep_waiting(fake_time: FakeTime, bus: EventBus) -> None:
-    voter = ScriptedVoter([Decision.CHECKPOINT, Decision.CONTINUE], sample_wait=True)
+    voter = ScriptedVoter([Decision.CHECKPOINT, Decision.CONTINUE], opt_in=[Capability.SAMPLE_WAIT])
     bus.register_extension(voter)
     buffer = make_buffer(fake_time, bus)
     groups = groups_for(2, count=1, n=1)
@@ -193,7 +198,7 @@ async def test_checkpoint_and_continue_keep_waiting(fake_time: FakeTime, bus: Ev
 
 
 async def test_restart_reissue_and_sample_again(fake_time: FakeTime, bus: EventBus) -> None:
-    voter = ScriptedVoter([Decision.RESTART_REQUIRED], sample_wait=True)
+    voter = ScriptedVoter([Decision.RESTART_REQUIRED], opt_in=[Capability.SAMPLE_WAIT])
     bus.register_extension(voter)
     buffer = make_buffer(fake_time, bus)
     groups = groups_for(5, count=2, n=2)

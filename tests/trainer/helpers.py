@@ -24,6 +24,7 @@ def tiny_config(**overrides: Any) -> TrainerConfig:
         "rollout.grace_s": 0.2,
         "checkpoint.every": 2,
         "safe_point_timeout_s": 10.0,
+        "self_heal.backoff_s": 0.0,
         "self_heal.backoff_max_s": 2.0,
     }
     values.update({key.replace("__", "."): value for key, value in overrides.items()})

@@ -24,18 +24,18 @@ from typing import IO
 from typing import Any
 from typing import NoReturn
 
-from eventbus import BatchReconciled
 from eventbus import Event
 from eventbus import EventDecodeError
-from eventbus import FitStarted
-from eventbus import SafePointResolved
-from eventbus import SampleWait
 from eventbus import decode_event
 from eventbus import event_types
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import SampleWait
+from replay import BatchReconciled
 
-from ..runtime._describe import Context
-from ..runtime._describe import describe
-from ._errors import UsageError
+from ..runtime import Context
+from ..runtime import describe
+from ._usage import UsageError
 
 __all__ = [
     "CONTINUATION",

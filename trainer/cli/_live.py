@@ -13,10 +13,7 @@ and, with self-healing on, counts down to the stall timeout.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from collections.abc import Sequence
-from typing import Any
 
 from rich.console import Console
 from rich.console import Group
@@ -29,22 +26,23 @@ from rich.progress import TimeElapsedColumn
 from rich.text import Text
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
-from eventbus import SampleWait
-from eventbus import StepFinished
-from eventbus import StepStarted
+from eventbus.runtime import Capability
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import Host
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
+from eventbus.runtime import StuckRollout
 
-from ..rollout._backend import Holding
-from ..rollout._logs import also_an_event
-from ..runtime._describe import Context
-from ..runtime._describe import describe
-from ..runtime._describe import skipped_updates
-from ..runtime._selfheal import WaitProgress
+from ..rollout import also_an_event
+from ..runtime import Context
+from ..runtime import WaitProgress
+from ..runtime import describe
+from ..runtime import skipped_updates
 from ._progress import PlainProgress
 from ._progress import is_notice
 
@@ -55,30 +53,32 @@ SILENT_AFTER_S = 1.0
 
 
 def describe_silence(
-    holdings: Sequence[Holding],
-    now: float,
+    held: Sequence[StuckRollout],
     stalled_s: float,
     stall_timeout_s: float | None,
 ) -> str:
     """``silent: local-0.1 (16 rollouts, 4.2 s); stall timeout in 5.8 s``, or ``""``.
 
     Args:
-        holdings: What each worker holds (``since`` on the ``time.monotonic()`` clock).
-        now: ``time.monotonic()`` now.
+        held: The rollouts the workers hold (``Host.held_rollouts``).
         stalled_s: Seconds the wait has gone without a new sample.
         stall_timeout_s: The self-healing stall timeout, None when self-healing is off.
     """
     if stalled_s < SILENT_AFTER_S:
         return ""
     parts = []
-    longest = sorted(holdings, key=lambda h: h.since)[:4]
+    by_worker: dict[str, list[StuckRollout]] = {}
+    for rollout in held:
+        by_worker.setdefault(rollout.worker_id, []).append(rollout)
+    # Who has held work longest first, as (worker, rollouts, seconds).
+    workers = sorted(
+        ((w, len(rs), max(r.held_s for r in rs)) for w, rs in by_worker.items()),
+        key=lambda entry: -entry[2],
+    )
+    longest = workers[:4]
     if longest:
-        shown = ", ".join(
-            f"{h.worker_id} ({sum(len(g.rollout_ids) for g in h.work.groups)} rollouts, "
-            f"{now - h.since:.1f} s)"
-            for h in longest
-        )
-        more = f" and {len(holdings) - len(longest)} more" if len(holdings) > len(longest) else ""
+        shown = ", ".join(f"{w} ({n} rollouts, {held_s:.1f} s)" for w, n, held_s in longest)
+        more = f" and {len(workers) - len(longest)} more" if len(workers) > len(longest) else ""
         parts.append(f"silent: {shown}{more}")
     if stall_timeout_s is not None:
         left = stall_timeout_s - stalled_s
@@ -91,14 +91,19 @@ class LiveProgress:
 
     Args:
         console: Where to draw (default: a new stdout console).
+        stall_timeout_s: Self-healing's stall timeout, counted down to while the trainer
+            waits (None: self-healing is off, no countdown).
     """
 
     name = "trainbus.progress"
     api_version = RUNTIME_EXTENSION_API_VERSION
     required_capabilities = (Capability.EVENTS, Capability.SAMPLE_WAIT)
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(
+        self, console: Console | None = None, *, stall_timeout_s: float | None = None
+    ) -> None:
         self.console = console if console is not None else Console()
+        self.stall_timeout_s = stall_timeout_s
         self._progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -112,7 +117,6 @@ class LiveProgress:
         self._context = Context()
         self._live: Live | None = None
         self._progress_fold = WaitProgress()
-        self._clock: Callable[[], float] = time.monotonic
         self.failure_shown = False  # a FitFailed line printed: the CLI need not repeat it
 
     def start(self, status: str = "starting") -> None:
@@ -123,7 +127,7 @@ class LiveProgress:
             self._live.start()
         self._refresh()
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
+    def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         """Update the bar, the wait line, or print a notice above them."""
         if isinstance(event, FitStarted):
             self._begin(event)
@@ -143,13 +147,9 @@ class LiveProgress:
             self.console.print(describe(event, self._context), highlight=False, markup=False)
         self._refresh()
 
-    def _silence(self, host: Any, stalled_s: float) -> str:
-        holdings = getattr(host, "rollout_holdings", None)
-        config = getattr(host, "config", None)
-        heal = getattr(config, "self_heal", None)
-        timeout = heal.stall_timeout_s if heal is not None and heal.enabled else None
-        held: tuple[Holding, ...] = holdings() if holdings is not None else ()
-        return describe_silence(held, self._clock(), stalled_s, timeout)
+    def _silence(self, host: Host | None, stalled_s: float) -> str:
+        held = host.held_rollouts() if host is not None else ()
+        return describe_silence(held, stalled_s, self.stall_timeout_s)
 
     def _begin(self, event: FitStarted) -> None:
         self._context = Context(total_steps=event.total_steps)
@@ -186,9 +186,10 @@ class LiveProgress:
 
 
 def progress_view(
-    *, live: bool, verbose: bool
+    *, live: bool, verbose: bool, stall_timeout_s: float | None = None
 ) -> tuple[PlainProgress | LiveProgress, logging.Handler]:
-    """The command line's progress view and the log handler that goes with it.
+    """The command line's progress view and the log handler that goes with it
+    (``stall_timeout_s``: self-healing's, for the live view's countdown).
 
     The live view draws its first frame at once: loading torch, the model and the workers
     takes seconds, and a blank screen looks like a hang. Without ``verbose`` the handler
@@ -200,7 +201,7 @@ def progress_view(
     if live:
         from rich.logging import RichHandler
 
-        view = LiveProgress()
+        view = LiveProgress(stall_timeout_s=stall_timeout_s)
         view.start("starting: loading torch, the model and the rollout workers")
         # Log records go through the live view's console, above the bar, not through it.
         handler = RichHandler(console=view.console, show_path=False, markup=False)

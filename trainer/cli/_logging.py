@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from ..rollout._stacks import is_library
+from ..rollout import is_library
 
 __all__ = ["OWN_LOGGERS", "is_own", "log_to", "threshold"]
 

@@ -20,22 +20,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from ..config._export import exporter_flag
-from ..rollout._faults import FAULT_HELP
-from ..rollout._faults import FAULTS
-from ..runtime._run import check_layout
-from ..runtime._runlock import RunFolderError
-from ..runtime._runlock import check_unowned
-from ._errors import EXIT_USAGE
-from ._errors import UsageError
+from ..config import exporter_flag
+from ..rollout import FAULT_HELP
+from ..rollout import FAULTS
+from ..runtime import RunFolderError
+from ..runtime import check_layout
+from ..runtime import check_unowned
 from ._logging import log_to
+from ._model_commands import run_workload_command
 from ._parser import build_parser
-from ._workload import run_workload_command
+from ._usage import EXIT_USAGE
+from ._usage import UsageError
 
 if TYPE_CHECKING:
-    from ..config._schema import TrainerConfig
-    from ..rollout._faults import FaultInjector
-    from ..runtime._trainer import PPOTrainer
+    from ..config import TrainerConfig
+    from ..rollout import FaultInjector
+    from ..runtime import PPOTrainer
 __all__ = ["main"]
 
 
@@ -88,11 +88,11 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _config_command(args: argparse.Namespace) -> int:
-    from ..config._schema import ConfigError
-    from ..config._schema import load_config
-    from ..config._toml import example_toml
-    from ..config._toml import key_table
-    from ..config._toml import to_toml
+    from ..config import ConfigError
+    from ..config import example_toml
+    from ..config import key_table
+    from ..config import load_config
+    from ..config import to_toml
 
     if args.config_command == "example":
         print(key_table() if args.markdown else example_toml(), end="")
@@ -310,8 +310,8 @@ def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | Non
 
     from eventbus import ExtensionError
 
-    from ..rl._hparams import WorkloadError
-    from ..runtime._trainer import PPOTrainer
+    from ..rl import WorkloadError
+    from ..runtime import PPOTrainer
 
     torch.set_num_threads(1)  # small models next to a busy event loop (see DEVELOPERS.md)
     try:
@@ -321,11 +321,11 @@ def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | Non
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ..config._schema import ConfigError
-    from ..config._schema import convert
-    from ..config._schema import load_config
-    from ..rollout._faults import FaultInjector
-    from ..runtime._describe_workers import count
+    from ..config import ConfigError
+    from ..config import convert
+    from ..config import load_config
+    from ..rollout import FaultInjector
+    from ..runtime import count
 
     if "help" in args.inject:
         width = max(map(len, FAULTS))
@@ -364,7 +364,9 @@ def _train(args: argparse.Namespace) -> int:
     from ._live import progress_view
 
     view, handler = progress_view(
-        live=not args.no_progress and sys.stdout.isatty(), verbose=args.verbose
+        live=not args.no_progress and sys.stdout.isatty(),
+        verbose=args.verbose,
+        stall_timeout_s=config.self_heal.stall_timeout_s if config.self_heal.enabled else None,
     )
     # The progress view reports restarts, faults and drops as events; the log adds this
     # project's warnings and every library's errors (everything from INFO with --verbose).

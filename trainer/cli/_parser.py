@@ -15,11 +15,11 @@ from typing import Any
 from typing import NoReturn
 from typing import get_args
 
-from ..rollout._faults import FAULTS
-from ._errors import UsageError
+from ..rollout import FAULTS
+from ._model_commands import add_workload_commands
 from ._runs import add_run_commands
 from ._trl_resume import add_trl_commands
-from ._workload import add_workload_commands
+from ._usage import UsageError
 
 __all__ = ["Parser", "build_parser"]
 
@@ -39,7 +39,7 @@ class Parser(argparse.ArgumentParser):
         return namespace, extras
 
     def error(self, message: str) -> NoReturn:
-        from ..rl._names import did_you_mean
+        from ..rl import did_you_mean
 
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:  # a near miss of a command or a flag's value says which one was meant
@@ -55,10 +55,10 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The ``trainbus`` command line."""
     # A flag's values are the schema's: a value added there is accepted here.
-    from ..config._schema import BackendName
-    from ..config._schema import Device
-    from ..config._schema import RunMode
-    from ..rl._hparams import DtypeName
+    from ..config import BackendName
+    from ..config import Device
+    from ..config import RunMode
+    from ..rl import DtypeName
 
     parser = Parser(prog="trainbus", description="RL trainer runtime with a typed event bus.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)

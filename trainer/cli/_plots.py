@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eventbus import CheckpointRestored
 from eventbus import Event
-from eventbus import RolloutRestarted
-from eventbus import StepStarted
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import StepStarted
 
-from ..runtime._fold import REWARD_METRIC
-from ..runtime._fold import WAIT_METRIC
-from ._errors import UsageError
+from ..rollout import RolloutRestarted
+from ..runtime import REWARD_METRIC
+from ..runtime import WAIT_METRIC
 from ._rundata import RunData
+from ._usage import UsageError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

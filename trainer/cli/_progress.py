@@ -14,25 +14,26 @@ import sys
 from typing import TextIO
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import BatchReconciled
-from eventbus import Capability
-from eventbus import CheckpointRestored
 from eventbus import Event
 from eventbus import ExtensionContext
 from eventbus import ExtensionFailed
-from eventbus import FaultInjected
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
 from eventbus import Lagged
-from eventbus import RolloutRestarted
-from eventbus import SampleWait
-from eventbus import StepFinished
-from eventbus import WorkerLost
-from eventbus import WorkerRestarted
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import Host
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
 
-from ..runtime._describe import Context
-from ..runtime._describe import describe
+from ..rollout import FaultInjected
+from ..rollout import RolloutRestarted
+from ..rollout import WorkerLost
+from ..rollout import WorkerRestarted
+from ..runtime import Context
+from ..runtime import describe
 
 __all__ = ["NOTICES", "PlainProgress", "is_notice"]
 
@@ -91,7 +92,7 @@ class PlainProgress:
     def close(self) -> None:
         """Nothing to stop: every line is printed as it comes (the live view's twin)."""
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
+    def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         """Print what a user should see of ``event``."""
         line = self.line(event)
         if line and not self._reader_gone:

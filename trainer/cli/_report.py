@@ -21,11 +21,12 @@ import msgspec
 
 from eventbus import Decision
 
-from ..integrations._trl_launch import LAUNCH_FILE
-from ..runtime._describe import describe
-from ..runtime._fold import REWARD_METRIC
-from ..runtime._fold import FitSummary
-from ..runtime._runlock import last_owner
+from ..integrations import LAUNCH_FILE
+from ..runtime import REWARD_METRIC
+from ..runtime import FitSummary
+from ..runtime import StallSummary
+from ..runtime import describe
+from ..runtime import last_owner
 from ._plots import write_plots
 from ._rundata import RunData
 from ._rundata import load_run
@@ -259,9 +260,7 @@ def _restarts(run: RunData) -> str:
     if run.fold is not None:
         lines = [describe(e) for e in run.fold.restart_events]
     else:
-        lines = [
-            f"step {r.get('step')} {r.get('kind')}: {r.get('reason')}" for r in run.summary.restarts
-        ]
+        lines = [f"step {r.step} {r.kind}: {r.reason}" for r in run.summary.restarts]
     return "\n".join([str(len(lines)), *lines]) if lines else "none"
 
 
@@ -272,21 +271,21 @@ def _stalls(run: RunData) -> str:
         return "none"
     # From the run's beginning (a start stall comes before the first FitStarted).
     origin = min(
-        [s["began"] for s in stalls]
+        [s.began for s in stalls]
         + [a.began for a in run.summary.attempts[:1] if a.began]
         + [e.time for e in run.events[:1]]
     )
     return "\n".join([str(len(stalls)), *(stall_line(s, origin) for s in stalls)])
 
 
-def stall_line(stall: dict[str, Any], origin: float) -> str:
+def stall_line(stall: StallSummary, origin: float) -> str:
     """``step 4 rollouts at +12.3 s, 6.2 s: worker ... stuck in ...; rollout side ...``
     (``origin``: the wall-clock time the offsets count from)."""
-    ended_by = stall["ended_by"]
+    ended_by = stall.ended_by
     at_least = "" if ended_by else "at least "
     return (
-        f"step {stall['step']} {stall['stage']} at +{stall['began'] - origin:.1f} s, "
-        f"{at_least}{stall['lasted_s']:.1f} s: {stall['where']}; "
+        f"step {stall.step} {stall.stage} at +{stall.began - origin:.1f} s, "
+        f"{at_least}{stall.lasted_s:.1f} s: {stall.where}; "
         f"{ended_by or 'still stalled when the log ends'}"
     )
 
@@ -296,8 +295,7 @@ def _notable(run: RunData) -> str:
         lines = [describe(e) for e in run.fold.notable_events]
     else:
         lines = [
-            f"{d.get('point')} at step {d.get('step')}: {d.get('why')}"
-            for d in run.summary.notable_decisions
+            f"{d.point.value} at step {d.step}: {d.why}" for d in run.summary.notable_decisions
         ]
     return "\n".join(lines) or "none"
 

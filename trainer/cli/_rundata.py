@@ -19,17 +19,17 @@ import msgspec
 
 from eventbus import Event
 from eventbus import Lagged
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import StepFinished
 
-from ..runtime._fold import FitSummary
-from ..runtime._fold import RunFold
-from ..runtime._fold import fold_events
-from ..runtime._metrics import named
-from ..runtime._run import EVENTS_FILE
-from ..runtime._run import METRICS_FILE
-from ..runtime._run import SUMMARY_FILE
-from ._errors import UsageError
+from ..runtime import EVENTS_FILE
+from ..runtime import METRICS_FILE
+from ..runtime import SUMMARY_FILE
+from ..runtime import FitSummary
+from ..runtime import RunFold
+from ..runtime import fold_events
+from ..runtime import named
+from ._usage import UsageError
 
 __all__ = ["RUN_FILES", "RunData", "is_run_folder", "load_run", "read_metrics", "run_folder"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from ._errors import UsageError
+from ._usage import UsageError
 
 if TYPE_CHECKING:
     from ._rundata import RunData

@@ -24,14 +24,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..integrations._trl_launch import RESUME_ENV
-from ..integrations._trl_launch import last_checkpoint
-from ..integrations._trl_launch import read_launch
-from ..runtime._runlock import last_owner
-from ._errors import EXIT_USAGE
-from ._errors import UsageError
+from ..integrations import RESUME_ENV
+from ..integrations import last_checkpoint
+from ..integrations import read_launch
+from ..runtime import last_owner
 from ._rundata import load_run
 from ._rundata import run_folder
+from ._usage import EXIT_USAGE
+from ._usage import UsageError
 
 __all__ = ["add_trl_commands", "run_trl_resume"]
 

@@ -13,8 +13,8 @@ from typing import Literal
 import msgspec
 from msgspec import Meta
 
-from ..rl._bounds import MAX_SECONDS
-from ..rl._names import did_you_mean
+from ..rl import MAX_SECONDS
+from ..rl import did_you_mean
 
 __all__ = [
     "EXPORTER_NAMES",

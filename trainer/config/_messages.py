@@ -13,7 +13,7 @@ import re
 import msgspec
 import msgspec.inspect
 
-from ..rl._names import did_you_mean
+from ..rl import did_you_mean
 
 __all__ = ["readable"]
 

@@ -6,7 +6,7 @@ run's own), ``HOST[:PORT]`` (a head's GCS, port 6379 by default) or ``ray://HOST
 (its Ray Client server, port 10001). The configuration refuses anything else before the run
 folder is made (one line, exit status 2): a mistyped port found only once the run has
 started leaves a run folder and an exit status that say the run failed, not the flag. The
-backend probes the host and port parsed here before ``ray.init`` (:mod:`..rollout._ray_session`).
+backend probes the host and port parsed here before ``ray.init`` (:mod:`..rollout.ray._session`).
 """
 
 from __future__ import annotations

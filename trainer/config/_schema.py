@@ -22,17 +22,17 @@ import msgspec
 import msgspec.inspect
 from msgspec import Meta
 
-from ..rl._bounds import MAX_COUNT
-from ..rl._bounds import MAX_SECONDS
-from ..rl._bounds import check_fields
-from ..rl._bounds import check_finite
-from ..rl._bounds import within
-from ..rl._hf import ModelLoadError
-from ..rl._hf import check_model_folder
-from ..rl._hparams import PolicyConfig
-from ..rl._hparams import PPOConfig
-from ..rl._tasks import VOCAB_SIZE
-from ..rl._tasks import make_task
+from ..rl import MAX_COUNT
+from ..rl import MAX_SECONDS
+from ..rl import VOCAB_SIZE
+from ..rl import ModelLoadError
+from ..rl import PolicyConfig
+from ..rl import PPOConfig
+from ..rl import check_fields
+from ..rl import check_finite
+from ..rl import check_model_folder
+from ..rl import make_task
+from ..rl import within
 from ._export import ExportConfig
 from ._messages import readable
 from ._ray_address import check_ray_address
@@ -316,9 +316,11 @@ class SelfHealConfig(_Section, frozen=True, kw_only=True):
         enabled: Register ``SelfHealingExtension``.
         stall_timeout_s: No progress in available samples for this long while rollouts are
             outstanding counts as a stall.
-        max_restarts: Restarts allowed for terminal failures over the run.
-        backoff_s: First wait before a recovery restart (doubles each time).
-        backoff_max_s: Longest wait between recovery restarts.
+        max_restarts: The run's restart budget, whatever voted for the restarts: restarts
+            of one step, of either kind (the rollout side for a stall, the last checkpoint
+            restored for a failure).
+        backoff_s: Wait before a step's first restart (doubles with each further one).
+        backoff_max_s: Longest wait before a restart.
     """
 
     enabled: bool = False
@@ -446,14 +448,6 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
                 f"rollout.standby is {rollout.standby} but rollout.backend is "
                 f"{rollout.backend!r}; a warm standby needs the ray backend (local workers "
                 f"are threads, replaced at once anyway)"
-            )
-        heal = self.self_heal
-        if heal.enabled and heal.backoff_max_s >= self.safe_point_timeout_s:
-            # The backoff is slept inside the vote: a vote that outlasts the safe point
-            # times out, counts as CONTINUE, and the recovery silently does not happen.
-            raise ValueError(
-                f"self_heal.backoff_max_s ({heal.backoff_max_s}) must be below "
-                f"safe_point_timeout_s ({self.safe_point_timeout_s})"
             )
         for spec in self.extensions:
             module, colon, attr = spec.partition(":")

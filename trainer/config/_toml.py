@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ..rl._hparams import BUILTIN_NETWORK_KEYS
+from ..rl import BUILTIN_NETWORK_KEYS
 from ._schema import TrainerConfig
 
 __all__ = ["KEY_TABLE_BEGIN", "KEY_TABLE_END", "example_toml", "key_table", "to_toml"]

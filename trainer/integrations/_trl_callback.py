@@ -56,41 +56,43 @@ from typing import Any
 import msgspec
 from transformers import TrainerCallback
 
-from eventbus import BatchReconciled
-from eventbus import BatchReport
-from eventbus import Capability
-from eventbus import CheckpointRestored
-from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
 from eventbus import Registration
-from eventbus import RolloutRejected
-from eventbus import SafePoint
-from eventbus import SafePointOutcome
-from eventbus import SafePointReached
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import StepStarted
 from eventbus import Subscription
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
+from replay import BatchReconciled
+from replay import BatchReport
+from replay import RolloutRejected
 
-from ..config._export import ExportConfig
-from ..config._export import exporter_flag
-from ..rl._rewards import RewardFailure
-from ..rollout._stacks import StackReader
-from ..runtime._decisions import Action
-from ..runtime._decisions import RunAborted
-from ..runtime._decisions import action_for
-from ..runtime._extload import load_extension
-from ..runtime._fold import RunFold
-from ..runtime._metrics import from_trl
-from ..runtime._run import RunFolder
-from ..runtime._stall import StallWatch
-from ..runtime._state import extension_states
-from ..runtime._state import load_extension_states
+from ..config import ExportConfig
+from ..config import SelfHealConfig
+from ..config import exporter_flag
+from ..rl import RewardFailure
+from ..rollout import StackReader
+from ..runtime import Action
+from ..runtime import RestartBudget
+from ..runtime import RunAborted
+from ..runtime import RunFold
+from ..runtime import RunFolder
+from ..runtime import StallWatch
+from ..runtime import action_for
+from ..runtime import extension_states
+from ..runtime import from_trl
+from ..runtime import load_extension
+from ..runtime import load_extension_states
 from ._trl_decisions import TrlAction
 from ._trl_decisions import steer
 from ._trl_launch import RESUME_ENV
@@ -236,13 +238,17 @@ class TrainbusCallback(TrainerCallback):
         self.files = RunFolder(self.out_dir)
         self.registrations: list[Registration] = []
         if self_heal:
-            from ..runtime._selfheal import SelfHealingExtension
+            from ..runtime import SelfHealingExtension
 
             self.registrations.append(self.bus.register_extension(SelfHealingExtension()))
         for extension in extensions:
             loaded = load_extension(extension) if isinstance(extension, str) else extension
             self.registrations.append(self.bus.register_extension(loaded))
         self._exporters: list[Registration] | None = None  # built when training first begins
+        # Recoveries in the same process, within the restart budget of [self_heal]'s
+        # defaults, after its backoff (slept on the training thread, where training goes on).
+        self.restarts = RestartBudget.from_config(SelfHealConfig())
+        self._backoff_sleep: Callable[[float], None] = time.sleep
         self._ranks = ranks
         self._clock = clock
         self._watchdog_sleep = watchdog_sleep
@@ -403,7 +409,7 @@ class TrainbusCallback(TrainerCallback):
         ranks = self._ranks if self._ranks is not None else rank_votes()
         self.view.attach(args, state, ranks.rank, ranks.world_size)
         if main and self.export.to and self._exporters is None:
-            from ..runtime.exporters._build import build_exporters
+            from ..runtime import build_exporters
 
             self._exporters = [
                 self.bus.register_extension(exporter)
@@ -455,12 +461,15 @@ class TrainbusCallback(TrainerCallback):
                     world_size=fit.ranks.world_size,
                 ),
             )
+        run_id = (fit.fold.summary().run_id if fit.fold is not None else "") or uuid.uuid4().hex[
+            :12
+        ]
+        self.view.started(run_id)
         if self.bus.wants(FitStarted):
-            run_id = fit.fold.summary().run_id if fit.fold is not None else ""
             self._publish(
                 fit,
                 FitStarted(
-                    run_id=run_id or uuid.uuid4().hex[:12],
+                    run_id=run_id,
                     start_step=state.global_step,
                     total_steps=state.max_steps,
                     mode="sync",
@@ -908,6 +917,12 @@ class TrainbusCallback(TrainerCallback):
         if checkpoint is None:
             logger.error("no checkpoint in %s to recover from", output_dir)
             return None
+        delay = self.restarts.take(failed)
+        if delay is None:
+            logger.error("not recovering step %d: %s", failed, self.restarts.spent(failed))
+            return None
+        if delay > 0:
+            self._backoff_sleep(delay)
         step = int(checkpoint.name.rpartition("-")[2])
         logger.warning(
             "step %d failed (%s: %s); training on from %s: %s",

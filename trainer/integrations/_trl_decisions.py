@@ -1,6 +1,6 @@
 """What a Hugging Face Trainer does with each decision at a step boundary: one table.
 
-The trainbus trainer's own table (``trainer.runtime._decisions``) maps a decision onto what
+The trainbus trainer's own table (``trainer.runtime._decision_table``) maps a decision onto what
 its loop does; inside a Hugging Face Trainer the loop is the Trainer's, steered by the flags of
 its ``TrainerControl``. :data:`AT_STEP_BOUNDARY` is DESIGN's ``STEP_BOUNDARY`` column in those
 terms, and :func:`steer` is the one place that sets the flags. There is no rollout side to

@@ -22,7 +22,7 @@ from typing import Protocol
 import msgspec
 
 from eventbus import Decision
-from eventbus import SafePointOutcome
+from eventbus.runtime import SafePointOutcome
 
 __all__ = [
     "RANKS_VOTER",

@@ -27,13 +27,13 @@ from typing import Protocol
 from typing import TypeVar
 from typing import overload
 
-from eventbus import BatchReport
+from replay import BatchReport
 
-from ..rl._rewards import RewardError
-from ..rl._rewards import RewardFailure
-from ..rl._rewards import RewardFunction
-from ..rl._rewards import reward_function
-from ..rollout._scoring import verdicts
+from ..rl import RewardError
+from ..rl import RewardFailure
+from ..rl import RewardFunction
+from ..rl import reward_function
+from ..rollout import verdicts
 
 __all__ = ["GuardedReward", "RewardLedger", "RewardRecord", "guard_rewards"]
 

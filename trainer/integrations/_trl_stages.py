@@ -21,8 +21,8 @@ from collections.abc import Iterable
 
 import msgspec
 
-from eventbus import StackFrame
-from eventbus import ThreadStack
+from eventbus.runtime import StackFrame
+from eventbus.runtime import ThreadStack
 
 __all__ = ["FRAMEWORK_PACKAGES", "STAGE_FRAMES", "framework_frames", "stage_of"]
 

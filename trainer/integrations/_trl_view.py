@@ -1,10 +1,10 @@
 """What extensions see of a Hugging Face Trainer's run: ``context.host``, a :class:`TrlView`.
 
-Read-only, like the trainbus trainer's :class:`~trainer.runtime._view.TrainerView`, and shaped
-like it where the two hosts share a notion (``step``, ``config``, ``out_dir``), so an extension
-or exporter written for one reads the other: ``config`` is the Trainer's
-``TrainingArguments`` (a ``GRPOConfig``), whose ``to_dict()`` the exporters log as the run's
-parameters.
+The runtime contract's :class:`~eventbus.runtime.Host`, like the trainbus trainer's
+:class:`~trainer.runtime._view.TrainerView`, so an extension or exporter written for one
+runs on the other: ``config`` is the Trainer's ``TrainingArguments`` (a ``GRPOConfig``),
+whose ``to_dict()`` the exporters log as the run's parameters. A Hugging Face Trainer has no
+rollout workers: it holds none, and asking for some is refused.
 """
 
 from __future__ import annotations
@@ -12,10 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from eventbus import ExtensionError
+from eventbus.runtime import Host
+from eventbus.runtime import HostConfig
+from eventbus.runtime import StuckRollout
+
 __all__ = ["TrlView"]
 
 
-class TrlView:
+class TrlView(Host):
     """What extensions see of a Hugging Face Trainer's run as ``context.host``.
 
     Args:
@@ -28,11 +33,21 @@ class TrlView:
         self._state: Any = None
         self._rank = 0
         self._world_size = 1
+        self._run_id = ""
 
     def attach(self, args: Any, state: Any, rank: int, world_size: int) -> None:
         """The Trainer's arguments and state, as ``on_train_begin`` hands them over."""
         self._args, self._state = args, state
         self._rank, self._world_size = rank, world_size
+
+    def started(self, run_id: str) -> None:
+        """The run's id, decided as training begins (kept across resumes)."""
+        self._run_id = run_id
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (empty before training begins)."""
+        return self._run_id
 
     @property
     def step(self) -> int:
@@ -45,9 +60,10 @@ class TrlView:
         return int(getattr(self._state, "max_steps", 0))
 
     @property
-    def config(self) -> Any:
+    def config(self) -> HostConfig | None:
         """The Trainer's ``TrainingArguments`` (None before training begins)."""
-        return self._args
+        config: HostConfig | None = self._args
+        return config
 
     @property
     def out_dir(self) -> Path | None:
@@ -69,3 +85,24 @@ class TrlView:
     def world_size(self) -> int:
         """The processes training together."""
         return self._world_size
+
+    @property
+    def workers(self) -> int:
+        """0: a Hugging Face Trainer generates in its own process, with no rollout workers."""
+        return 0
+
+    def request_workers(self, workers: int, *, reason: str = "") -> None:
+        """Refused: there are no rollout workers to resize (this host does not offer
+        ``Capability.MEMBERSHIP``, so no extension that needs it registers here).
+
+        Raises:
+            ExtensionError: Always.
+        """
+        raise ExtensionError(
+            "request_workers: a Hugging Face Trainer has no rollout workers to resize"
+        )
+
+    def held_rollouts(self) -> tuple[StuckRollout, ...]:
+        """None: no rollout worker holds anything (a stuck generation or reward call shows
+        in a stall diagnosis of the training thread instead)."""
+        return ()

@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable
 
 from eventbus import EventBus
-from eventbus import StallDiagnosed
+from eventbus.runtime import StallDiagnosed
 
-from ..rollout._stacks import StackReader
-from ..rollout._stacks import helpers_of
-from ..runtime._diagnosis import StallWatchdog
-from ..runtime._stall import Stall
-from ..runtime._stall import StallWatch
+from ..rollout import StackReader
+from ..rollout import helpers_of
+from ..runtime import Stall
+from ..runtime import StallWatch
+from ..runtime import StallWatchdog
 from ._trl_stages import framework_frames
 from ._trl_stages import stage_of
 

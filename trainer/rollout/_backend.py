@@ -22,18 +22,20 @@ from typing import Protocol
 from typing import runtime_checkable
 
 from eventbus import Event
-from eventbus import ThreadStack
+from eventbus.runtime import StuckRollout
+from eventbus.runtime import ThreadStack
 from replay import RolloutResult
 
-from ..config._schema import RolloutWorkers
-from ..config._schema import within
+from ..config import RolloutWorkers
+from ..config import within
+from ._worker_exits import WorkAbandoned
+from ._worker_exits import WorkerGone
 
 if TYPE_CHECKING:  # the worker modules import torch; this interface module must not
-    from ..rl._weights import PolicyWeights
-    from ._faults import FaultInjector
+    from ..rl import PolicyWeights
+    from ._rollout_workload import WorkerSpec
     from ._stacks import StackReader
     from ._worker import RolloutWork
-    from ._workload import WorkerSpec
 
 __all__ = [
     "BackendBase",
@@ -44,6 +46,9 @@ __all__ = [
     "Leave",
     "ResultSink",
     "RolloutBackend",
+    "WorkAbandoned",
+    "WorkerGone",
+    "stuck_rollouts",
 ]
 
 
@@ -143,6 +148,23 @@ class Holding:
     since: float
 
 
+def stuck_rollouts(holdings: Iterable[Holding], now: float) -> tuple[StuckRollout, ...]:
+    """Every rollout of ``holdings``, with the worker holding it and for how long (``now``
+    on the ledger's clock): what a stall diagnosis and ``Host.held_rollouts`` report."""
+    return tuple(
+        StuckRollout(
+            rollout_id=rollout_id,
+            group_id=group.group_id,
+            attempt=group.attempt,
+            worker_id=holding.worker_id,
+            held_s=now - holding.since,
+        )
+        for holding in holdings
+        for group in holding.work.groups
+        for rollout_id in group.rollout_ids
+    )
+
+
 class HoldingLedger:
     """Who holds which work: backends record a worker taking work and delivering it.
 
@@ -229,21 +251,19 @@ class Leave:
 
 
 class BackendBase:
-    """What every backend keeps: what its workers build, how many there are, the faults to
-    inject, the sink it reports to, its counters and who holds which work.
+    """What every backend keeps: what its workers build, how many there are, the sink it
+    reports to, its counters and who holds which work.
 
     Args:
         spec: What each worker builds (task, policy, temperature).
         workers: How many workers (1 to 64, as ``[rollout] workers``).
-        faults: Fault injection (tests and ``--inject``); None for none.
     """
 
     name: str  # set by each backend class
 
-    def __init__(self, spec: WorkerSpec, workers: int, faults: FaultInjector | None) -> None:
+    def __init__(self, spec: WorkerSpec, workers: int) -> None:
         self.spec = spec
         self.workers = workers
-        self._faults = faults
         self._sink: ResultSink | None = None  # given by start()
         self._lock = threading.Lock()  # counts bumped on several threads
         self._counts = BackendCounters()

@@ -1,17 +1,14 @@
-"""The rollout side of a run: dispatching prompt groups, collecting batches, restarting.
+"""The rollout side of a run: the driver between the trainer, the replay buffer and the
+backend, and what it shares across modes (the buffer, starting, restarting, resizing).
 
-The driver sits between the trainer, the replay buffer and the backend. It is the backend's
-:class:`ResultSink`, so every result goes through the buffer's tracker (the admission gate)
-whatever thread it arrives on. There is one driver per mode behind one interface
-(:class:`RolloutDriver`; :func:`make_driver` picks by ``run.mode``):
-
-* :class:`SyncDriver` draws the step's prompts and waits for exactly that batch (on-policy);
-* :class:`AsyncDriver` keeps about two batches of groups in flight, tagged with the policy
-  version at dispatch, and samples any that are fresh enough.
+The driver is the backend's result sink (:mod:`._result_sink`), splits prompt groups into
+work (:mod:`._work_dispatch`), and has one strategy per mode behind one interface
+(:mod:`._modes`; :func:`~trainer.rollout._modes.make_driver` picks by ``run.mode``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -24,45 +21,57 @@ from dataclasses import KW_ONLY
 from dataclasses import dataclass
 from dataclasses import field
 
-from eventbus import Event
+import anyio
+
+from eventbus import Decision
 from eventbus import EventBus
-from eventbus import RolloutRestarted
-from eventbus import WorkerJoined
-from eventbus import WorkerLeft
-from eventbus import WorkerLost
-from eventbus import WorkerRestarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
 from replay import AsyncReplayBuffer
-from replay import EvictionReason
 from replay import GroupResult
-from replay import PromptGroup
 from replay import ReplayBuffer
-from replay import RolloutResult
 from replay import RolloutTracker
+from replay import SampleWaitInterrupted
 from replay import TrackerStatistics
 from replay import WaitInterrupts
 
-from ..config._schema import TrainerConfig
-from ..rl._tasks import Prompt
-from ..rl._tasks import PromptSource
-from ..rl._weights import PolicyWeights
+from ..config import TrainerConfig
+from ..rl import PolicyWeights
+from ..rl import Prompt
+from ..rl import PromptSource
 from ._backend import RolloutBackend
 from ._failures import FailureLog
 from ._logs import ALSO_AN_EVENT
-from ._worker import RolloutWork
-from ._worker import chunk
-from ._worker import work_seed
-from ._worker_events import WORKER_EVENTS
-from ._worker_events import EventRequest
+from ._result_sink import DriverSink
+from ._rollout_events import RolloutRestarted
+from ._rollout_events import asked
+from ._work_dispatch import Dispatch
 
-__all__ = ["AsyncDriver", "RestartRecord", "RolloutDriver", "SyncDriver", "make_driver"]
+__all__ = ["RolloutDriver", "WaitEnded"]
 
 logger = logging.getLogger("trainbus.rollouts")
 
-RestartRecord = dict[str, object]
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEnded:
+    """How a sample wait ended without its batch.
+
+    Attributes:
+        outcome: The ``SAMPLE_WAIT`` outcome that ended it; None when rollouts were lost
+            and nobody takes part in the safe point (no decision could save the wait).
+        lost: Why nothing can deliver the batch (workers lost with its rollouts), if so.
+    """
+
+    outcome: SafePointOutcome | None
+    lost: str | None
 
 
 @dataclass(eq=False)
-class RolloutDriver(ABC):
+class RolloutDriver(DriverSink, Dispatch, ABC):
     """Dispatches prompt groups to a backend and hands finished batches to the trainer.
 
     What differs between the modes (which prompts to dispatch when, how to sample, what a
@@ -75,6 +84,9 @@ class RolloutDriver(ABC):
         bus: Where rollout events go.
         interrupts: Which ``SAMPLE_WAIT`` decisions end a sample wait (given to the buffer;
             the trainer's decision table says).
+        clock: The rollout side's one clock (monotonic seconds; tests inject a fake): the
+            buffer's waits (``SampleWaitState.elapsed_s``), their deadlines and
+            :attr:`progress_at` are on it, and the trainer's stall watch reads it.
         attempt_floor: Attempt number of newly registered groups. After a checkpoint is
             restored it is raised above every earlier attempt, so results still arriving
             from before the restore are dropped as superseded.
@@ -87,18 +99,22 @@ class RolloutDriver(ABC):
     _: KW_ONLY
     interrupts: WaitInterrupts
     attempt_floor: int = 1
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self.max_attempt = self.attempt_floor
         self.retired_trackers: list[TrackerStatistics] = []  # replaced by reset()
-        # time.monotonic() of the last result or pickup: progress, for the stall watch.
+        # When (on self.clock) a worker last delivered a result or picked work up: the one
+        # "last progress" of the rollout side, which the stall watch reads.
         self.progress_at = -math.inf
-        self._membership_step = 0  # the step boundary of the last resize
+        # The last resize: its step boundary, and who asked for it and why.
+        self._membership: tuple[int, str, str] = (0, "", "")
         # Workers lost with work in flight since the rollout side last (re)started: what
         # they held will never be delivered (see undeliverable()).
         self._losses: list[str] = []
         self._losses_lock = threading.Lock()
-        self.on_loss: Callable[[], None] = lambda: None  # called (from any thread) on a loss
+        # Called (from any thread) on a loss: set by the wait in progress, to end it.
+        self.on_loss: Callable[[], None] = _nothing
         self.failure_log = FailureLog()
         self._build_buffer()
 
@@ -116,6 +132,7 @@ class RolloutDriver(ABC):
             poll_interval_s=rollout.poll_interval_s,
             failure_policy=rollout.failure_policy,
             max_failed_fraction=rollout.max_failed_fraction,
+            clock=self.clock,
         )
         self.buffer = self._new_buffer(self.tracker)
 
@@ -157,62 +174,6 @@ class RolloutDriver(ABC):
         """The counters of every tracker of this run: replaced ones first, then the current."""
         return [*self.retired_trackers, self.tracker.statistics()]
 
-    # --- ResultSink (called from worker threads) ------------------------------------------
-
-    def deliver(self, result: RolloutResult) -> None:
-        """Offer a result to the admission gate (a failure is logged once per kind)."""
-        self.progress_at = time.monotonic()
-        if not result.ok:
-            self.failure_log.saw(result)
-        self.buffer.add(result)
-
-    def started(self, group_ids: tuple[str, ...]) -> None:
-        """Groups went from pending to running."""
-        self.progress_at = time.monotonic()
-        self.buffer.mark_running(group_ids)
-
-    def worker_lost(self, worker_id: str, reason: str, in_flight: int, node: str = "") -> None:
-        """A worker died: report it (self-healing watches for this)."""
-        if in_flight:
-            with self._losses_lock:
-                self._losses.append(
-                    f"worker {worker_id} was lost with {in_flight} prompt groups in flight "
-                    f"({reason})"
-                )
-        self.on_loss()
-        if self.bus.wants(WorkerLost):
-            self.bus.publish(
-                WorkerLost(worker_id=worker_id, reason=reason, in_flight=in_flight, node=node)
-            )
-
-    def worker_replaced(self, old_id: str, new_id: str, reason: str) -> None:
-        """A worker took another's place: report it. The restart's ``reason`` is reported
-        once, by the restart's own event (``RolloutRestarted``, ``CheckpointRestored``), not
-        nested into each of its workers' lines."""
-        if self.bus.wants(WorkerRestarted):
-            self.bus.publish(WorkerRestarted(worker_id=new_id, reason=f"replaces {old_id}"))
-
-    def worker_event(self, event: Event) -> None:
-        """An event from inside a worker (already stamped with the worker and its node)."""
-        self.bus.publish(event)
-
-    def worker_joined(self, worker_id: str, node: str, reason: str) -> None:
-        """A worker added at a step boundary is ready: report it."""
-        self._membership_event(WorkerJoined, worker_id, node, reason)
-
-    def worker_left(self, worker_id: str, node: str, reason: str) -> None:
-        """A worker removed at a step boundary left, its work delivered: report it."""
-        self._membership_event(WorkerLeft, worker_id, node, reason)
-
-    def _membership_event(
-        self, kind: type[WorkerJoined | WorkerLeft], worker_id: str, node: str, reason: str
-    ) -> None:
-        if self.bus.wants(kind):
-            workers, step = self.backend.workers, self._membership_step
-            self.bus.publish(
-                kind(worker_id=worker_id, node=node, reason=reason, workers=workers, step=step)
-            )
-
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self, weights: PolicyWeights, version: int) -> None:
@@ -229,9 +190,51 @@ class RolloutDriver(ABC):
     def dispatch_step(self, step: int, version: int) -> None:
         """Dispatch what ``step`` needs, sampling from policy ``version``."""
 
+    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...] | WaitEnded:
+        """Wait for the batch of ``step``, sampling for policy ``version``: the batch, or
+        how the wait ended without it.
+
+        A ``SAMPLE_WAIT`` decision that ``interrupts`` says ends waits ends it. So does a
+        loss that leaves the batch undeliverable (:meth:`undeliverable`): the wait's next
+        ``SAMPLE_WAIT`` decision is its last (a restart can still save the run), and with
+        nobody taking part in that safe point, no decision can, so the wait ends at once.
+        """
+        if (lost := self._lost_past_saving()) is not None:
+            return WaitEnded(None, lost)
+        loop = asyncio.get_running_loop()
+        with anyio.CancelScope() as scope:
+
+            def on_loss() -> None:  # (from the thread that saw the loss)
+                loop.call_soon_threadsafe(self._on_loss, scope)
+
+            self.on_loss = on_loss
+            try:
+                return await self._sample(step, version)
+            except SampleWaitInterrupted as ended:  # replay's word for it, ends here
+                return WaitEnded(ended.outcome, self.undeliverable())
+            finally:
+                self.on_loss = _nothing
+        return WaitEnded(None, self.undeliverable())  # (cancelled by _on_loss)
+
+    def _ends_wait(self, decision: Decision) -> bool:
+        """The buffer's ``interrupts``: the decision ends waits, or it was the one decision a
+        wait with lost rollouts had left."""
+        return self.interrupts(decision) or self.undeliverable() is not None
+
+    def _lost_past_saving(self) -> str | None:
+        """Why the batch cannot arrive, when nobody takes part in ``SAMPLE_WAIT`` either (so
+        no restart can save the wait); else None."""
+        if self.bus.wants_safe_point(SafePoint.SAMPLE_WAIT):
+            return None
+        return self.undeliverable()
+
+    def _on_loss(self, scope: anyio.CancelScope) -> None:
+        if self._lost_past_saving() is not None:
+            scope.cancel()
+
     @abstractmethod
-    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
-        """Wait for the batch of ``step`` (raises ``SampleWaitInterrupted`` on a decision)."""
+    async def _sample(self, step: int, version: int) -> tuple[GroupResult, ...]:
+        """The mode's sampling from the buffer (raises ``SampleWaitInterrupted``)."""
 
     @abstractmethod
     def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
@@ -245,11 +248,26 @@ class RolloutDriver(ABC):
                 prompts.append(group.prompt)
         return prompts
 
-    async def restart(self, step: int, reason: str) -> RestartRecord:
-        """Restart the rollout side: fresh workers, every in-flight rollout reissued under a
-        new attempt. Late results of the old attempts are dropped as superseded."""
+    async def restart(
+        self, step: int, reason: str, *, resubmit: tuple[Sequence[Prompt], int] | None = None
+    ) -> int:
+        """Restart the rollout side at ``step``: fresh workers; returns how many.
+
+        For a stall (no ``resubmit``), every in-flight rollout is reissued under a new
+        attempt (late results of the old attempts are dropped as superseded) and
+        ``RolloutRestarted`` says so. Restoring a checkpoint (``resubmit``: the prompts it
+        held in flight and the policy version to sample them from), every open group is
+        forgotten first (:meth:`reset`) and those prompts are dispatched for the next step;
+        the restore's own event (``CheckpointRestored``) says why.
+        """
+        if resubmit is not None:
+            self.reset()
         workers = await self.backend.restart(reason)
         self._forget_losses()  # the new workers get everything in flight again
+        if resubmit is not None:
+            prompts, version = resubmit
+            self.resubmit(prompts, step + 1, version)
+            return workers
         reissued = self.buffer.reissue()
         if reissued:
             self.max_attempt = max(self.max_attempt, *(g.attempt for g in reissued))
@@ -274,201 +292,18 @@ class RolloutDriver(ABC):
             len(reissued),
             extra=ALSO_AN_EVENT,  # the RolloutRestarted above
         )
-        return {
-            "step": step,
-            "reason": reason,
-            "workers": workers,
-            "reissued_rollouts": len(rollout_ids),
-            "reissued_groups": len(reissued),
-            "attempt": self.max_attempt,
-        }
+        return workers
 
-    async def resize(self, step: int, workers: int, reason: str) -> None:
-        """At the boundary after ``step``: run ``workers`` workers from the next step on.
-        Work already dispatched stays where it is (leaving workers deliver it first)."""
-        self._membership_step = step
+    async def resize(self, step: int, workers: int, reason: str, *, requester: str = "") -> None:
+        """At the boundary after ``step``: run ``workers`` workers from the next step on, as
+        ``requester`` asked for ``reason``. Work already dispatched stays where it is
+        (leaving workers deliver it first)."""
+        self._membership = (step, requester, reason)
         logger.warning(
-            "rollout workers %d -> %d at step %d: %s", self.backend.workers, workers, step, reason
+            "rollout workers %d -> %d at step %d: %s",
+            self.backend.workers,
+            workers,
+            step,
+            asked(requester, reason),
         )
         await self.backend.resize(workers, reason)
-
-    # --- internals ------------------------------------------------------------------------
-
-    def _new_groups(self, prompts: Sequence[Prompt], step: int, version: int) -> list[PromptGroup]:
-        n = self.config.rollout.group_size
-        return [
-            PromptGroup(
-                group_id=p.prompt_id,
-                rollout_ids=tuple(f"{p.prompt_id}#{i}" for i in range(n)),
-                step=step,
-                policy_version=version,
-                attempt=self.attempt_floor,
-                prompt=p,
-            )
-            for p in prompts
-        ]
-
-    def _dispatch(self, groups: Sequence[PromptGroup], step: int, kind: str) -> None:
-        """Split groups into one piece of work per worker (batched sampling is ~3x faster
-        than one call per prompt); each piece's seed depends only on what it holds."""
-        seed = self.config.run.seed
-        events = self._event_request()
-        for index, part in enumerate(chunk(groups, self.backend.workers)):
-            first = part[0]
-            self.backend.submit(
-                RolloutWork(
-                    work_id=f"s{step}-{kind}-{index}",
-                    groups=part,
-                    seed=work_seed(seed, first.step, first.group_id, first.attempt, len(part)),
-                    step=step,
-                    events=events,
-                )
-            )
-
-    def _event_request(self) -> EventRequest | None:
-        """The worker events someone on the bus wants (None: none, so workers build none)."""
-        wanted = frozenset(kind.__name__ for kind in WORKER_EVENTS if self.bus.wants(kind))
-        if not wanted:
-            return None
-        return EventRequest(types=wanted, stall_after_s=self.config.diagnose_after_s)
-
-
-class SyncDriver(RolloutDriver):
-    """Sync mode (on-policy): each step dispatches its own prompts and waits for exactly that
-    batch; nothing is in flight between steps.
-
-    A checkpoint taken inside a step (a ``STOP`` decided during its sample wait) holds all
-    of that step's prompts as in flight, finished groups included: the resumed run redoes the
-    step with exactly those prompts (:meth:`resubmit` hands them to the next
-    :meth:`dispatch_step`), so it trains on what an uninterrupted run would have.
-    """
-
-    buffer: ReplayBuffer
-    _unfinished: tuple[Prompt, ...] = ()  # the prompts of the step being collected
-    _carried: tuple[Prompt, ...] = ()  # resubmitted prompts, for the next step
-
-    def _new_buffer(self, tracker: RolloutTracker) -> ReplayBuffer:
-        return ReplayBuffer(
-            tracker,
-            interrupts=self.interrupts,
-            bus=self.bus,
-            wait_timeout_s=self.config.rollout.wait_timeout_s,
-            safe_point_timeout_s=self.config.safe_point_timeout_s,
-        )
-
-    def reset(self) -> None:
-        """Forget every open group (see :meth:`RolloutDriver.reset`): the unfinished step is
-        redrawn from the restored data position."""
-        super().reset()
-        self._unfinished = self._carried = ()
-
-    def dispatch_step(self, step: int, version: int) -> None:
-        """Register and dispatch the prompt groups of ``step`` (first the prompts carried
-        over from a checkpoint taken inside a step, then new ones from the stream)."""
-        n = self.config.rollout.prompts_per_step
-        carried, self._carried = self._carried[:n], self._carried[n:]
-        prompts = (*carried, *self.stream.next_prompts(n - len(carried)))
-        self._unfinished = prompts
-        groups = self._new_groups(prompts, step, version)
-        self.buffer.register(groups)
-        self._dispatch(groups, step, "batch")
-
-    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
-        """Wait for the groups of ``step``."""
-        batch = await self.buffer.sample(step, self.config.rollout.prompts_per_step)
-        self._unfinished = ()
-        return batch
-
-    def in_flight_prompts(self) -> list[Prompt]:
-        """Every prompt of a step not yet collected (the whole step is redone on resume)."""
-        return list(self._unfinished)
-
-    def undeliverable(self) -> str | None:
-        """As for :meth:`RolloutDriver.undeliverable`: in sync mode the batch needs exactly
-        its groups, so a worker lost with some of them blocks it."""
-        return super().undeliverable() or self._lost_work()
-
-    def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
-        """Keep the prompts of the step a checkpoint was taken in for the next step."""
-        self._carried = tuple(prompts)
-
-
-class AsyncDriver(RolloutDriver):
-    """Async mode (off-policy, bounded staleness): about two batches of groups stay in flight,
-    tagged with the policy version at dispatch; a step samples any that are fresh enough, and
-    evicted groups (stale or failed) are replaced by fresh prompts."""
-
-    buffer: AsyncReplayBuffer
-    _open = 0  # groups dispatched and not yet sampled or evicted
-    _step = 0  # the step and policy version that refills are dispatched for
-    _version = 0
-
-    def _new_buffer(self, tracker: RolloutTracker) -> AsyncReplayBuffer:
-        rollout = self.config.rollout
-        return AsyncReplayBuffer(
-            tracker,
-            interrupts=self.interrupts,
-            bus=self.bus,
-            max_off_policy=rollout.max_off_policy,
-            strategy=rollout.staleness,
-            refill=self._refill,
-            wait_timeout_s=rollout.wait_timeout_s,
-            safe_point_timeout_s=self.config.safe_point_timeout_s,
-        )
-
-    def reset(self) -> None:
-        """Forget every open group (see :meth:`RolloutDriver.reset`)."""
-        super().reset()
-        self._open = 0
-
-    def dispatch_step(self, step: int, version: int) -> None:
-        """Top the groups in flight up to two batches' worth."""
-        self._step, self._version = step, version
-        self._top_up(step, version)
-
-    async def wait_batch(self, step: int, version: int) -> tuple[GroupResult, ...]:
-        """Wait for a batch of groups at most ``max_off_policy`` versions behind ``version``."""
-        self._step, self._version = step, version
-        self._top_up(step, version)
-        size = self.config.rollout.prompts_per_step
-        groups = await self.buffer.sample(step, size, policy_version=version)
-        self._open -= len(groups)
-        return groups
-
-    def resubmit(self, prompts: Sequence[Prompt], step: int, version: int) -> None:
-        """Dispatch the prompts that were in flight at the checkpoint."""
-        if not prompts:
-            return
-        groups = self._new_groups(prompts, step, version)
-        self.buffer.register(groups)
-        self._open += len(groups)
-        self._dispatch(groups, step, "resume")
-
-    def _top_up(self, step: int, version: int) -> None:
-        """Keep two batches' worth of groups open."""
-        want = 2 * self.config.rollout.prompts_per_step - self._open
-        if want <= 0:
-            return
-        groups = self._new_groups(self.stream.next_prompts(want), step, version)
-        self.buffer.register(groups)
-        self._open += len(groups)
-        self._dispatch(groups, step, "async")
-
-    def _refill(self, evicted: tuple[PromptGroup, ...], reason: EvictionReason) -> None:
-        """Evicted groups (stale or failed) are replaced by fresh prompts."""
-        self._open -= len(evicted)
-        logger.info("%d groups evicted (%s); dispatching replacements", len(evicted), reason.value)
-        self._top_up(self._step, self._version)
-
-
-def make_driver(
-    config: TrainerConfig,
-    stream: PromptSource,
-    backend: RolloutBackend,
-    bus: EventBus,
-    *,
-    interrupts: WaitInterrupts,
-) -> RolloutDriver:
-    """The driver of ``config.run.mode``."""
-    driver = SyncDriver if config.run.mode == "sync" else AsyncDriver
-    return driver(config, stream, backend, bus, interrupts=interrupts)

@@ -5,12 +5,11 @@ Ray is imported only when the ``ray`` backend is chosen.
 
 from __future__ import annotations
 
-from ..config._schema import DEFAULT_WORKERS
-from ..config._schema import TrainerConfig
+from ..config import DEFAULT_WORKERS
+from ..config import TrainerConfig
 from ._backend import RolloutBackend
-from ._faults import FaultInjector
-from ._workload import WorkerSpec
-from ._workload import worker_spec
+from ._rollout_workload import WorkerSpec
+from ._rollout_workload import worker_spec
 
 __all__ = ["make_backend", "rollout_workers"]
 
@@ -23,26 +22,25 @@ def rollout_workers(config: TrainerConfig, spec: WorkerSpec) -> int:
     if rollout.workers is not None:
         return rollout.workers
     if rollout.backend == "local" and spec.policy.path is not None:
-        from ..rl._hf_policy import resolve_device
+        from ..rl import resolve_device
 
         if resolve_device(spec.device).type == "cuda":
             return 1
     return DEFAULT_WORKERS
 
 
-def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> RolloutBackend:
+def make_backend(config: TrainerConfig) -> RolloutBackend:
     """The backend of ``config.rollout.backend``, with :func:`rollout_workers` workers."""
     spec = worker_spec(config)
     rollout = config.rollout
     workers = rollout_workers(config, spec)
     if rollout.backend == "ray":
-        from ._ray import RayBackend
+        from .ray._ray_backend import RayBackend
 
         return RayBackend(
             spec,
             workers,
             address=rollout.ray_address,
-            faults=faults,
             actor_cpus=rollout.ray_actor_cpus,
             standby=rollout.standby,
             start_timeout_s=rollout.start_timeout_s,
@@ -50,4 +48,4 @@ def make_backend(config: TrainerConfig, faults: FaultInjector | None = None) -> 
         )
     from ._local import LocalBackend
 
-    return LocalBackend(spec, workers, faults=faults, close_timeout_s=rollout.close_timeout_s)
+    return LocalBackend(spec, workers, close_timeout_s=rollout.close_timeout_s)

@@ -11,6 +11,10 @@ Each fault fires once per run (``slow`` lasts ``slow_steps`` steps), so a recove
 on. With a run folder the faults that fired are kept in its ``faults.json``
 (:meth:`FaultInjector.keep_record`), written before the fault acts, so a resumed process
 (``checkpoint-crash`` kills the process) does not fire them again.
+
+This module decides when each fault fires and holds its waits; :mod:`._faulty` puts it around
+the parts of a run that production code builds (:func:`~._faulty.inject_faults`), so none
+of them knows faults exist.
 """
 
 from __future__ import annotations
@@ -32,17 +36,25 @@ import msgspec
 
 from eventbus import Event
 from eventbus import EventBus
-from eventbus import FaultInjected
 
-from ..rl._names import did_you_mean
+from ..rl import did_you_mean
 from ._logs import ALSO_AN_EVENT
+from ._worker_exits import WorkerGone
 
 if TYPE_CHECKING:
     from replay import RolloutResult
 
     from ._worker import RolloutWork
 
-__all__ = ["FAULTS", "FAULT_HELP", "Fault", "FaultInjector", "InjectedFault", "WorkerCrashed"]
+__all__ = [
+    "FAULTS",
+    "FAULT_HELP",
+    "Fault",
+    "FaultInjected",
+    "FaultInjector",
+    "InjectedFault",
+    "WorkerCrashed",
+]
 
 logger = logging.getLogger("trainbus.faults")
 
@@ -66,11 +78,25 @@ FAULTS: tuple[str, ...] = tuple(FAULT_HELP)
 """The fault names ``--inject FAULT@STEP`` and :class:`Fault` accept."""
 
 
+class FaultInjected(Event, frozen=True):
+    """A fault injector fired (tests and ``trainbus train --inject``).
+
+    Attributes:
+        fault: The fault's name (``hang``, ``crash``, ``slow``, ``fail-retry``, ...).
+        step: The step it fired at.
+        detail: Where it struck (the worker, the rollout), in words.
+    """
+
+    fault: str
+    step: int
+    detail: str = ""
+
+
 class InjectedFault(RuntimeError):
     """The error an injected ``step-error`` raises."""
 
 
-class WorkerCrashed(RuntimeError):
+class WorkerCrashed(WorkerGone):
     """An injected ``crash``: the worker dies with its work."""
 
 

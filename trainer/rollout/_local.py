@@ -30,25 +30,25 @@ from dataclasses import field
 
 import anyio
 
-from eventbus import ThreadStack
+from eventbus.runtime import ThreadStack
 
-from ..config._schema import DEFAULT_WORKERS
-from ..config._schema import RolloutConfig
-from ..config._schema import Seconds
-from ..config._schema import within
-from ..rl._weights import PolicyWeights
+from ..config import DEFAULT_WORKERS
+from ..config import RolloutConfig
+from ..config import Seconds
+from ..config import within
+from ..rl import PolicyWeights
 from ._backend import BackendBase
 from ._backend import Leave
 from ._backend import ResultSink
-from ._faults import FaultInjector
-from ._faults import WorkerCrashed
+from ._backend import WorkAbandoned
+from ._backend import WorkerGone
 from ._logs import ALSO_AN_EVENT
 from ._scoring import abandon_reward_calls
 from ._stacks import StackReader
 from ._stacks import helpers_of
-from ._stacks import helping
 from ._worker import RolloutWork
 from ._worker import RolloutWorker
+from ._worker import Worker
 from ._worker import WorkerSpec
 from ._worker_events import WorkerEvents
 
@@ -72,11 +72,14 @@ class LocalBackend(BackendBase):
     Args:
         spec: What each worker builds (task, policy shape, temperature).
         workers: Worker threads (1 to 64, as ``[rollout] workers``; also for :meth:`resize`).
-        faults: Fault injection (tests and ``--inject``); None for none.
         worker_factory: Builds a worker (tests substitute fakes).
         close_timeout_s: How long :meth:`close` waits for the threads to stop.
 
     The defaults of ``workers`` and ``close_timeout_s`` are the ``[rollout]`` section's.
+
+    Attributes:
+        worker_factory: What each new thread builds its worker with: the wrapper point
+            around the workers (fault injection wraps it before :meth:`start`).
     """
 
     name = "local"
@@ -86,12 +89,11 @@ class LocalBackend(BackendBase):
         spec: WorkerSpec,
         workers: int = DEFAULT_WORKERS,
         *,
-        faults: FaultInjector | None = None,
-        worker_factory: Callable[[WorkerSpec, str], RolloutWorker] = RolloutWorker,
+        worker_factory: Callable[[WorkerSpec, str], Worker] = RolloutWorker,
         close_timeout_s: float = RolloutConfig().close_timeout_s,
     ) -> None:
-        super().__init__(spec, workers, faults)
-        self._factory = worker_factory
+        super().__init__(spec, workers)
+        self.worker_factory = worker_factory
         # The [rollout] section's bound (finite, > 0), for the file and for Python alike.
         self._close_timeout_s = within("close_timeout_s", close_timeout_s, Seconds)
         self._weights: tuple[int, PolicyWeights | None] = (-1, None)
@@ -122,14 +124,6 @@ class LocalBackend(BackendBase):
         """Workers load ``version`` before their next piece of work: each copies it into its
         own model, device to device (nothing serialised); nobody waits for a busy or hung
         worker, and only the latest version is kept."""
-        faults, generation = self._faults, self._generation
-        if faults is not None and generation is not None and "sync-hang" in faults.names():
-            # The sync-hang fault (a swap cannot hang): released by a restart or close.
-            def hang() -> None:
-                with helping("trainer"):
-                    faults.hang_weight_sync(version, generation.stop)
-
-            await anyio.to_thread.run_sync(hang, abandon_on_cancel=True)
         self._weights = (version, weights)  # one tuple swap: readers see old or new, whole
         self._counts.weight_syncs += 1
 
@@ -266,9 +260,9 @@ class LocalBackend(BackendBase):
     def _run(self, generation: _Generation, worker_id: str, joining: str | None) -> None:
         """A worker thread: serve, and if the thread dies for any reason, say so.
 
-        Whatever escapes the serving loop (a bug in the worker, a sink or a fault hook) would
-        otherwise end the thread without a word, its work lost: it is logged, counted, and
-        reported as a lost worker (``WorkerLost``), which self-healing restarts.
+        Whatever escapes the serving loop (a bug in the worker, in a wrapper of it or in a
+        sink) would otherwise end the thread without a word, its work lost: it is logged,
+        counted, and reported as a lost worker (``WorkerLost``), which self-healing restarts.
         """
         try:
             self._serve(generation, worker_id, joining)
@@ -286,7 +280,7 @@ class LocalBackend(BackendBase):
         sink = self._sink
         assert sink is not None
         try:
-            worker = self._factory(self.spec, worker_id)
+            worker = self.worker_factory(self.spec, worker_id)
         except Exception as exc:
             logger.exception("rollout worker %s failed to start", worker_id)
             with self._lock:
@@ -305,13 +299,10 @@ class LocalBackend(BackendBase):
         finally:
             self._events.pop(worker_id, None)
 
-    def _work_loop(
-        self, generation: _Generation, worker: RolloutWorker, events: WorkerEvents
-    ) -> None:
+    def _work_loop(self, generation: _Generation, worker: Worker, events: WorkerEvents) -> None:
         """One worker thread's work loop, until it is retired, leaves or dies."""
         sink, worker_id = self._sink, worker.worker_id
         assert sink is not None
-        faults = self._faults
         while not generation.stop.is_set():
             work = generation.work.get()
             if work is None or generation.stop.is_set():
@@ -321,8 +312,6 @@ class LocalBackend(BackendBase):
                     generation.members.remove(worker_id)
                 sink.worker_left(worker_id, worker.node, work.reason)
                 return
-            if faults is not None:
-                work = faults.stamp(worker_id, work)
             self._holdings.take(worker_id, work)
             version, weights = self._weights
             if worker.version != version and weights is not None:
@@ -331,27 +320,16 @@ class LocalBackend(BackendBase):
             events.begin(work)
             began = time.perf_counter()
             try:
-                if faults is not None:
-                    with events.phase("injected fault"):
-                        faults.before_work(worker_id, work, generation.stop)
-                    if generation.stop.is_set():
-                        self._holdings.release(worker_id)
-                        return  # released from a hang by a restart: its work was reissued
                 try:
                     results = worker.run(work)
                 finally:
                     with self._lock:
                         self._counts.busy_s += time.perf_counter() - began
                         self._counts.add_generation(worker.workload.take_generation())
-                if faults is not None:
-                    results = faults.after_work(
-                        worker_id,
-                        work,
-                        results,
-                        stop=generation.stop,
-                        elapsed_s=time.perf_counter() - began,
-                    )
-            except WorkerCrashed as exc:
+            except WorkAbandoned:
+                self._holdings.release(worker_id)
+                return  # superseded by a restart (or closing): the trainer reissued it
+            except WorkerGone as exc:
                 self._holdings.release(worker_id)
                 with self._lock:
                     self._counts.workers_lost += 1
@@ -376,5 +354,4 @@ class LocalBackend(BackendBase):
             self._holdings.release(worker_id)
             with self._lock:
                 self._counts.completed += 1
-        if faults is not None and self._closed:
-            faults.hang_at_close(worker_id)
+        worker.close()

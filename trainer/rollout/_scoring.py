@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..rl._rewards import RewardFailure
-from ..rl._rewards import RewardFunction
-from ..rl._rewards import TrainerState
-from ..rl._rewards import combine
-from ..rl._rewards import judge
+from ..rl import RewardFailure
+from ..rl import RewardFunction
+from ..rl import TrainerState
+from ..rl import combine
+from ..rl import judge
 from ._stacks import helping
 from ._stacks import released
 

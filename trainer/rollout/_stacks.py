@@ -33,8 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from eventbus import StackFrame
-from eventbus import ThreadStack
+from eventbus.runtime import StackFrame
+from eventbus.runtime import ThreadStack
 
 __all__ = [
     "StackReader",

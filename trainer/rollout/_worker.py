@@ -4,7 +4,7 @@ One class serves every backend: the local backend runs it on threads, the Ray ba
 actors. It owns a private copy of the policy (the trainer's copy keeps training), samples
 each group with a generator seeded from the work's seed, so a piece of work produces the
 same completions whichever worker runs it, and scores them: the built-in task's verifier,
-or the run's reward functions (see ``_workload``). A rollout without a reward (its reward
+or the run's reward functions (see ``_rollout_workload``). A rollout without a reward (its reward
 function raised, hung or returned nonsense; its prompt does not fit the context) comes back
 as a non-retryable failure naming why, for the tracker's failure policy to handle.
 """
@@ -15,6 +15,7 @@ import logging
 import socket
 import zlib
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 import torch
@@ -22,16 +23,17 @@ import torch
 from replay import PromptGroup
 from replay import RolloutResult
 
-from ..rl._datasets import decode_prompt
-from ..rl._rewards import RewardFailure
-from ..rl._tasks import Prompt
-from ..rl._weights import PolicyWeights
+from ..rl import PolicyWeights
+from ..rl import Prompt
+from ..rl import RewardFailure
+from ..rl import decode_prompt
+from ._rollout_workload import WorkerSpec
+from ._rollout_workload import Workload
+from ._rollout_workload import build_workload
 from ._worker_events import EventRequest
 from ._worker_events import WorkerEvents
-from ._workload import WorkerSpec
-from ._workload import build_workload
 
-__all__ = ["RolloutWork", "RolloutWorker", "WorkerSpec", "work_seed"]
+__all__ = ["RolloutWork", "RolloutWorker", "Worker", "WorkerSpec", "work_seed"]
 
 logger = logging.getLogger("trainbus.worker")
 
@@ -46,8 +48,9 @@ class RolloutWork(msgspec.Struct, frozen=True, kw_only=True):
         step: The trainer step it was dispatched at.
         events: The worker events someone on the trainer's bus wants (None: none, and the
             worker builds none).
-        faults: Injected faults the worker enacts itself (``reward-hang``); the backend
-            stamps them (fault injection decides in the trainer's process).
+        faults: Injected faults the worker enacts itself (``reward-hang``), stamped on the
+            work by fault injection (which decides in the trainer's process), so that they
+            reach a Ray actor too.
     """
 
     work_id: str
@@ -62,6 +65,32 @@ def work_seed(run_seed: int, *parts: object) -> int:
     """A stable 63-bit seed from the run seed and identifying parts (not ``hash()``)."""
     text = "/".join(str(p) for p in (run_seed, *parts)).encode()
     return (zlib.crc32(text) << 31) ^ zlib.adler32(text)
+
+
+class Worker(Protocol):
+    """What a backend's thread asks of its worker: :class:`RolloutWorker`, or something that
+    wraps one (the ``worker_factory`` of the local backend builds it)."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def events(self) -> WorkerEvents: ...
+    @property
+    def workload(self) -> Workload: ...
+
+    def load_weights(self, weights: PolicyWeights | bytes, version: int) -> None:
+        """Sample from ``version`` from now on."""
+
+    def run(self, work: RolloutWork) -> list[RolloutResult]:
+        """Sample and score ``work``; may raise ``WorkerGone`` or ``WorkAbandoned`` (see
+        ``_backend``)."""
+
+    def close(self) -> None:
+        """Called on the worker's own thread as it stops serving."""
 
 
 class RolloutWorker:
@@ -136,6 +165,9 @@ class RolloutWorker:
                     )
                 )
         return results
+
+    def close(self) -> None:
+        """Nothing to let go of: the worker's copy of the policy goes with the worker."""
 
     @staticmethod
     def failures(

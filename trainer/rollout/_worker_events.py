@@ -32,13 +32,14 @@ from typing import Protocol
 import msgspec
 
 from eventbus import Event
-from eventbus import RewardTimed
-from eventbus import RolloutFailed
-from eventbus import RolloutFinished
-from eventbus import RolloutRetried
-from eventbus import RolloutStarted
-from eventbus import WorkerEventsDropped
-from eventbus import WorkerStalled
+
+from ._rollout_events import RewardTimed
+from ._rollout_events import RolloutFailed
+from ._rollout_events import RolloutFinished
+from ._rollout_events import RolloutRetried
+from ._rollout_events import RolloutStarted
+from ._rollout_events import WorkerEventsDropped
+from ._rollout_events import WorkerStalled
 
 if TYPE_CHECKING:
     from replay import PromptGroup

@@ -24,15 +24,16 @@ import logging
 from typing import Any
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import Host
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepFinished
 
-from ..config._schema import AutoscaleConfig
+from ..config import AutoscaleConfig
 
 __all__ = ["AutoscalingExtension", "ScalingPolicy"]
 
@@ -73,7 +74,7 @@ class AutoscalingExtension:
         self._last_change = -(10**9)
         self._seen: tuple[int, float, float] | None = None  # step, wait share, utilization
 
-    def on_event(self, context: ExtensionContext, event: Event) -> None:
+    def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         """Note each step's wait share and utilization."""
         if isinstance(event, StepFinished):
             metrics = event.metrics
@@ -81,7 +82,9 @@ class AutoscalingExtension:
             wait = metrics.get("timing_s/wait", 0.0) / step_s if step_s > 0 else 0.0
             self._seen = (event.step, wait, metrics.get("rollout/utilization", 1.0))
 
-    def on_safe_point(self, context: ExtensionContext, safe_point: SafePointReached) -> Decision:
+    def on_safe_point(
+        self, context: ExtensionContext[Host], safe_point: SafePointReached
+    ) -> Decision:
         """At a step boundary, ask for a different number of workers if the policy says so."""
         if safe_point.point is SafePoint.STEP_BOUNDARY and self._seen is not None:
             step, wait, utilization = self._seen

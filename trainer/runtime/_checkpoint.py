@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..rl._unreadable import why_unreadable
+from ..rl import why_unreadable
 
 __all__ = [
     "CheckpointError",

@@ -20,30 +20,30 @@ from typing import Any
 
 import msgspec
 
-from eventbus import BatchReconciled
-from eventbus import CheckpointRestored
-from eventbus import CheckpointSaved
-from eventbus import CompletionsSampled
 from eventbus import Event
 from eventbus import ExtensionBehind
 from eventbus import ExtensionFailed
-from eventbus import FaultInjected
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
 from eventbus import Lagged
-from eventbus import RolloutRejected
-from eventbus import RolloutRestarted
-from eventbus import SafePointReached
-from eventbus import SafePointResolved
-from eventbus import SampleWait
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import StepStarted
-from eventbus import WeightsSynced
-from eventbus import WorkerLost
-from eventbus import WorkerRestarted
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import CompletionsSampled
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
+from replay import BatchReconciled
+from replay import RolloutRejected
 
+from ..rollout import FaultInjected
+from ..rollout import RolloutRestarted
+from ..rollout import WeightsSynced
+from ..rollout import WorkerLost
+from ..rollout import WorkerRestarted
 from ._describe_workers import WORKER_DESCRIBERS
 from ._describe_workers import worker_label
 from ._metrics import named

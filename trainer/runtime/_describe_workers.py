@@ -13,15 +13,17 @@ from collections.abc import Callable
 from typing import Any
 
 from eventbus import Event
-from eventbus import RewardTimed
-from eventbus import RolloutFailed
-from eventbus import RolloutFinished
-from eventbus import RolloutRetried
-from eventbus import RolloutStarted
-from eventbus import WorkerEventsDropped
-from eventbus import WorkerJoined
-from eventbus import WorkerLeft
-from eventbus import WorkerStalled
+
+from ..rollout import RewardTimed
+from ..rollout import RolloutFailed
+from ..rollout import RolloutFinished
+from ..rollout import RolloutRetried
+from ..rollout import RolloutStarted
+from ..rollout import WorkerEventsDropped
+from ..rollout import WorkerJoined
+from ..rollout import WorkerLeft
+from ..rollout import WorkerStalled
+from ..rollout import asked
 
 __all__ = ["WORKER_DESCRIBERS", "count", "short_node", "worker_label"]
 
@@ -52,7 +54,8 @@ def count(n: int, noun: str) -> str:
 def _membership(e: WorkerJoined | WorkerLeft, context: object) -> str:
     verb = "joined" if isinstance(e, WorkerJoined) else "left"
     now = count(e.workers, "worker")
-    return f"{_who(e)} {verb} at step {e.step} ({now}): {e.reason or 'no reason'}"
+    why = asked(e.requester, e.reason) or "no reason"
+    return f"{_who(e)} {verb} at step {e.step} ({now}): {why}"
 
 
 def _started(e: RolloutStarted, context: object) -> str:

@@ -31,16 +31,17 @@ from collections.abc import Callable
 from typing import Any
 
 from eventbus import EventBus
-from eventbus import StallDiagnosed
-from eventbus import StuckRollout
-from eventbus import ThreadStack
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StuckRollout
+from eventbus.runtime import ThreadStack
 
-from ..config._schema import TrainerConfig
-from ..rollout._backend import Holding
-from ..rollout._backend import RolloutBackend
-from ..rollout._driver import RolloutDriver
-from ..rollout._stacks import StackReader
-from ..rollout._stacks import helpers_of
+from ..config import TrainerConfig
+from ..rollout import Holding
+from ..rollout import RolloutBackend
+from ..rollout import RolloutDriver
+from ..rollout import StackReader
+from ..rollout import helpers_of
+from ..rollout import stuck_rollouts
 from ._describe import describe
 from ._stall import Stages
 from ._stall import Stall
@@ -223,7 +224,7 @@ class StallDiagnoser(StallWatchdog):
             notes.append(BLOCKED_LOOP_NOTE)
         if stall.stage == "rollouts":
             holdings = self._holdings(notes if loop is None else [])
-            stuck = _stuck(holdings, self._clock())
+            stuck = stuck_rollouts(holdings, self._clock())
             stacks += self._worker_stacks(holdings, notes)
         else:
             stacks += self._trainer_stacks(stall)
@@ -307,21 +308,6 @@ class StallDiagnoser(StallWatchdog):
         return stacks
 
 
-def _stuck(holdings: tuple[Holding, ...], now: float) -> tuple[StuckRollout, ...]:
-    return tuple(
-        StuckRollout(
-            rollout_id=rollout_id,
-            group_id=group.group_id,
-            attempt=group.attempt,
-            worker_id=holding.worker_id,
-            held_s=now - holding.since,
-        )
-        for holding in holdings
-        for group in holding.work.groups
-        for rollout_id in group.rollout_ids
-    )
-
-
 def stage_thresholds(config: TrainerConfig) -> dict[str, float]:
     """The waits diagnosed after another time than ``config.diagnose_after_s``, by stage.
 
@@ -360,11 +346,15 @@ def start_stall_diagnosis(
     if after_s <= 0:
         return None
     options = config.diagnose
+    # One clock: the rollout side's, on which its last progress is stamped.
     watch = StallWatch(
-        after_s, progress_at=lambda: driver.progress_at, stage_after_s=stage_thresholds(config)
+        after_s,
+        progress_at=lambda: driver.progress_at,
+        clock=driver.clock,
+        stage_after_s=stage_thresholds(config),
     )
     reader = StackReader(options.py_spy, timeout_s=options.read_timeout_s)
-    diagnoser = StallDiagnoser(watch, bus, backend, reader, write_now=write_now)
+    diagnoser = StallDiagnoser(watch, bus, backend, reader, clock=driver.clock, write_now=write_now)
     diagnoser.attach(asyncio.current_task())
     # The watchdog thread starts at the first stage entered while someone listens.
     stages.watch_with(watch, diagnoser.ensure_running, diagnoser)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from eventbus import ExtensionError
 
-from ..config._schema import TrainerConfig
+from ..config import TrainerConfig
 
 __all__ = ["configured_extensions", "load_extension"]
 

@@ -35,33 +35,38 @@ from typing import Any
 
 import msgspec
 
-from eventbus import BatchReconciled
-from eventbus import CheckpointRestored
-from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import Event
 from eventbus import EventBus
 from eventbus import ExtensionBehind
 from eventbus import ExtensionFailed
-from eventbus import FaultInjected
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
-from eventbus import RolloutRestarted
-from eventbus import SafePoint
-from eventbus import SafePointOutcome
-from eventbus import SafePointResolved
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
 from eventbus import Subscription
-from eventbus import WorkerJoined
-from eventbus import WorkerLeft
-from eventbus import WorkerLost
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
 
-from ._decisions import interrupts_sample_wait
+from ..rollout import FaultInjected
+from ..rollout import RolloutRestarted
+from ..rollout import WorkerJoined
+from ..rollout import WorkerLeft
+from ..rollout import WorkerLost
+from ._decision_table import interrupts_sample_wait
 from ._metrics import named
 from ._summary import AttemptSummary
 from ._summary import FitSummary
+from ._summary import MembershipChange
+from ._summary import NotableDecision
+from ._summary import RecoverySummary
+from ._summary import RolloutRestartSummary
+from ._summary import StallSummary
 
 __all__ = [
     "FOLDS",
@@ -74,8 +79,6 @@ __all__ = [
 
 MOVING_AVERAGE = 10
 """Steps in the reward's moving average."""
-
-_NO_REQUESTER = "a membership request"  # WorkerRequest.describe() when nobody is named
 
 REWARD_METRIC = "reward/mean"
 WAIT_METRIC = "timing_s/wait"
@@ -117,7 +120,7 @@ class RunFold:
         self._open: AttemptSummary | None = None
         self._opened_at = 0.0
         self._last_time = 0.0
-        self._open_stalls: list[dict[str, Any]] = []  # not ended yet (a wait and one inside it)
+        self._open_stalls: list[StallSummary] = []  # not ended yet (a wait and one inside it)
         self._failed_by_step: dict[int, dict[str, int]] = {}  # see batch_failures
         self._killer: FaultInjected | None = None  # a fault that ended the open attempt
 
@@ -182,11 +185,11 @@ class RunFold:
                 attempts[-1].duration_s = self._last_time - self._opened_at
             s.attempts = attempts
             s.duration_s = sum(a.duration_s for a in attempts)
-            s.restarts = [dict(r) for r in s.restarts]
-            s.stalls = [dict(stall) for stall in s.stalls]
-            s.membership = [dict(m) for m in s.membership]
+            s.restarts = list(s.restarts)  # (frozen structs: shared)
+            s.stalls = [msgspec.structs.replace(stall) for stall in s.stalls]
+            s.membership = [msgspec.structs.replace(m) for m in s.membership]
             s.decisions = {point: dict(counts) for point, counts in s.decisions.items()}
-            s.notable_decisions = [dict(d) for d in s.notable_decisions]
+            s.notable_decisions = list(s.notable_decisions)
             s.failed_rollouts = dict(s.failed_rollouts)
             s.dropped_rollouts = dict(s.dropped_rollouts)
             s.extensions_behind = dict(s.extensions_behind)
@@ -226,39 +229,31 @@ class RunFold:
         ended_by: str,
         at: float,
         step: int | None = None,
-        which: Callable[[dict[str, Any]], bool] = lambda stall: True,
+        which: Callable[[StallSummary], bool] = lambda stall: True,
     ) -> None:
         """End the open stalls (of steps up to ``step``, when given; those ``which``
         accepts) with ``ended_by``."""
         for stall in [
-            s for s in self._open_stalls if (step is None or s["step"] <= step) and which(s)
+            s for s in self._open_stalls if (step is None or s.step <= step) and which(s)
         ]:
             self._open_stalls.remove(stall)
-            stall["ended_by"] = ended_by
-            stall["lasted_s"] = max(stall["lasted_s"], at - stall["began"])
+            stall.ended_by = ended_by
+            stall.lasted_s = max(stall.lasted_s, at - stall.began)
 
     def _stall_diagnosed(self, e: StallDiagnosed) -> None:
         key = (e.step, e.stage)
-        stall = next((s for s in self._open_stalls if (s["step"], s["stage"]) == key), None)
+        stall = next((s for s in self._open_stalls if (s.step, s.stage) == key), None)
         if stall is None or e.repeat == 0:
             if stall is not None:  # a new stall of the same wait: the last one ended
                 self._open_stalls.remove(stall)
                 # (a start makes no progress: a new start stall is the next process's)
-                stall["ended_by"] = _KILLED if e.stage == "start" else "the wait made progress"
-            stall = {
-                "step": e.step,
-                "stage": e.stage,
-                "began": e.time - e.stalled_s,
-                "lasted_s": 0.0,
-                "ended_by": "",
-                "diagnoses": 0,
-                "where": "",
-            }
+                stall.ended_by = _KILLED if e.stage == "start" else "the wait made progress"
+            stall = StallSummary(step=e.step, stage=e.stage, began=e.time - e.stalled_s)
             self._open_stalls.append(stall)
             self._summary.stalls.append(stall)
-        stall["diagnoses"] += 1
-        stall["lasted_s"] = max(stall["lasted_s"], e.stalled_s)
-        stall["where"] = e.headline()
+        stall.diagnoses += 1
+        stall.lasted_s = max(stall.lasted_s, e.stalled_s)
+        stall.where = e.headline()
 
     def _fit_started(self, e: FitStarted) -> None:
         began = e.time - e.start_s  # fit() began: the workers' start is this attempt's
@@ -267,7 +262,7 @@ class RunFold:
             "the rollout workers started",
             e.time,
             # (its last diagnosis: it began ``lasted_s`` before it, the longest stall seen)
-            which=lambda stall: stall["began"] + stall["lasted_s"] >= began,
+            which=lambda stall: stall.began + stall.lasted_s >= began,
         )
         # What is still open here ended without a word: its process was killed.
         self._end_stalls(_KILLED, self._last_time)
@@ -319,27 +314,25 @@ class RunFold:
         self._rewind(e.step)
         self.restart_events.append(e)
         self._summary.restarts.append(
-            {
-                "kind": "recovery",
-                "step": e.failed_step if e.failed_step is not None else e.step + 1,
-                "restored_step": e.step,
-                "reason": e.reason,
-                "error": e.error,
-            }
+            RecoverySummary(
+                step=e.failed_step if e.failed_step is not None else e.step + 1,
+                restored_step=e.step,
+                reason=e.reason,
+                error=e.error,
+            )
         )
 
     def _rollout_restarted(self, e: RolloutRestarted) -> None:
         self._end_stalls(f"rollout side restarted ({len(e.reissued)} rollouts reissued)", e.time)
         self.restart_events.append(e)
         self._summary.restarts.append(
-            {
-                "kind": "rollouts",
-                "step": e.step,
-                "reason": e.reason,
-                "workers": e.workers,
-                "reissued_rollouts": len(e.reissued),
-                "attempt": e.attempt,
-            }
+            RolloutRestartSummary(
+                step=e.step,
+                reason=e.reason,
+                workers=e.workers,
+                reissued_rollouts=len(e.reissued),
+                attempt=e.attempt,
+            )
         )
 
     def _safe_point_resolved(self, e: SafePointResolved) -> None:
@@ -356,12 +349,12 @@ class RunFold:
         if outcome.decision is not Decision.CONTINUE:
             self.notable_events.append(e)
             s.notable_decisions.append(
-                {
-                    "point": outcome.point.value,
-                    "step": outcome.step,
-                    "decision": outcome.decision.value,
-                    "why": outcome.summary(),
-                }
+                NotableDecision(
+                    point=outcome.point,
+                    step=outcome.step,
+                    decision=outcome.decision,
+                    why=outcome.summary(),
+                )
             )
 
     def batch_failures(self, step: int) -> dict[str, int]:
@@ -386,18 +379,16 @@ class RunFold:
     def _worker_joined_or_left(self, e: WorkerJoined | WorkerLeft) -> None:
         # One change publishes one event per worker, all with its step and new total.
         change = self._summary.membership[-1] if self._summary.membership else None
-        if change is None or (change["step"], change["workers"]) != (e.step, e.workers):
-            # The reason is the request's ``requester: reason`` (MembershipRequests).
-            requester, _, reason = e.reason.partition(": ")
-            change = {
-                "step": e.step,
-                "workers_before": e.workers,
-                "workers": e.workers,
-                "requester": "" if requester == _NO_REQUESTER else requester,
-                "reason": reason,
-            }
+        if change is None or (change.step, change.workers) != (e.step, e.workers):
+            change = MembershipChange(
+                step=e.step,
+                workers_before=e.workers,
+                workers=e.workers,
+                requester=e.requester,
+                reason=e.reason,
+            )
             self._summary.membership.append(change)
-        change["workers_before"] += -1 if isinstance(e, WorkerJoined) else 1
+        change.workers_before += -1 if isinstance(e, WorkerJoined) else 1
 
     def _worker_lost(self, e: WorkerLost) -> None:
         self._summary.workers_lost += 1

@@ -22,25 +22,25 @@ import torch
 
 from replay import GroupResult
 
-from ..config._schema import TrainerConfig
-from ..rl._grpo import Sample
-from ..rl._grpo import group_samples
-from ..rl._grpo import kl_penalties
-from ..rl._grpo import ppo_update
-from ..rl._grpo import reference_logprobs
-from ..rl._hparams import Completion
-from ..rl._policy import Policy
-from ..rl._policy import frozen_copy
-from ..rl._rewards import reward_names
-from ..rl._schedule import LRSchedule
-from ..rl._schedule import lr_scheduler
-from ..rl._tasks import Prompt
-from ..rl._weights import PolicyWeights
-from ..rollout._workload import worker_spec
+from ..config import TrainerConfig
+from ..rl import Completion
+from ..rl import LRSchedule
+from ..rl import Policy
+from ..rl import PolicyWeights
+from ..rl import Prompt
+from ..rl import Sample
+from ..rl import frozen_copy
+from ..rl import group_samples
+from ..rl import kl_penalties
+from ..rl import lr_scheduler
+from ..rl import ppo_update
+from ..rl import reference_logprobs
+from ..rl import reward_names
+from ..rollout import worker_spec
 
 if TYPE_CHECKING:  # the Hugging Face stack is imported only for a HF model
-    from ..rl._hf_policy import BaseReference
-    from ..rl._hf_policy import HFPolicy
+    from ..rl import BaseReference
+    from ..rl import HFPolicy
 
 __all__ = ["Learner"]
 

@@ -17,11 +17,11 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config._schema import RolloutWorkers
-from ..config._schema import within
+from ..config import RolloutWorkers
+from ..config import within
 
 if TYPE_CHECKING:
-    from ..rollout._driver import RolloutDriver
+    from ..rollout import RolloutDriver
 
 __all__ = ["MembershipRequests", "WorkerRequest"]
 
@@ -41,12 +41,6 @@ class WorkerRequest:
     workers: int
     requester: str = ""
     reason: str = ""
-
-    def describe(self) -> str:
-        """``requester: reason``: the reason the events carry (the summary's ``membership``
-        splits it back into its two parts)."""
-        who = self.requester or "a membership request"
-        return f"{who}: {self.reason}" if self.reason else who
 
 
 class MembershipRequests:
@@ -83,5 +77,4 @@ class MembershipRequests:
         before = driver.backend.workers
         if request is None or request.workers == before:
             return
-        reason = request.describe()
-        await driver.resize(step, request.workers, reason)
+        await driver.resize(step, request.workers, request.reason, requester=request.requester)

@@ -1,4 +1,5 @@
-"""Recovery from a terminal failure: restore the last checkpoint and resume, within a budget.
+"""Recovery from a terminal failure: restore the last checkpoint and resume, within the
+run's restart budget (:mod:`._restarts`).
 
 When a step raises and ``TERMINAL_FAILURE`` decides ``RESTART_REQUIRED`` (the table's
 ``RESTORE``), the run goes back to its last checkpoint in-process: the learner and the data
@@ -12,23 +13,18 @@ from __future__ import annotations
 
 import logging
 
-from eventbus import SafePoint
+from eventbus.runtime import SafePoint
 
-from ..rollout._backend import RolloutBackend
-from ..rollout._logs import ALSO_AN_EVENT
+from ..rollout import ALSO_AN_EVENT
 from ._checkpoint import NoCheckpointLoads
-from ._decisions import Action
-from ._state import RunState
+from ._decision_table import Action
+from ._restarts import Restarter
+from ._run_state import RunState
 from ._steering import Steering
 
-__all__ = ["MAX_RECOVERIES", "Recovery"]
+__all__ = ["Recovery"]
 
 logger = logging.getLogger("trainbus.trainer")
-
-# A terminal failure restores the last checkpoint only this often per trainer, whatever the
-# extensions vote: the self-healing extension has its own, smaller budget; this one stops a
-# user extension that always says RESTART_REQUIRED from looping forever.
-MAX_RECOVERIES = 20
 
 
 class Recovery:
@@ -36,20 +32,13 @@ class Recovery:
 
     Args:
         state: The run's checkpointed state (and the parts it is applied to).
-        backend: The rollout workers (restarted).
-        budget: Recoveries allowed.
-
-    Attributes:
-        used: Recoveries so far.
+        restarter: Restarts the rollout side from the restored checkpoint, within the
+            run's restart budget.
     """
 
-    def __init__(
-        self, state: RunState, backend: RolloutBackend, *, budget: int = MAX_RECOVERIES
-    ) -> None:
+    def __init__(self, state: RunState, restarter: Restarter) -> None:
         self.state = state
-        self.backend = backend
-        self.budget = budget
-        self.used = 0
+        self.restarter = restarter
 
     async def after_failure(self, error: Exception, failed_step: int, steering: Steering) -> bool:
         """``TERMINAL_FAILURE``: restore the last checkpoint if the decision says so.
@@ -96,11 +85,8 @@ class Recovery:
             Whether the run can go on (False: the budget is spent or there is nothing to
             restore, and ``error`` should surface).
         """
-        if self.used >= self.budget:
-            logger.error("not recovering again: %d recoveries in this fit()", self.used)
-            return False
-        self.used += 1
-        state, learner, driver = self.state, self.state.learner, self.state.driver
+        state, learner = self.state, self.state.learner
+        failed_step = failed_step if failed_step is not None else learner.step + 1
         try:
             latest = state.store.load_latest()
         except NoCheckpointLoads as exc:
@@ -110,25 +96,35 @@ class Recovery:
             logger.error("no checkpoint to restore from")
             return False
         stored, checkpoint = latest
-        failed_step = failed_step if failed_step is not None else learner.step + 1
+        if not self.restarter.budget.left(failed_step):
+            logger.error(
+                "not recovering step %d: %s", failed_step, self.restarter.budget.spent(failed_step)
+            )
+            return False
         in_flight = state.apply(checkpoint, resuming=False)
-        driver.reset()
-        with state.stages.stage("restart", learner.step):
-            # The why is CheckpointRestored's (announced below), not repeated here.
-            workers = await self.backend.restart(f"restoring the checkpoint of step {stored.step}")
-        driver.resubmit(in_flight, learner.step + 1, learner.policy_version)
-        timeout = state.config.rollout.sync_timeout_s
-        with state.stages.bounded("weight_sync", learner.step, timeout, "rollout.sync_timeout_s"):
-            await self.backend.update_weights(learner.weights(), learner.policy_version)
+        # The why is CheckpointRestored's (announced below), not repeated here.
+        restarted = await self.restarter.restart(
+            "recovery",
+            failed_step,
+            f"restoring the checkpoint of step {stored.step}",
+            at=learner.step,
+            resubmit=(in_flight, learner.policy_version),
+        )
+        if restarted is None:  # (not reached: the budget had one left)
+            return False
+        await state.sync_weights()
         logger.warning(
             "recovered from %s at step %d: restored the checkpoint of step %d (%d workers)",
             type(error).__name__,
             failed_step,
             stored.step,
-            workers,
+            restarted.workers,
             extra=ALSO_AN_EVENT,  # the CheckpointRestored below
         )
         state.announce_restored(
-            stored, reason, failed_step=failed_step, error=f"{type(error).__name__}: {error}"
+            stored,
+            f"{reason}; {restarted.budget}",  # the decision, and the budget it spent
+            failed_step=failed_step,
+            error=f"{type(error).__name__}: {error}",
         )
         return True

@@ -32,7 +32,7 @@ from typing import TypeVar
 
 import anyio
 
-from eventbus import StallDiagnosed
+from eventbus.runtime import StallDiagnosed
 
 __all__ = ["STAGES", "Stages", "Stall", "StallWatch", "WaitDeadlineExceeded"]
 

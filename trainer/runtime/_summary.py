@@ -1,16 +1,128 @@
-"""What a run did, as ``summary.json`` holds it: :class:`FitSummary` and its attempts.
+"""What a run did, as ``summary.json`` holds it: :class:`FitSummary` and its parts.
 
 The structs only; :mod:`trainer.runtime._fold` builds them from the run's events (the one
-place that decides each field).
+place that decides each field). A ``summary.json`` written before the parts were structs
+(lists of plain objects with the same keys) reads into them as it is.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
 import msgspec
 
-__all__ = ["AttemptSummary", "FitSummary"]
+from eventbus import Decision
+from eventbus.runtime import SafePoint
+
+__all__ = [
+    "AttemptSummary",
+    "FitSummary",
+    "MembershipChange",
+    "NotableDecision",
+    "RecoverySummary",
+    "RestartSummary",
+    "RolloutRestartSummary",
+    "StallSummary",
+]
+
+
+class RolloutRestartSummary(msgspec.Struct, tag="rollouts", tag_field="kind", kw_only=True):
+    """A restart of the rollout side (``kind`` ``rollouts``): fresh workers, every rollout
+    in flight reissued.
+
+    Attributes:
+        step: The step whose wait (or boundary) it happened at.
+        reason: Why: the deciding votes.
+        workers: Workers after the restart.
+        reissued_rollouts: Rollouts reissued under a new attempt.
+        attempt: The new attempt number.
+    """
+
+    kind: ClassVar[str] = "rollouts"
+
+    step: int
+    reason: str = ""
+    workers: int = 0
+    reissued_rollouts: int = 0
+    attempt: int = 0
+
+
+class RecoverySummary(msgspec.Struct, tag="recovery", tag_field="kind", kw_only=True):
+    """A recovery from a failed step (``kind`` ``recovery``): the last checkpoint restored.
+
+    Attributes:
+        step: The step that failed.
+        restored_step: The step of the checkpoint restored.
+        reason: Why: the deciding votes.
+        error: ``Type: message`` of the error that failed the step.
+    """
+
+    kind: ClassVar[str] = "recovery"
+
+    step: int
+    restored_step: int
+    reason: str = ""
+    error: str = ""
+
+
+RestartSummary = RolloutRestartSummary | RecoverySummary
+"""One entry of :attr:`FitSummary.restarts`, told apart by its ``kind``."""
+
+
+class StallSummary(msgspec.Struct, kw_only=True):
+    """One diagnosed stall of a wait.
+
+    Attributes:
+        step: The step.
+        stage: The wait (``rollouts``, ``weight_sync``, ...; see ``StallDiagnosed.stage``).
+        began: Wall-clock time the stall began.
+        lasted_s: Seconds it lasted: until what ended it, or to its last diagnosis.
+        ended_by: What ended it, in words (empty while it lasts).
+        diagnoses: How many times it was diagnosed.
+        where: The last diagnosis's headline: who holds what, stuck where.
+    """
+
+    step: int
+    stage: str
+    began: float
+    lasted_s: float = 0.0
+    ended_by: str = ""
+    diagnoses: int = 0
+    where: str = ""
+
+
+class MembershipChange(msgspec.Struct, kw_only=True):
+    """One change of the number of rollout workers, applied at a step boundary.
+
+    Attributes:
+        step: The step boundary it was applied at.
+        workers_before: Workers before the change.
+        workers: Workers after it.
+        requester: The extension that asked (empty when not known).
+        reason: Why, in its words.
+    """
+
+    step: int
+    workers_before: int
+    workers: int
+    requester: str = ""
+    reason: str = ""
+
+
+class NotableDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """A decision other than ``CONTINUE`` that the trainer acted on.
+
+    Attributes:
+        point: The safe point.
+        step: The step, when there is one.
+        decision: The combined decision.
+        why: Who asked for it and why (the outcome's summary).
+    """
+
+    point: SafePoint
+    step: int | None
+    decision: Decision
+    why: str
 
 
 class AttemptSummary(msgspec.Struct, kw_only=True):
@@ -61,10 +173,7 @@ class FitSummary(msgspec.Struct, kw_only=True):
         reward_moving_average: Mean reward over the last 10 steps.
         best_reward_moving_average: Best 10-step moving average.
         restarts: Every restart: rollout-side restarts and checkpoint recoveries, with why.
-        stalls: Every diagnosed stall: ``step``, ``stage``, ``began`` (wall-clock time it
-            began), ``lasted_s`` (until what ended it, or its last diagnosis), ``ended_by``
-            (in words; empty while it lasts), ``diagnoses`` (how many), ``where`` (the last
-            diagnosis's headline: who holds what, stuck where).
+        stalls: Every diagnosed stall, how long it lasted and what ended it.
         membership: Every change of the number of rollout workers, applied at a step
             boundary: step, workers before and after, the extension that asked, why.
         decisions: Decisions of the safe points the trainer acted on, by point, then by
@@ -108,11 +217,11 @@ class FitSummary(msgspec.Struct, kw_only=True):
     final_reward: float | None = None
     reward_moving_average: float | None = None
     best_reward_moving_average: float | None = None
-    restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    stalls: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    membership: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    restarts: list[RestartSummary] = msgspec.field(default_factory=list)
+    stalls: list[StallSummary] = msgspec.field(default_factory=list)
+    membership: list[MembershipChange] = msgspec.field(default_factory=list)
     decisions: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
-    notable_decisions: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    notable_decisions: list[NotableDecision] = msgspec.field(default_factory=list)
     rollouts: int = 0
     failed_rollouts: dict[str, int] = msgspec.field(default_factory=dict)
     dropped_rollouts: dict[str, int] = msgspec.field(default_factory=dict)

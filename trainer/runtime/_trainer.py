@@ -5,11 +5,11 @@ reports why it waits and may be interrupted by a ``SAMPLE_WAIT`` decision), run 
 update off the event loop, push the new weights to the workers, record metrics, checkpoint,
 and reach the ``STEP_BOUNDARY`` safe point. Every exception inside the loop reaches
 ``TERMINAL_FAILURE``; ``AFTER_FIT`` is reached on every exit path. What the trainer does with
-each decision is looked up in one table (:mod:`trainer.runtime._decisions`).
+each decision is looked up in one table (:mod:`trainer.runtime._decision_table`).
 
-Events are built only when someone listens (``bus.wants``) and safe points are traversed
-only when someone takes part or observes (``bus.wants_safe_point``), so a trainer with no
-extension and no subscriber runs the plain loop.
+Events are built only when someone listens (``bus.wants``), and the safe points someone
+takes part in or observes are decided once at ``fit()``, as is stall diagnosis, so a trainer
+with no extension and no subscriber runs the plain loop.
 
 The parts live next door: the policy and its update in ``_learner``, what a checkpoint holds
 in ``_state``, reaching safe points and acting on their decisions in ``_steering``,
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -30,35 +31,38 @@ from typing import Any
 import anyio
 import torch
 
-from eventbus import Capability
-from eventbus import CompletionsSampled
 from eventbus import EventBus
 from eventbus import ExtensionBehind
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
 from eventbus import Registration
-from eventbus import SafePoint
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import StepStarted
 from eventbus import Subscription
-from eventbus import WeightsSynced
+from eventbus.runtime import Capability
+from eventbus.runtime import CompletionsSampled
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
 from replay import GroupResult
-from replay import SampleWaitInterrupted
 
-from ..config._schema import TrainerConfig
-from ..rl._policy import Policy
-from ..rl._tasks import make_task
-from ..rollout._backend import RolloutBackend
-from ..rollout._driver import make_driver
-from ..rollout._factory import make_backend
-from ..rollout._faults import FaultInjector
-from ..rollout._logs import ALSO_AN_EVENT
+from ..config import TrainerConfig
+from ..rl import Policy
+from ..rl import make_task
+from ..rollout import ALSO_AN_EVENT
+from ..rollout import FaultInjector
+from ..rollout import RolloutBackend
+from ..rollout import WaitEnded
+from ..rollout import WeightsSynced
+from ..rollout import faulty_step
+from ..rollout import inject_faults
+from ..rollout import make_backend
+from ..rollout import make_driver
 from ._checkpoint import CheckpointStore
-from ._decisions import RunAborted
-from ._decisions import StopRequested
-from ._decisions import interrupts_sample_wait
+from ._decision_table import Action
+from ._decision_table import RunAborted
+from ._decision_table import StopRequested
+from ._decision_table import interrupts_sample_wait
 from ._describe import describe
 from ._diagnosis import StallDiagnoser
 from ._diagnosis import start_stall_diagnosis
@@ -72,21 +76,23 @@ from ._metrics import named
 from ._perf import PerfMeter
 from ._perf import StepWork
 from ._recovery import Recovery
+from ._restarts import RestartBudget
+from ._restarts import Restarter
 from ._run import FAULTS_FILE
 from ._run import RunFolder
 from ._run import RunFolderWriteError
+from ._run_state import RunState
+from ._run_state import non_finite_weights
+from ._run_workload import RunWorkload
+from ._sample_wait import RolloutsLost
 from ._sample_wait import WaitClock
-from ._sample_wait import wait_unless_lost
 from ._stall import WaitDeadlineExceeded
-from ._state import RunState
-from ._state import non_finite_weights
 from ._steering import Steering
 from ._view import TrainerView
 from ._view import ViewedParts
-from ._workload import RunWorkload
 
 if TYPE_CHECKING:
-    from ..rl._hf_policy import HFPolicy
+    from ..rl import HFPolicy
 
 __all__ = ["PPOTrainer"]
 
@@ -101,7 +107,8 @@ class PPOTrainer:
         out_dir: The run folder (``events.jsonl``, ``metrics.jsonl``, ``checkpoints/``,
             ``summary.json``); None keeps everything in memory.
         backend: Rollout workers (default: built from ``config.rollout.backend``).
-        faults: Fault injection (tests, ``--inject``).
+        faults: Fault injection (tests, ``--inject``): wrapped around the backend, its
+            workers, the training step and checkpoint writes (none of them knows of it).
         bus: The event bus (default: a new one offering every capability).
     """
 
@@ -129,25 +136,40 @@ class PPOTrainer:
             epochs=config.ppo.epochs,
             reference=config.ppo.kl_coef > 0,
         )
-        self.backend = backend if backend is not None else make_backend(config, faults)
+        self.backend = backend if backend is not None else make_backend(config)
+        if faults is not None:
+            self.backend = inject_faults(self.backend, faults)
         self.membership = MembershipRequests()
         self._dropped_before: dict[int, int] = {}  # by registration, at this fit()'s start
         self.bus = bus or EventBus(
             safe_point_timeout=config.safe_point_timeout_s,
             capabilities=frozenset(Capability),
             host=TrainerView(
-                ViewedParts(self.learner, config, self.out_dir, self.backend, self.membership)
+                ViewedParts(
+                    self.learner,
+                    config,
+                    self.out_dir,
+                    self.backend,
+                    self.membership,
+                    run_id=lambda: self.state.run_id,
+                )
             ),
             # Exporters may take a while to write what they hold when the run ends.
             drain_timeout=config.export.flush_timeout_s if config.export.to else 5.0,
         )
         self.faults = faults
         self.files = RunFolder(self.out_dir)
+        # The training step as the loop calls it: the learner's update, looked up at each
+        # call (fault injection wraps it).
+        self.update: Callable[[tuple[GroupResult, ...]], dict[str, float]] = lambda batch: (
+            self.learner.update(batch)
+        )
         if faults is not None:
             faults.bus = self.bus
             faults.write_now = self.files.write_now
             if self.out_dir is not None:
                 faults.keep_record(self.out_dir / FAULTS_FILE)
+            self.update = faulty_step(self.update, lambda: self.learner.step + 1, faults)
         self.checkpoints = CheckpointStore(
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
@@ -174,12 +196,16 @@ class PPOTrainer:
             store=self.checkpoints,
             export=self._export_model if self.workload.is_hf and self.out_dir else None,
         )
-        self.recovery = Recovery(self.state, self.backend)
+        # The one way the rollout side restarts, within the run's one restart budget.
+        self.restarter = Restarter(
+            self.driver, self.state.stages, RestartBudget.from_config(config.self_heal)
+        )
+        self.recovery = Recovery(self.state, self.restarter)
         self.steering = Steering(
             self.bus,
             self.learner,
             self.state,
-            self.driver,
+            self.restarter,
             self.state.stages,
             on_outcome=lambda outcome: self.record.apply_outcome(outcome),
         )
@@ -276,13 +302,21 @@ class PPOTrainer:
         self._fitting = True
         self._stop_requested = None
         self._task, self._loop = asyncio.current_task(), asyncio.get_running_loop()
-        self._diagnoser = start_stall_diagnosis(
-            self.config, self.driver, self.bus, self.backend, self.stages, self.files.write_now
+        # Whether this fit() diagnoses stalls: decided here, once, from the configuration
+        # (diagnose.after_s, a run folder, whose log records diagnoses) and the extensions
+        # registered, not by whoever happens to listen when a stall comes.
+        diagnosed = self.config.diagnose_after_s > 0 and (
+            self.out_dir is not None or self.bus.wants(StallDiagnosed)
         )
-        diagnosed = self._diagnoser is not None and self.bus.wants(StallDiagnosed)
+        if diagnosed:
+            self._diagnoser = start_stall_diagnosis(
+                self.config, self.driver, self.bus, self.backend, self.stages, self.files.write_now
+            )
         try:
             recording = self.files.recording(self.bus, self.record, diagnosed=diagnosed)
             with recording as (self.record, self._tap):
+                # Which safe points this fit() traverses, once its own recorders are on.
+                self.steering.traverse_wanted()
                 try:
                     async with self.bus.running():
                         return await self._fit()
@@ -348,7 +382,7 @@ class PPOTrainer:
             # A checkpoint of step 0, so that a recovery from a failure can always restore
             # something (written once, after the BEFORE_FIT decision).
             first = not self.checkpoints.list() and (
-                self.out_dir is not None or bus.wants_safe_point(SafePoint.TERMINAL_FAILURE)
+                self.out_dir is not None or SafePoint.TERMINAL_FAILURE in self.steering.traversed
             )
             try:
                 await self.steering.decide(SafePoint.BEFORE_FIT, checkpoint_due=first)
@@ -418,6 +452,8 @@ class PPOTrainer:
                 logger.exception("closing the rollout backend failed while handling an error")
             try:
                 outcome = await self.steering.reach(SafePoint.AFTER_FIT, failed=error is not None)
+                if outcome is not None:
+                    await self.steering.act(SafePoint.AFTER_FIT, outcome, self.step)
                 for vote in outcome.votes if outcome is not None else ():
                     if vote.error:
                         logger.error(
@@ -525,11 +561,9 @@ class PPOTrainer:
         waited = time.perf_counter() - began
         await self._drain_record()  # the batch's report, for its failed rollouts
         failed = self.record.batch_failures(step)
-        if self.faults is not None:
-            self.faults.check_step(step)
         update_began = time.perf_counter()
         with self.stages.stage("update", step):
-            update = self.stages.in_thread(learner.update)
+            update = self.stages.in_thread(self.update)
             metrics = await anyio.to_thread.run_sync(update, batch)
         update_s = time.perf_counter() - update_began
         learner.step = step
@@ -581,24 +615,27 @@ class PPOTrainer:
         await self.membership.apply(step, self.driver)
 
     async def _collect(self, step: int) -> tuple[GroupResult, ...]:
-        """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decisions that end it."""
+        """Wait for the step's batch, acting on the ``SAMPLE_WAIT`` decision that ends a wait
+        (a restart, then the wait begins again; ``STOP`` and ``ABORT`` raise).
+
+        Raises:
+            RolloutsLost: Nothing can deliver the batch, and no decision restarted the
+                rollout side.
+        """
         while True:
-            try:
-                return await wait_unless_lost(
-                    self.driver, self.bus, step, self.learner.policy_version
-                )
-            except SampleWaitInterrupted as interrupt:
-                outcome = interrupt.outcome
-            self.record.apply_outcome(outcome)  # (the buffer reached it, not the steering)
-            # RESTART_ROLLOUTS, then wait again; STOP and ABORT raise.
-            await self.steering.act(SafePoint.SAMPLE_WAIT, outcome, step)
+            waited = await self.driver.wait_batch(step, self.learner.policy_version)
+            if not isinstance(waited, WaitEnded):
+                return waited
+            action = Action.GO_ON
+            if waited.outcome is not None:
+                action = await self.steering.act(SafePoint.SAMPLE_WAIT, waited.outcome, step)
+            if action is Action.GO_ON and waited.lost is not None:
+                raise RolloutsLost(waited.lost)
 
     async def _sync_weights(self) -> float:
         learner = self.learner
         began = time.perf_counter()
-        timeout, setting = self.config.rollout.sync_timeout_s, "rollout.sync_timeout_s"
-        with self.stages.bounded("weight_sync", learner.step, timeout, setting):
-            await self.backend.update_weights(learner.weights(), learner.policy_version)
+        await self.state.sync_weights()
         elapsed = time.perf_counter() - began
         if self.bus.wants(WeightsSynced):
             self.bus.publish(

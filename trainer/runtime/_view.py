@@ -1,22 +1,29 @@
 """What extensions see of the trainer: ``context.host``, a :class:`TrainerView`.
 
-Read-only (steps, policy version, configuration, run folder, who holds which rollout),
-except for the requests an extension's capabilities allow (``request_workers`` with
-``Capability.MEMBERSHIP``). The bus gives each extension its own view, so a request names
-the extension that made it.
+The trainer's implementation of the runtime contract's :class:`~eventbus.runtime.Host`:
+read-only (the run, its steps and policy version, configuration, run folder, which rollouts
+the workers hold), except for the requests an extension's capabilities allow
+(``request_workers`` with ``Capability.MEMBERSHIP``). The bus gives each extension its own
+view, so a request names the extension that made it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventbus import Capability
+from eventbus import CapabilityBase
 from eventbus import ExtensionError
+from eventbus.runtime import Capability
+from eventbus.runtime import Host
+from eventbus.runtime import StuckRollout
 
-from ..config._schema import TrainerConfig
-from ..rollout._backend import Holding
-from ..rollout._backend import RolloutBackend
+from ..config import TrainerConfig
+from ..rollout import Holding
+from ..rollout import RolloutBackend
+from ..rollout import stuck_rollouts
 from ._learner import Learner
 from ._membership import MembershipRequests
 
@@ -25,16 +32,21 @@ __all__ = ["TrainerView", "ViewedParts"]
 
 @dataclass(frozen=True, eq=False)
 class ViewedParts:
-    """The parts of a trainer its views read (never handed to an extension)."""
+    """The parts of a trainer its views read (never handed to an extension).
+
+    Attributes:
+        run_id: The run's id, read when asked (a resume sets it after the view is made).
+    """
 
     learner: Learner
     config: TrainerConfig
     out_dir: Path | None
     backend: RolloutBackend
     membership: MembershipRequests
+    run_id: Callable[[], str]
 
 
-class TrainerView:
+class TrainerView(Host):
     """What extensions see of the trainer as ``context.host``: read-only, except for the
     requests its capabilities allow (``request_workers`` with ``Capability.MEMBERSHIP``).
 
@@ -46,15 +58,20 @@ class TrainerView:
         self,
         parts: ViewedParts,
         extension: str = "",
-        capabilities: frozenset[Capability] = frozenset(),
+        capabilities: frozenset[CapabilityBase] = frozenset(),
     ) -> None:
         self._parts = parts
         self._extension = extension
         self._capabilities = capabilities
 
-    def for_extension(self, name: str, capabilities: frozenset[Capability]) -> TrainerView:
+    def for_extension(self, name: str, capabilities: frozenset[CapabilityBase]) -> TrainerView:
         """The view extension ``name`` gets (the bus asks at registration)."""
         return TrainerView(self._parts, name, capabilities)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id, kept across resumes of the same run folder."""
+        return self._parts.run_id()
 
     @property
     def step(self) -> int:
@@ -76,11 +93,15 @@ class TrainerView:
         """The run folder, if any."""
         return self._parts.out_dir
 
+    def held_rollouts(self) -> tuple[StuckRollout, ...]:
+        """The rollouts each worker took and has not delivered yet, and for how long: a
+        worker holding work long is a silent one."""
+        return stuck_rollouts(self.rollout_holdings(), time.monotonic())
+
     def rollout_holdings(self) -> tuple[Holding, ...]:
         """The work each rollout worker took and has not delivered yet (``since`` is
-        ``time.monotonic()``): a worker holding work long is a silent one."""
-        holdings = getattr(self._parts.backend, "holdings", None)
-        return holdings() if holdings is not None else ()
+        ``time.monotonic()``), as the backend records it."""
+        return self._parts.backend.holdings()
 
     @property
     def workers(self) -> int:

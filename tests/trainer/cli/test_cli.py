@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from eventbus import FitFinished
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import FitFinished
+from eventbus.runtime import StepFinished
 from trainer.cli._main import _stop_on_signals
 from trainer.cli._main import main
 

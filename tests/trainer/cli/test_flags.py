@@ -85,7 +85,7 @@ def test_every_model_init_flag_reaches_init_model(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import trainer.rl._hf_init as hf_init
-    from trainer.cli._workload import run_workload_command
+    from trainer.cli._model_commands import run_workload_command
 
     received: dict[str, Any] = {}
     argv = ["DIR", "--arch", "llama", "--layers", "2", "--width", "48", "--heads", "3"]

@@ -17,26 +17,25 @@ from pathlib import Path
 
 import pytest
 
-from eventbus import BatchReconciled
-from eventbus import BatchReport
 from eventbus import Decision
 from eventbus import Event
-from eventbus import FitFinished
-from eventbus import FitStarted
 from eventbus import Lagged
-from eventbus import RolloutRejected
-from eventbus import SafePoint
-from eventbus import SafePointOutcome
-from eventbus import SafePointResolved
-from eventbus import SampleWait
-from eventbus import StepFinished
-from eventbus import StepStarted
 from eventbus import Vote
-from eventbus import WorkerJoined
-from eventbus import WorkerLeft
 from eventbus import encode_event
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StepStarted
+from replay import BatchReconciled
+from replay import BatchReport
+from replay import RolloutRejected
 from tests._events import sample_wait
-from trainer.cli._errors import UsageError
+from trainer import WorkerJoined
+from trainer import WorkerLeft
 from trainer.cli._inspect import CONTINUATION
 from trainer.cli._inspect import LogReader
 from trainer.cli._inspect import LogView
@@ -46,6 +45,7 @@ from trainer.cli._inspect import entry_step
 from trainer.cli._inspect import format_entry
 from trainer.cli._inspect import parse_types
 from trainer.cli._inspect import show_log
+from trainer.cli._usage import UsageError
 from trainer.runtime._describe import describe
 from trainer.runtime._run import repair_torn_tail
 

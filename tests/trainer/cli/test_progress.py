@@ -10,17 +10,17 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
-from eventbus import BatchReconciled
-from eventbus import BatchReport
 from eventbus import EventBus
 from eventbus import ExtensionContext
-from eventbus import FitFinished
-from eventbus import FitStarted
-from eventbus import RolloutRestarted
-from eventbus import SampleWait
-from eventbus import StepFinished
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
+from replay import BatchReport
 from tests._events import sample_wait
 from trainer import PlainProgress
+from trainer import RolloutRestarted
 from trainer.cli._live import LiveProgress
 
 CONTEXT = ExtensionContext(name="progress", bus=EventBus(), capabilities=frozenset())

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 import eventbus as eb
+import eventbus.runtime as rt
+import replay as rp
+import trainer as tr
 from trainer.cli._main import main
 from trainer.cli._plots import Marker
 from trainer.cli._plots import restart_markers
@@ -246,28 +249,28 @@ def test_report_json_holds_the_summary_and_the_facts(
 
 
 def _resolved(
-    point: eb.SafePoint, step: int, decision: eb.Decision, reason: str
-) -> eb.SafePointResolved:
+    point: rt.SafePoint, step: int, decision: eb.Decision, reason: str
+) -> rt.SafePointResolved:
     vote = eb.Vote(participant="healer", decision=decision, reason=reason)
-    outcome = eb.SafePointOutcome(point=point, step=step, decision=decision, votes=(vote,))
-    return eb.SafePointResolved(outcome=outcome)
+    outcome = rt.SafePointOutcome(point=point, step=step, decision=decision, votes=(vote,))
+    return rt.SafePointResolved(outcome=outcome)
 
 
-def _batch(step: int, **dropped: int) -> eb.BatchReconciled:
-    report = eb.BatchReport(step=step, registered=8, succeeded=8, dropped=dropped, duplicates=1)
-    return eb.BatchReconciled(report=report)
+def _batch(step: int, **dropped: int) -> rp.BatchReconciled:
+    report = rp.BatchReport(step=step, registered=8, succeeded=8, dropped=dropped, duplicates=1)
+    return rp.BatchReconciled(report=report)
 
 
 FAILED_RUN = [
-    eb.FitStarted(run_id="abc", total_steps=5, seq=1, time=100.0),
-    eb.StepStarted(step=1, seq=2, time=100.5),
+    rt.FitStarted(run_id="abc", total_steps=5, seq=1, time=100.0),
+    rt.StepStarted(step=1, seq=2, time=100.5),
     _batch(1, superseded_attempt=2),
-    _resolved(eb.SafePoint.SAMPLE_WAIT, 1, eb.Decision.RESTART_REQUIRED, "stalled"),
-    eb.RolloutRestarted(step=1, reason="restart_required (healer: stalled)", seq=5, time=101.0),
+    _resolved(rt.SafePoint.SAMPLE_WAIT, 1, eb.Decision.RESTART_REQUIRED, "stalled"),
+    tr.RolloutRestarted(step=1, reason="restart_required (healer: stalled)", seq=5, time=101.0),
     _batch(1, superseded_attempt=1, earlier_step=3),
-    eb.CheckpointSaved(step=1, path="/x/step-1.pt", seq=7, time=102.0),
-    eb.StepStarted(step=2, seq=8, time=102.5),
-    eb.CheckpointRestored(
+    rt.CheckpointSaved(step=1, path="/x/step-1.pt", seq=7, time=102.0),
+    rt.StepStarted(step=2, seq=8, time=102.5),
+    rt.CheckpointRestored(
         step=1,
         path="/x/step-1.pt",
         reason="boom recovery",
@@ -276,7 +279,7 @@ FAILED_RUN = [
         seq=9,
         time=103.0,
     ),
-    eb.FitFailed(step=1, error_type="ValueError", message="boom", seq=10, time=104.0),
+    rt.FitFailed(step=1, error_type="ValueError", message="boom", seq=10, time=104.0),
 ]
 
 
@@ -287,8 +290,8 @@ def test_the_fold_of_the_log_of_a_failed_run() -> None:
     assert s.error == "ValueError: boom"
     assert (s.run_id, s.steps, s.total_steps) == ("abc", 1, 5)
     assert s.duration_s == pytest.approx(4.0)
-    assert [r["kind"] for r in s.restarts] == ["rollouts", "recovery"]
-    assert s.restarts[1]["step"] == 2  # the step that failed
+    assert [r.kind for r in s.restarts] == ["rollouts", "recovery"]
+    assert s.restarts[1].step == 2  # the step that failed
     assert s.dropped_rollouts == {"superseded_attempt": 3, "earlier_step": 3}
     assert s.duplicates == 2
     assert s.decisions == {"sample_wait": {"restart_required": 1}}
@@ -304,15 +307,15 @@ def test_the_fold_of_the_log_of_a_failed_run() -> None:
 
 
 def test_the_longest_wait_names_its_step_even_when_the_step_failed() -> None:
-    def finished(step: int, wait_s: float) -> eb.StepFinished:
-        return eb.StepFinished(step=step, metrics={"timing_s/wait": wait_s}, seq=step + 1)
+    def finished(step: int, wait_s: float) -> rt.StepFinished:
+        return rt.StepFinished(step=step, metrics={"timing_s/wait": wait_s}, seq=step + 1)
 
-    events = [eb.FitStarted(run_id="w", total_steps=4, seq=1, time=1.0), finished(1, 0.5)]
+    events = [rt.FitStarted(run_id="w", total_steps=4, seq=1, time=1.0), finished(1, 0.5)]
     events += [finished(2, 1.5), finished(3, 0.2)]
     s = fold_events(events).summary()
     assert (s.sample_wait_longest_s, s.sample_wait_longest_step) == (1.5, 2)
     # Step 4 failed after waiting longer than any finished step: no StepFinished has it.
-    failed = eb.FitFailed(step=4, error_type="RolloutsLost", message="x", wait_s=9.0, seq=9)
+    failed = rt.FitFailed(step=4, error_type="RolloutsLost", message="x", wait_s=9.0, seq=9)
     fold = fold_events([*events, failed])
     s = fold.summary()
     assert (s.sample_wait_longest_s, s.sample_wait_longest_step) == (9.0, 4)
@@ -323,9 +326,9 @@ def test_the_longest_wait_names_its_step_even_when_the_step_failed() -> None:
 def test_an_attempt_lasts_from_the_beginning_of_fit_as_its_fit_finished_says() -> None:
     # The workers took 8.8 s to start (Ray); FitFinished times the whole fit().
     events = [
-        eb.FitStarted(run_id="d", total_steps=4, start_s=8.8, seq=1, time=108.8),
-        eb.StepFinished(step=4, seq=2, time=112.0),
-        eb.FitFinished(step=4, duration_s=13.9, seq=3, time=113.9),
+        rt.FitStarted(run_id="d", total_steps=4, start_s=8.8, seq=1, time=108.8),
+        rt.StepFinished(step=4, seq=2, time=112.0),
+        rt.FitFinished(step=4, duration_s=13.9, seq=3, time=113.9),
     ]
     s = fold_events(events).summary()
     assert s.attempts[0].duration_s == pytest.approx(13.9)
@@ -336,26 +339,26 @@ def test_an_attempt_lasts_from_the_beginning_of_fit_as_its_fit_finished_says() -
 def test_an_end_recorded_later_closes_the_attempt_at_its_last_event() -> None:
     # Killed while it closed (at 112.0), its end recorded by the next start an hour later.
     events = [
-        eb.FitStarted(run_id="k", total_steps=4, start_s=1.0, seq=1, time=101.0),
-        eb.StepFinished(step=4, seq=2, time=112.0),
+        rt.FitStarted(run_id="k", total_steps=4, start_s=1.0, seq=1, time=101.0),
+        rt.StepFinished(step=4, seq=2, time=112.0),
     ]
     assert fold_events(events).trained_all_unclosed()
-    closed = eb.FitFinished(step=4, duration_s=12.0, closed_later=True, seq=3, time=3700.0)
+    closed = rt.FitFinished(step=4, duration_s=12.0, closed_later=True, seq=3, time=3700.0)
     fold = fold_events([*events, closed])
     s = fold.summary()
     assert (s.status, s.steps, s.duration_s) == ("finished", 4, pytest.approx(12.0))
     assert [a.status for a in s.attempts] == ["finished"]
     assert not fold.trained_all_unclosed()
-    killed_midway = fold_events([events[0], eb.StepFinished(step=3, seq=2, time=110.0)])
+    killed_midway = fold_events([events[0], rt.StepFinished(step=3, seq=2, time=110.0)])
     assert not killed_midway.trained_all_unclosed()  # it had a step left: killed, not closing
 
 
 @pytest.mark.parametrize(
     ("end", "status", "reason"),
     [
-        (eb.FitFinished(step=2, stopped_early=True, reason="SIGTERM"), "stopped", "SIGTERM"),
+        (rt.FitFinished(step=2, stopped_early=True, reason="SIGTERM"), "stopped", "SIGTERM"),
         (
-            eb.FitFailed(step=3, error_type="CancelledError", message="Ctrl-C"),
+            rt.FitFailed(step=3, error_type="CancelledError", message="Ctrl-C"),
             "interrupted",
             "Ctrl-C",
         ),
@@ -364,7 +367,7 @@ def test_an_end_recorded_later_closes_the_attempt_at_its_last_event() -> None:
 def test_the_reason_of_a_stop_is_in_the_summary_and_the_report(
     end: eb.Event, status: str, reason: str
 ) -> None:
-    events = [eb.FitStarted(run_id="s", total_steps=9, seq=1, time=1.0), end]
+    events = [rt.FitStarted(run_id="s", total_steps=9, seq=1, time=1.0), end]
     fold = fold_events(events)
     s = fold.summary()
     assert (s.status, s.stop_reason, s.error) == (status, reason, None)
@@ -372,12 +375,12 @@ def test_the_reason_of_a_stop_is_in_the_summary_and_the_report(
     rows = dict(table_rows(RunData(Path("x"), summary=s, fold=fold)))
     assert rows["status"].splitlines()[0] == f"{status}: {reason}"
     # A resume starts afresh: its own stop, if any, is the one the summary names.
-    resumed = fold_events([*events, eb.FitStarted(run_id="s", start_step=2, time=9.0)])
+    resumed = fold_events([*events, rt.FitStarted(run_id="s", start_step=2, time=9.0)])
     assert resumed.summary().stop_reason is None
 
 
 def test_table_rows_of_a_run_without_steps() -> None:
-    fold = fold_events([eb.FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)])
+    fold = fold_events([rt.FitStarted(run_id="r", total_steps=3, seq=1, time=1.0)])
     rows = dict(table_rows(RunData(Path("x"), summary=fold.summary(), fold=fold)))
     assert rows["status"].startswith("running\nno end in the log yet")
     assert rows["steps"] == "0 of 3"
@@ -386,7 +389,7 @@ def test_table_rows_of_a_run_without_steps() -> None:
 
 
 def test_restarts_are_marked_where_they_happened() -> None:
-    resumed = eb.CheckpointRestored(step=4, path="/x/step-4.pt", reason="resume", seq=11, time=9.0)
+    resumed = rt.CheckpointRestored(step=4, path="/x/step-4.pt", reason="resume", seq=11, time=9.0)
     assert restart_markers([*FAILED_RUN, resumed]) == [
         Marker(1, "rollout restart"),
         Marker(2, "checkpoint restored"),  # the step that failed, not the one restored
@@ -399,7 +402,7 @@ def test_a_log_that_goes_on_after_the_summary_says_the_run_goes_on(
 ) -> None:
     folder = copy_run(run_dir, tmp_path)
     with (folder / "events.jsonl").open("ab") as file:
-        event = eb.FitStarted(run_id="again", start_step=3, total_steps=5, resumed=True, time=1e10)
+        event = rt.FitStarted(run_id="again", start_step=3, total_steps=5, resumed=True, time=1e10)
         file.write(eb.encode_event(event) + b"\n")
     assert report(folder, "--no-plots") == 0
     out = capsys.readouterr().out
@@ -449,7 +452,7 @@ def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:
         for s in range(1, 6)
     )
     (tmp_path / "metrics.jsonl").write_text(metrics)
-    events = [eb.FitStarted(seq=1, time=1.0), eb.FitFinished(step=5, seq=2, time=2.0)]
+    events = [rt.FitStarted(seq=1, time=1.0), rt.FitFinished(step=5, seq=2, time=2.0)]
     (tmp_path / "events.jsonl").write_bytes(b"".join(eb.encode_event(e) + b"\n" for e in events))
     # approx_kl is missing: its line is left empty rather than failing the plot.
     assert write_plots(load_run(tmp_path)) == [tmp_path / "reward.png", tmp_path / "waits.png"]
@@ -458,7 +461,7 @@ def test_plots_from_hand_built_metrics(tmp_path: Path) -> None:
 
 
 def test_no_plots_without_a_finished_step(tmp_path: Path) -> None:
-    (tmp_path / "events.jsonl").write_bytes(eb.encode_event(eb.FitStarted(seq=1, time=1.0)) + b"\n")
+    (tmp_path / "events.jsonl").write_bytes(eb.encode_event(rt.FitStarted(seq=1, time=1.0)) + b"\n")
     assert write_plots(load_run(tmp_path)) == []
 
 

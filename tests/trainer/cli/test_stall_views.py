@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -13,25 +14,25 @@ from rich.console import Console
 
 from eventbus import EventBus
 from eventbus import ExtensionContext
-from eventbus import FitStarted
-from eventbus import RolloutRestarted
-from eventbus import SampleWait
-from eventbus import StackFrame
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import StuckRollout
-from eventbus import ThreadStack
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StackFrame
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from eventbus.runtime import StuckRollout
+from eventbus.runtime import ThreadStack
 from replay import PromptGroup
 from tests._events import sample_wait
 from tests._events import stall
 from trainer import Holding
+from trainer import RolloutRestarted
 from trainer import RolloutWork
-from trainer import load_config
 from trainer.cli._inspect import format_entry
 from trainer.cli._live import LiveProgress
 from trainer.cli._report import stall_line
 from trainer.cli._report import table_rows
 from trainer.cli._rundata import RunData
+from trainer.rollout._backend import stuck_rollouts
 from trainer.runtime._describe import describe
 from trainer.runtime._fold import fold_events
 
@@ -52,7 +53,7 @@ DIAGNOSIS = StallDiagnosed(
             owner="ray-1.0",
             thread="MainThread",
             frames=(
-                StackFrame(file="/w/trainer/rollout/_ray.py", line=120, function="run"),
+                StackFrame(file="/w/trainer/rollout/ray/_actor.py", line=120, function="run"),
                 StackFrame(file="/home/me/myrewards.py", line=41, function="score"),
                 StackFrame(file="/py/threading.py", line=327, function="wait", library=True),
             ),
@@ -72,7 +73,7 @@ def test_events_prints_the_headline_then_holdings_and_indented_stacks() -> None:
         "4 rollouts for 6.2 s, stuck in `myrewards.py:41 score`",
         "    ray-1.0 holds 4 rollouts of groups p7, p8",
         "    ray-1.0 [MainThread] (py-spy, pid 4242):",
-        "        _ray.py:120 run",
+        "        _actor.py:120 run",
         "        myrewards.py:41 score",
         "        threading.py:327 wait",
         "    note: the backend said so",
@@ -123,7 +124,7 @@ def test_report_lists_each_stall_with_when_how_long_where_and_what_ended_it() ->
     ]
     # The run's one fold (summary.json, the report) holds them.
     stalls = fold_events(events).summary().stalls
-    assert [(s["step"], s["stage"], s["diagnoses"]) for s in stalls] == [
+    assert [(s.step, s.stage, s.diagnoses) for s in stalls] == [
         (4, "rollouts", 2),
         (4, "rollouts", 1),
         (6, "weight_sync", 1),
@@ -149,7 +150,7 @@ def test_a_stall_inside_another_wait_and_the_wait_end_together() -> None:
         RolloutRestarted(step=4, reissued=("p7#0",), time=114.0),
     ]
     stalls = fold_events(events).summary().stalls
-    assert [(s["stage"], s["ended_by"], s["lasted_s"]) for s in stalls] == [
+    assert [(s.stage, s.ended_by, s.lasted_s) for s in stalls] == [
         ("rollouts", "rollout side restarted (1 rollouts reissued)", 6.0),
         ("restart", "rollout side restarted (1 rollouts reissued)", 2.0),
     ]
@@ -169,8 +170,8 @@ def test_a_slow_start_that_then_succeeds_is_a_stall_the_workers_starting_ended()
     ]
     summary = fold_events(events).summary()
     [stall] = summary.stalls
-    assert (stall["ended_by"], stall["diagnoses"]) == ("the rollout workers started", 2)
-    assert stall["lasted_s"] == pytest.approx(6.4)  # until the workers were up
+    assert (stall.ended_by, stall.diagnoses) == ("the rollout workers started", 2)
+    assert stall.lasted_s == pytest.approx(6.4)  # until the workers were up
     assert summary.attempts[0].began == pytest.approx(100.0)
     rows = dict(table_rows(RunData(Path("x"), summary=summary, events=events)))
     [line] = rows["stalls"].splitlines()[1:]
@@ -189,7 +190,7 @@ def test_a_start_that_never_ended_was_killed_and_the_next_attempt_starts_afresh(
         FitStarted(run_id="r", start_step=1, total_steps=4, start_s=4.0, time=53.0),
     ]
     summary = fold_events(events).summary()
-    assert [(s["began"], s["ended_by"]) for s in summary.stalls] == [
+    assert [(s.began, s.ended_by) for s in summary.stalls] == [
         (28.0, "the process ended (killed)"),
         (49.0, "the rollout workers started"),
     ]
@@ -200,16 +201,15 @@ def test_a_start_that_never_ended_was_killed_and_the_next_attempt_starts_afresh(
 
 
 class Host:
-    """What the live view reads of the trainer (``context.host``)."""
+    """What the live view reads of the trainer (``context.host``): the rollouts held, at
+    ``now``; and whether self-healing counts down to its 10 s stall timeout."""
 
     def __init__(self, holdings: tuple[Holding, ...], *, self_heal: bool) -> None:
-        self.config = load_config(
-            overrides={"self_heal.enabled": self_heal, "self_heal.stall_timeout_s": 10.0}
-        )
+        self.stall_timeout_s = 10.0 if self_heal else None
         self._holdings = holdings
 
-    def rollout_holdings(self) -> tuple[Holding, ...]:
-        return self._holdings
+    def held_rollouts(self, now: float) -> tuple[StuckRollout, ...]:
+        return stuck_rollouts(self._holdings, now)
 
 
 def work(name: str, groups: int) -> RolloutWork:
@@ -230,9 +230,9 @@ def wait_state(elapsed: float, available: int) -> SampleWait:
 
 def live_frames(host: Host, waits: list[SampleWait], now: float) -> str:
     console = Console(file=io.StringIO(), force_terminal=True, width=160, color_system=None)
-    view = LiveProgress(console)
-    view._clock = lambda: now
-    context = ExtensionContext(name="p", bus=EventBus(), capabilities=frozenset(), host=host)
+    view = LiveProgress(console, stall_timeout_s=host.stall_timeout_s)
+    at_now = SimpleNamespace(held_rollouts=lambda: host.held_rollouts(now))
+    context = ExtensionContext(name="p", bus=EventBus(), capabilities=frozenset(), host=at_now)
     view.on_event(context, FitStarted(run_id="r1", total_steps=6, mode="sync", backend="local"))
     for event in waits:
         view.on_event(context, event)

@@ -106,10 +106,6 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
         ({"task.params": {"length": 40}}, "model.max_seq_len is 32, but task 'reverse' needs"),
         ({"task.params": {"width": 4}}, "unknown parameter 'width' for task 'reverse'"),
         (
-            {"self_heal.enabled": True, "self_heal.backoff_max_s": 60.0},
-            "self_heal.backoff_max_s (60.0) must be below safe_point_timeout_s (30.0)",
-        ),
-        (
             {"rollout.ray_address": "auto"},
             "rollout.ray_address is 'auto' but rollout.backend is 'local'",
         ),

@@ -18,21 +18,21 @@ from typing import Any
 import pytest
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
-from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import FitFinished
-from eventbus import FitStarted
-from eventbus import RolloutRejected
-from eventbus import SafePoint
-from eventbus import SafePointResolved
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
 from eventbus.testing import HANG
 from eventbus.testing import ScriptedVoter
+from replay import RolloutRejected
 from trainer import RunAborted
 from trainer.cli._main import main
 
@@ -368,7 +368,7 @@ def test_an_error_in_a_step_is_recorded_and_self_heal_recovers_from_the_last_che
     assert no_trainbus_thread_left()
     import torch
 
-    # The self-healing extension's state (its budget) is in every checkpoint since.
+    # The self-healing extension's state (its counters) is in every checkpoint since.
     states = torch.load(tmp_path / "trl" / "checkpoint-4" / "trainbus-extensions.pt")
     assert states["self-healing"]["restarts_used"] == 1
 

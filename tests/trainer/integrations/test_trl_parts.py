@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 
 from eventbus import Decision
-from eventbus import FitFinished
-from eventbus import FitStarted
-from eventbus import SafePoint
-from eventbus import SafePointOutcome
-from eventbus import StackFrame
-from eventbus import StepFinished
-from eventbus import ThreadStack
 from eventbus import Vote
 from eventbus import encode_event
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointOutcome
+from eventbus.runtime import StackFrame
+from eventbus.runtime import StepFinished
+from eventbus.runtime import ThreadStack
 from eventbus.testing import ScriptedVoter
 from trainer.cli._main import main
 from trainer.integrations._trl_decisions import AT_STEP_BOUNDARY
@@ -433,7 +433,7 @@ def test_the_bus_thread_runs_calls_with_deadlines_and_is_joined() -> None:
 
 def test_posted_work_runs_in_order_and_its_events_keep_the_time_they_were_posted() -> None:
     from eventbus import EventBus
-    from eventbus import StepStarted
+    from eventbus.runtime import StepStarted
     from trainer.integrations._trl_thread import posted_clock
 
     bus = EventBus(clock=posted_clock)
@@ -529,7 +529,7 @@ def test_a_step_that_stays_stuck_is_diagnosed_again_each_time_it_lasts_four_time
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from eventbus import EventBus
-    from eventbus import StallDiagnosed
+    from eventbus.runtime import StallDiagnosed
 
     started, release = threading.Event(), threading.Event()
     training = threading.Thread(target=hung_reward, args=(started, release), name="trainer-y")

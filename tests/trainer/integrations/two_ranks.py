@@ -22,11 +22,11 @@ from trl import GRPOConfig
 from trl import GRPOTrainer
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import ExtensionContext
-from eventbus import SafePoint
-from eventbus import SafePointReached
+from eventbus.runtime import Capability
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
 from trainer.integrations.trl import TrainbusCallback
 
 

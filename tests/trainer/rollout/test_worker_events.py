@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from eventbus import Event
-from eventbus import RewardTimed
-from eventbus import RolloutFailed
-from eventbus import RolloutFinished
-from eventbus import RolloutRetried
-from eventbus import RolloutStarted
-from eventbus import WorkerStalled
 from replay import PromptGroup
+from trainer import RewardTimed
+from trainer import RolloutFailed
+from trainer import RolloutFinished
+from trainer import RolloutRetried
+from trainer import RolloutStarted
+from trainer import WorkerStalled
 from trainer.rollout._worker import RolloutWork
 from trainer.rollout._worker_events import EventRequest
 from trainer.rollout._worker_events import WorkerEvents

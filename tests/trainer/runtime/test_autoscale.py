@@ -7,11 +7,11 @@ import re
 import pytest
 import torch
 
-from eventbus import WorkerJoined
-from eventbus import WorkerLeft
 from trainer import AutoscalingExtension
 from trainer import ConfigError
 from trainer import ScalingPolicy
+from trainer import WorkerJoined
+from trainer import WorkerLeft
 from trainer import load_config
 
 from .test_selfheal import Run
@@ -118,9 +118,9 @@ async def test_a_run_scales_up_to_its_bound_and_records_why() -> None:
     assert summary.steps == 6
     joined = run.events(WorkerJoined)
     assert [(e.step, e.workers) for e in joined] == [(1, 2), (3, 3)]
-    assert all(e.reason.startswith("autoscaler: waiting took") for e in joined)
+    assert all(e.requester == "autoscaler" and e.reason.startswith("waiting took") for e in joined)
     assert run.events(WorkerLeft) == []
-    assert [(m["step"], m["workers"]) for m in summary.membership] == [(1, 2), (3, 3)]
+    assert [(m.step, m.workers) for m in summary.membership] == [(1, 2), (3, 3)]
 
 
 def test_the_autoscale_section_is_validated() -> None:

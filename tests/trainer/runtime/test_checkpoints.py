@@ -14,18 +14,18 @@ import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Event
 from eventbus import ExtensionContext
 from eventbus import ExtensionFailed
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import Capability
+from eventbus.runtime import StepFinished
 from trainer import CheckpointStore
 from trainer import PPOTrainer
 from trainer import RunFolderError
 from trainer.runtime._checkpoint import NoCheckpointLoads
 from trainer.runtime._checkpoint import UnreadableCheckpoint
-from trainer.runtime._state import non_finite_weights
+from trainer.runtime._run_state import non_finite_weights
 
 from ..helpers import tiny_config
 
@@ -268,10 +268,10 @@ async def test_recovery_skips_a_damaged_checkpoint_and_never_restores_it(
 ) -> None:
     """The newest checkpoint is damaged on disk after it was written; two failures follow
     before the next one: each recovery restores the valid one before it."""
-    from eventbus import CheckpointRestored
-    from eventbus import CheckpointSaved
     from eventbus import Decision
-    from eventbus import SafePoint
+    from eventbus.runtime import CheckpointRestored
+    from eventbus.runtime import CheckpointSaved
+    from eventbus.runtime import SafePoint
 
     class Restorer:
         name = "restorer"
@@ -412,9 +412,8 @@ async def test_extension_state_that_is_not_plain_data_is_named_by_extension_and_
 
 
 async def test_a_stuck_extension_costs_checkpoints_nothing(tmp_path: Path) -> None:
-    """Issue 10, 2.1: before a checkpoint the trainer drained every extension, so one that
-    never returned from ``on_event`` added the whole drain timeout to every checkpoint once
-    any stateful extension was registered. Only the stateful ones are waited for now."""
+    """A checkpoint waits only for the stateful extensions: one that never returns from
+    ``on_event`` adds nothing to a checkpoint, even with a stateful extension registered."""
     import anyio
 
     from eventbus import EventBus

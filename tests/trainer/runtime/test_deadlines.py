@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
-from eventbus import CheckpointRestored
-from eventbus import FaultInjected
-from eventbus import StallDiagnosed
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import StallDiagnosed
 from eventbus.testing import record_events
+from replay import BatchReconciled
 from trainer import CheckpointStore
+from trainer import FaultInjected
 from trainer import FaultInjector
 from trainer import PPOTrainer
 from trainer import SelfHealingExtension
@@ -65,7 +65,7 @@ async def test_a_hung_weight_sync_is_diagnosed_then_fails_the_step_naming_its_de
 async def test_self_healing_recovers_from_a_hung_weight_sync_by_restarting_the_rollouts() -> None:
     config = tiny_config(run__steps=4, diagnose__after_s=AFTER_S, rollout__sync_timeout_s=1.0)
     trainer = PPOTrainer(config, faults=FaultInjector.parse(["sync-hang@3"]))
-    healer = SelfHealingExtension(stall_timeout_s=5.0, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=5.0)
     trainer.register_runtime_extension(healer)
     async with record_events(trainer.bus, StallDiagnosed, CheckpointRestored) as recorder:
         summary = await trainer.fit()
@@ -88,7 +88,7 @@ async def test_a_hung_checkpoint_write_is_abandoned_and_never_renamed(
     )
     faults = FaultInjector.parse(["checkpoint-hang@2"])
     trainer = PPOTrainer(config, out_dir=tmp_path, faults=faults)
-    healer = SelfHealingExtension(stall_timeout_s=5.0, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=5.0)
     trainer.register_runtime_extension(healer)
     with caplog.at_level(logging.WARNING, logger="trainbus.checkpoint"):
         async with record_events(trainer.bus, StallDiagnosed) as recorder:
@@ -110,9 +110,9 @@ async def test_a_hung_checkpoint_write_is_abandoned_and_never_renamed(
     assert CheckpointStore.load(folder / "step-00000002.pt")["step"] == 2
     # The stall is in the run's summary, as the report folds it from the log.
     [stall] = summary.stalls
-    assert (stall["step"], stall["stage"]) == (2, "checkpoint")
-    assert stall["ended_by"] == "checkpoint of step 1 restored"
-    assert stall["where"].endswith(
+    assert (stall.step, stall.stage) == (2, "checkpoint")
+    assert stall.ended_by == "checkpoint of step 1 restored"
+    assert stall.where.endswith(
         "stuck in `_faults.py:{}`".format(_line("before_checkpoint_rename"))
     )
     assert load_run(tmp_path).summary.stalls == summary.stalls

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from eventbus import Decision
-from eventbus import SafePoint
-from trainer.runtime._decisions import ACTIONS
-from trainer.runtime._decisions import Action
-from trainer.runtime._decisions import action_for
-from trainer.runtime._decisions import interrupts_sample_wait
+from eventbus.runtime import SafePoint
+from trainer.runtime._decision_table import ACTIONS
+from trainer.runtime._decision_table import Action
+from trainer.runtime._decision_table import action_for
+from trainer.runtime._decision_table import interrupts_sample_wait
 
 
 @pytest.mark.parametrize("point", list(SafePoint))

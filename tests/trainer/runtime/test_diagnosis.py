@@ -16,22 +16,23 @@ import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import FitFinished
-from eventbus import RolloutRestarted
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import Capability
+from eventbus.runtime import FitFinished
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
 from eventbus.testing import record_events
 from replay import RolloutResult
 from replay import SampleDeadlineExceeded
+from trainer import FaultInjector
 from trainer import LocalBackend
 from trainer import PPOTrainer
+from trainer import RolloutRestarted
 from trainer import RolloutWork
 from trainer import RolloutWorker
 from trainer import SelfHealingExtension
@@ -97,7 +98,7 @@ def trainer_with_hang(hangs: Hangs, **config: Any) -> PPOTrainer:
 async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
     hangs = Hangs()
     trainer = trainer_with_hang(hangs, diagnose__after_s=0.2)
-    healer = SelfHealingExtension(stall_timeout_s=1.0, backoff_s=0.0)
+    healer = SelfHealingExtension(stall_timeout_s=1.0)
     trainer.register_runtime_extension(healer)
     trainer.register_runtime_extension(ReleaseOnRestart(hangs.release))
     async with record_events(
@@ -134,7 +135,7 @@ async def test_a_hung_worker_is_diagnosed_and_the_vote_names_it() -> None:
     # ... with the durations as of the vote, not of the diagnosis (the stall went on).
     assert restart.reason.endswith(f": {latest.headline(after_s=voted_at.time - latest.time)})")
     assert restart.reason.startswith("restart_required (self-healing: no progress for ")
-    assert summary.restarts[0]["reason"] == restart.reason
+    assert summary.restarts[0].reason == restart.reason
 
 
 async def test_with_nobody_listening_nothing_is_read_or_published() -> None:
@@ -169,12 +170,39 @@ async def test_with_nobody_listening_nothing_is_read_or_published() -> None:
 async def test_diagnosis_off_publishes_nothing() -> None:
     hangs = Hangs()
     trainer = trainer_with_hang(hangs, diagnose__after_s=0.0)
-    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=0.5, backoff_s=0.0))
+    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=0.5))
     trainer.register_runtime_extension(ReleaseOnRestart(hangs.release))
     async with record_events(trainer.bus, StallDiagnosed) as recorder:
         summary = await trainer.fit()
     assert summary.status == "finished"
     assert recorder.of_type(StallDiagnosed) == []
+
+
+async def test_a_run_folder_alone_turns_diagnosis_on_and_its_summary_has_the_stall(
+    tmp_path: Path,
+) -> None:
+    # Decided at fit() from the configuration: the run folder's log records diagnoses, so
+    # the run's summary folds them too, as `trainbus report` does from that log.
+    cfg = tiny_config(
+        run__steps=3,
+        diagnose__after_s=0.05,
+        rollout__wait_timeout_s=1.0,
+        rollout__close_timeout_s=0.5,
+    )
+    trainer = PPOTrainer(cfg, out_dir=tmp_path / "run", faults=FaultInjector.parse(["hang@2"]))
+    with pytest.raises(SampleDeadlineExceeded):
+        await trainer.fit()
+    logged = [
+        e for e in read_events(tmp_path / "run" / "events.jsonl") if isinstance(e, StallDiagnosed)
+    ]
+    assert logged, "the run folder's log recorded no diagnosis"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    stalls = {(s["step"], s["stage"]): s["diagnoses"] for s in summary["stalls"]}
+    assert (2, "rollouts") in stalls
+    assert stalls == {
+        (e.step, e.stage): sum((d.step, d.stage) == (e.step, e.stage) for d in logged)
+        for e in logged
+    }
 
 
 class BlocksTheLoop:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
-from eventbus import CheckpointRestored
-from eventbus import RolloutRestarted
 from eventbus import read_events
+from eventbus.runtime import CheckpointRestored
+from replay import BatchReconciled
 from trainer import PPOTrainer
+from trainer import RolloutRestarted
 
 from ..helpers import tiny_config
 from .test_selfheal import Run

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
 from trainer import PPOTrainer
 from trainer import TrainerConfig
 from trainer.rl._rewards import load_reward
@@ -157,8 +157,8 @@ def test_a_prompt_longer_than_the_context_that_reaches_a_worker_fails_without_sa
     # sample a model that has no room left.
     from trainer.rl._datasets import TextPrompt
     from trainer.rl._rewards import RewardFailure
-    from trainer.rollout._workload import build_workload
-    from trainer.rollout._workload import worker_spec
+    from trainer.rollout._rollout_workload import build_workload
+    from trainer.rollout._rollout_workload import worker_spec
 
     data = tmp_path / "short.jsonl"
     data.write_text(json.dumps({"prompt": "12=", "target": "21"}) + "\n")

@@ -6,15 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import FitFailed
-from eventbus import StepFinished
-from eventbus import WorkerLost
+from eventbus.runtime import Capability
+from eventbus.runtime import FitFailed
+from eventbus.runtime import SafePoint
+from eventbus.runtime import StepFinished
+from eventbus.testing import ScriptedVoter
 from eventbus.testing import record_events
 from trainer import FaultInjector
 from trainer import LocalBackend
 from trainer import PPOTrainer
 from trainer import RolloutWorker
 from trainer import TrainerConfig
+from trainer import WorkerLost
 from trainer.rl._weights import PolicyWeights
 from trainer.rollout._worker import WorkerSpec
 from trainer.runtime._sample_wait import RolloutsLost
@@ -63,7 +66,7 @@ async def test_a_worker_thread_that_dies_is_reported_lost_and_replaced_by_self_h
     assert lost.reason == "thread died: MemoryError: no memory for the new weights"
     assert lost.in_flight > 0  # the work it had taken
     assert (summary.status, summary.steps, summary.workers_lost) == ("finished", 3, 1)
-    assert [r["kind"] for r in summary.restarts] == ["rollouts"]
+    assert [r.kind for r in summary.restarts] == ["rollouts"]
 
 
 async def test_without_self_healing_a_lost_worker_fails_the_wait_at_once_with_why() -> None:
@@ -84,3 +87,20 @@ async def test_without_self_healing_a_lost_worker_fails_the_wait_at_once_with_wh
     waits = sum(e.metrics["timing_s/wait"] for e in recorder.of_type(StepFinished))
     assert summary.sample_wait_total_s == pytest.approx(waits + failed.wait_s)
     assert (summary.status, summary.workers_lost) == ("failed", 1)
+
+
+async def test_a_voter_that_keeps_waiting_after_a_loss_gives_the_wait_its_last_decision() -> None:
+    # Someone takes part in SAMPLE_WAIT: the wait's next decision is its last; CONTINUE does
+    # not restart anything, so the step fails with RolloutsLost (not at the deadline).
+    fit = PPOTrainer(
+        tiny_config(run__steps=4, rollout__wait_timeout_s=600.0),
+        faults=FaultInjector.parse(["crash@2"]),
+    )
+    voter = ScriptedVoter(opt_in=[Capability.SAMPLE_WAIT])
+    fit.register_runtime_extension(voter)
+    with pytest.raises(RolloutsLost, match=r"worker local-0\.\d was lost with \d+ prompt"):
+        await fit.fit()
+    waits = [p for p in voter.safe_points if p.point is SafePoint.SAMPLE_WAIT and p.step == 2]
+    assert waits  # the decision was asked for
+    summary = fit.record.summary()
+    assert (summary.status, summary.workers_lost, summary.restarts) == ("failed", 1, [])

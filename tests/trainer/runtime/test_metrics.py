@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eventbus import Capability
 from eventbus import ExtensionContext
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import StepFinished
 from tests.trainer.helpers import tiny_config
 from trainer import PPOTrainer
 from trainer.runtime._metrics import METRICS

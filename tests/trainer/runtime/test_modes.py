@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eventbus import SampleWait
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StepFinished
 from eventbus.testing import ScriptedVoter
 from replay import SampleDeadlineExceeded
 from trainer import FaultInjector
@@ -53,7 +54,7 @@ async def test_a_hung_worker_without_self_healing_fails_at_the_deadline(tmp_path
     fit = PPOTrainer(
         tiny_config(run__steps=4, rollout__wait_timeout_s=1.0), out_dir=tmp_path, faults=faults
     )
-    voter = ScriptedVoter(sample_wait=True)
+    voter = ScriptedVoter(opt_in=[Capability.SAMPLE_WAIT])
     fit.register_runtime_extension(voter)
     with pytest.raises(SampleDeadlineExceeded) as caught:
         await fit.fit()

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from eventbus import CompletionSample
-from eventbus import CompletionsSampled
-from eventbus import StepFinished
 from eventbus import read_events
+from eventbus.runtime import CompletionSample
+from eventbus.runtime import CompletionsSampled
+from eventbus.runtime import StepFinished
 from trainer import PPOTrainer
 from trainer.runtime._describe import Context
 from trainer.runtime._describe import describe

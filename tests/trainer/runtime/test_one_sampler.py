@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import RolloutRestarted
-from eventbus import StallDiagnosed
-from eventbus import WorkerLost
+from eventbus.runtime import StallDiagnosed
 from eventbus.testing import record_events
+from trainer import RolloutRestarted
 from trainer import SelfHealingExtension
+from trainer import WorkerLost
 from trainer.rl._sampler import StaticDecoder
 from trainer.rollout._factory import rollout_workers
-from trainer.rollout._workload import worker_spec
+from trainer.rollout._rollout_workload import worker_spec
 
 from ..helpers import tiny_config
 from .test_diagnosis import ReleaseOnRestart
@@ -89,7 +89,7 @@ async def test_a_sampler_hung_in_its_decode_step_is_diagnosed_and_restarted(
     from trainer import PPOTrainer
 
     trainer = PPOTrainer(config)
-    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=2.0, backoff_s=0.0))
+    trainer.register_runtime_extension(SelfHealingExtension(stall_timeout_s=2.0))
     trainer.register_runtime_extension(ReleaseOnRestart(release))
     async with record_events(trainer.bus, StallDiagnosed, RolloutRestarted) as recorder:
         summary = await trainer.fit()

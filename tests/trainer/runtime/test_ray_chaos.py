@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import CheckpointRestored
-from eventbus import FaultInjected
-from eventbus import RolloutRestarted
-from eventbus import WorkerLost
+from eventbus.runtime import CheckpointRestored
+from trainer import FaultInjected
 from trainer import PPOTrainer
+from trainer import RolloutRestarted
+from trainer import WorkerLost
 
 from ...conftest import RayCluster
 from ..helpers import tiny_config

@@ -18,22 +18,22 @@ import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import BatchReconciled
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import FitStarted
-from eventbus import RolloutFinished
-from eventbus import RolloutRestarted
-from eventbus import RolloutStarted
-from eventbus import SafePointReached
-from eventbus import StepFinished
-from eventbus import WorkerEventsDropped
-from eventbus import WorkerLost
-from eventbus import WorkerRestarted
-from eventbus import WorkerStalled
 from eventbus import read_events
+from eventbus.runtime import Capability
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
+from trainer import RolloutFinished
+from trainer import RolloutRestarted
+from trainer import RolloutStarted
+from trainer import WorkerEventsDropped
+from trainer import WorkerLost
+from trainer import WorkerRestarted
+from trainer import WorkerStalled
 
 from ...conftest import RayCluster
 from .test_selfheal import Run

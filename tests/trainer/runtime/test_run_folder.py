@@ -14,24 +14,24 @@ import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import BatchReconciled
-from eventbus import Capability
-from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import ExtensionContext
-from eventbus import FaultInjected
-from eventbus import FitStarted
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import SafePointResolved
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import FitStarted
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import StepFinished
 from eventbus.testing import ScriptedVoter
+from replay import BatchReconciled
+from trainer import FaultInjected
 from trainer import FaultInjector
 from trainer import PPOTrainer
 from trainer.cli._rundata import load_run
+from trainer.runtime._run_state import changed_settings
 from trainer.runtime._runlock import LOCK_FILE
 from trainer.runtime._runlock import RunFolderLock
-from trainer.runtime._state import changed_settings
 
 from ..helpers import tiny_config
 from ..runfolder import ENV

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import Capability
 from eventbus import Event
 from eventbus import ExtensionContext
-from eventbus import StepFinished
+from eventbus.runtime import Capability
+from eventbus.runtime import StepFinished
 from trainer import FaultInjector
 from trainer import InjectedFault
 from trainer import PPOTrainer

@@ -16,19 +16,21 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
-from eventbus import CheckpointRestored
+from eventbus import Decision
 from eventbus import Event
-from eventbus import RolloutFailed
-from eventbus import RolloutRestarted
-from eventbus import SafePoint
-from eventbus import WorkerLost
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import SafePoint
 from eventbus.testing import ScriptedVoter
+from replay import BatchReconciled
 from replay import GroupResult
 from trainer import FaultInjector
 from trainer import InjectedFault
 from trainer import PPOTrainer
+from trainer import RolloutFailed
+from trainer import RolloutRestarted
 from trainer import SelfHealingExtension
+from trainer import WorkerLost
 
 from ..helpers import tiny_config
 
@@ -47,12 +49,11 @@ class Run:
         **config: Any,
     ) -> None:
         self.faults = FaultInjector.parse(faults)
-        self.trainer = PPOTrainer(tiny_config(**{"run__steps": 4, **config}), faults=self.faults)
-        self.healer = SelfHealingExtension(
-            stall_timeout_s=stall_timeout_s, max_restarts=max_restarts, backoff_s=0.0
-        )
+        settings = {"run__steps": 4, "self_heal__max_restarts": max_restarts, **config}
+        self.trainer = PPOTrainer(tiny_config(**settings), faults=self.faults)
+        self.healer = SelfHealingExtension(stall_timeout_s=stall_timeout_s)
         self.trainer.register_runtime_extension(self.healer)
-        self.recorder = ScriptedVoter(name="recorder", sample_wait=True)
+        self.recorder = ScriptedVoter(name="recorder", opt_in=[Capability.SAMPLE_WAIT])
         self.trainer.register_runtime_extension(self.recorder)
         self.batches: list[tuple[GroupResult, ...]] = []
         update = self.trainer.learner.update
@@ -164,12 +165,14 @@ async def test_a_step_error_restores_the_last_checkpoint_and_continues() -> None
     summary = await run.trainer.fit()
     assert summary.steps == 4
     assert [e.step for e in run.events(CheckpointRestored)] == [2]
-    assert run.healer.restarts_used == 1
-    assert summary.restarts[0]["kind"] == "recovery"
+    assert run.healer.recoveries == 1
+    assert summary.restarts[0].kind == "recovery"
     run.check_batches()
 
 
-async def test_an_exhausted_restart_budget_lets_the_original_error_surface() -> None:
+async def test_an_exhausted_restart_budget_lets_the_original_error_surface(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     run = Run(["step-error@2", "step-error@2"], max_restarts=1)
     with pytest.raises(InjectedFault, match="injected step-error at step 2"):
         await run.trainer.fit()
@@ -181,8 +184,13 @@ async def test_an_exhausted_restart_budget_lets_the_original_error_surface() -> 
         for v in sp.outcome.votes
         if v.participant == "self-healing"
     ]
-    assert "restart 1 of 1" in votes[0].reason
-    assert "restart budget exhausted (1 of 1 used)" in votes[1].reason
+    # The extension voted twice; the trainer, where restarts happen, restored once.
+    assert [v.decision for v in votes] == [Decision.RESTART_REQUIRED] * 2
+    assert [e.failed_step for e in run.events(CheckpointRestored)] == [2]
+    assert (
+        "not recovering step 2: the restart budget is spent: 1 of 1 restarts of step 2 used "
+        "(self_heal.max_restarts)" in caplog.text
+    )
     assert run.recorder.points_seen()[-1] is SafePoint.AFTER_FIT
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eventbus import CheckpointRestored
-from eventbus import RolloutFailed
-from eventbus import RolloutRestarted
-from eventbus import WorkerLost
+from eventbus.runtime import CheckpointRestored
+from trainer import RolloutFailed
+from trainer import RolloutRestarted
+from trainer import WorkerLost
 
 from .test_selfheal import Run
 

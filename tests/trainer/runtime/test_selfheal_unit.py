@@ -9,16 +9,15 @@ import pytest
 from eventbus import Decision
 from eventbus import EventBus
 from eventbus import ExtensionContext
-from eventbus import SafePoint
-from eventbus import SafePointReached
-from eventbus import SampleWait
-from eventbus import WorkerLost
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
+from eventbus.runtime import SampleWait
 from tests._events import sample_wait
 from trainer import ConfigError
 from trainer import SelfHealingExtension
+from trainer import WorkerLost
 from trainer import load_config
 from trainer.config._schema import SelfHealConfig
-from trainer.runtime._selfheal import recovery_backoff_s
 
 
 def wait(elapsed: float, available: int, *, step: int = 3, running: int = 2) -> SampleWait:
@@ -32,13 +31,13 @@ def wait(elapsed: float, available: int, *, step: int = 3, running: int = 2) -> 
     )
 
 
-def at(point: SafePoint, step: int = 3, **details: object) -> SafePointReached:
-    return SafePointReached(point=point, step=step, details=details)
+def at(point: SafePoint, step: int = 3, **fields: object) -> SafePointReached:
+    return SafePointReached(point=point, step=step, **fields)  # type: ignore[arg-type]
 
 
 @pytest.fixture
 def healer() -> SelfHealingExtension:
-    return SelfHealingExtension(stall_timeout_s=10.0, max_restarts=2, backoff_s=0.0)
+    return SelfHealingExtension(stall_timeout_s=10.0)
 
 
 CONTEXT = ExtensionContext(name="self-healing", bus=EventBus(), capabilities=frozenset())
@@ -88,56 +87,29 @@ async def test_a_lost_worker_votes_restart_at_the_next_boundary(
     assert reason == "worker w1 lost: actor died"
 
 
-async def test_stall_restarts_per_step_are_bounded() -> None:
-    healer = SelfHealingExtension(stall_timeout_s=1.0, max_stall_restarts_per_step=1)
+async def test_every_stall_seen_votes_a_restart_the_trainers_budget_bounds_them() -> None:
+    healer = SelfHealingExtension(stall_timeout_s=1.0)
     votes = []
-    for _ in range(2):
+    for _ in range(4):
         healer.on_event(CONTEXT, wait(0.1, 0))
         healer.on_event(CONTEXT, wait(1.5, 0))
         votes.append((await healer.on_safe_point(CONTEXT, at(SafePoint.SAMPLE_WAIT)))[0])
-    assert votes == [Decision.RESTART_REQUIRED, Decision.CONTINUE]
+    assert votes == [Decision.RESTART_REQUIRED] * 4
+    assert healer.stall_restarts == 4
 
 
-async def test_terminal_failures_are_recovered_within_the_budget(
-    healer: SelfHealingExtension,
-) -> None:
+async def test_terminal_failures_vote_a_recovery_at_once(healer: SelfHealingExtension) -> None:
     failure = at(SafePoint.TERMINAL_FAILURE, error_type="OSError", message="disk")
-    first = await healer.on_safe_point(CONTEXT, failure)
-    second = await healer.on_safe_point(CONTEXT, failure)
-    third = await healer.on_safe_point(CONTEXT, failure)
-    assert [d for d, _ in (first, second, third)] == [
-        Decision.RESTART_REQUIRED,
-        Decision.RESTART_REQUIRED,
-        Decision.CONTINUE,
-    ]
-    assert "recovering from OSError: disk; restart 2 of 2" in second[1]
-    assert third[1].startswith("restart budget exhausted (2 of 2 used)")
+    votes = [await healer.on_safe_point(CONTEXT, failure) for _ in range(3)]
+    assert votes == [(Decision.RESTART_REQUIRED, "recovering from OSError: disk")] * 3
+    assert healer.recoveries == 3
 
 
-async def test_recoveries_back_off_doubling_up_to_the_longest_wait() -> None:
-    slept: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-
-    healer = SelfHealingExtension(max_restarts=5, backoff_s=0.5, backoff_max_s=3.0, sleep=sleep)
-    failure = at(SafePoint.TERMINAL_FAILURE, error_type="OSError", message="disk")
-    reasons = [(await healer.on_safe_point(CONTEXT, failure))[1] for _ in range(5)]
-    assert slept == [0.5, 1.0, 2.0, 3.0, 3.0]
-    assert reasons[2].endswith("after 2.0 s backoff")
-
-
-def test_the_backoff_formula_is_bounded_for_any_recovery_count() -> None:
-    assert [recovery_backoff_s(n, 1.0, 100.0) for n in (1, 2, 3, 8)] == [1.0, 2.0, 4.0, 100.0]
-    assert recovery_backoff_s(10_000, 0.5, 10.0) == 10.0
-    assert recovery_backoff_s(3, 0.0, 10.0) == 0.0
-
-
-async def test_the_budget_survives_a_checkpoint(healer: SelfHealingExtension) -> None:
+async def test_the_counters_survive_a_checkpoint(healer: SelfHealingExtension) -> None:
     await healer.on_safe_point(CONTEXT, at(SafePoint.TERMINAL_FAILURE, error_type="E", message=""))
-    restored = SelfHealingExtension(max_restarts=2)
+    restored = SelfHealingExtension()
     restored.load_state_dict(healer.state_dict())
-    assert restored.restarts_used == 1
+    assert restored.recoveries == 1
     assert restored.history == healer.history
 
 
@@ -145,10 +117,7 @@ async def test_the_budget_survives_a_checkpoint(healer: SelfHealingExtension) ->
     ("setting", "value", "message"),
     [
         ("stall_timeout_s", 0, "stall_timeout_s: expected `float` > 0.0, got 0"),
-        ("max_restarts", -1, "max_restarts: expected `int` >= 0, got -1"),
-        ("backoff_s", -0.5, "backoff_s: expected `float` >= 0.0, got -0.5"),  # the file's bound
-        ("backoff_max_s", -1.0, "backoff_max_s: expected `float` >= 0.0, got -1.0"),
-        ("max_stall_restarts_per_step", -1, "max_stall_restarts_per_step must be >= 0, got -1"),
+        ("stall_timeout_s", -1.0, "stall_timeout_s: expected `float` > 0.0, got -1.0"),
     ],
 )
 def test_bad_settings_are_named(setting: str, value: float, message: str) -> None:
@@ -158,8 +127,7 @@ def test_bad_settings_are_named(setting: str, value: float, message: str) -> Non
 
 def test_the_defaults_and_bounds_are_the_self_heal_sections() -> None:
     healer, section = SelfHealingExtension(), SelfHealConfig()
-    for key in ("stall_timeout_s", "max_restarts", "backoff_s", "backoff_max_s"):
-        assert getattr(healer, key) == getattr(section, key), key
+    assert healer.stall_timeout_s == section.stall_timeout_s
     with pytest.raises(
         ConfigError, match=re.escape("self_heal.backoff_s: expected `float` >= 0.0")
     ):

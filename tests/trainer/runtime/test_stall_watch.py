@@ -9,14 +9,20 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from eventbus import StallDiagnosed
+from eventbus.runtime import StallDiagnosed
+from trainer import PPOTrainer
 from trainer import WaitDeadlineExceeded
 from trainer import load_config
+from trainer.rollout._modes import SyncDriver
+from trainer.runtime._decision_table import interrupts_sample_wait
 from trainer.runtime._diagnosis import stage_thresholds
+from trainer.runtime._diagnosis import start_stall_diagnosis
+from trainer.runtime._diagnosis import stop_stall_diagnosis
 from trainer.runtime._stall import Stages
 from trainer.runtime._stall import StallWatch
 
 from ..helpers import Clock
+from ..helpers import tiny_config
 
 
 def make(clock: Clock, progress: list[float] | None = None, after: float = 5.0) -> StallWatch:
@@ -209,3 +215,32 @@ def test_starting_and_stopping_workers_wait_a_quarter_of_their_deadlines_by_defa
     assert stage_thresholds(short)["start"] == 5.0  # never sooner than the rest
     # A threshold the user sets applies to every wait.
     assert stage_thresholds(load_config(overrides={"diagnose.after_s": 1.0})) == {}
+
+
+async def test_the_rollout_side_has_one_clock_its_waits_progress_and_stall_watch_read(
+    clock: Clock,
+) -> None:
+    trainer = PPOTrainer(tiny_config(diagnose__after_s=5.0))
+    driver = SyncDriver(
+        trainer.config,
+        trainer.stream,
+        trainer.backend,
+        trainer.bus,
+        interrupts=interrupts_sample_wait,
+        clock=clock,
+    )
+    assert driver.tracker.clock() == clock.now  # the buffer's waits and deadlines
+    clock.now += 7.0
+    driver.started(())  # a worker picked work up: progress, stamped on the same clock
+    assert driver.progress_at == clock.now
+    stages = Stages()
+    diagnoser = start_stall_diagnosis(trainer.config, driver, trainer.bus, trainer.backend, stages)
+    assert diagnoser is not None and stages.watch is not None
+    try:
+        with stages.stage("rollouts", 1):
+            clock.now += 4.0
+            assert stages.watch.next_due_in() == pytest.approx(1.0)
+            driver.started(())  # progress resets the watch's count, on the one clock
+            assert stages.watch.next_due_in() == pytest.approx(5.0)
+    finally:
+        stop_stall_diagnosis(diagnoser, stages)

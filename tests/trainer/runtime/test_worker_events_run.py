@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 import torch
 
-from eventbus import BatchReconciled
 from eventbus import Event
-from eventbus import RewardTimed
-from eventbus import RolloutFinished
-from eventbus import RolloutRestarted
-from eventbus import RolloutRetried
-from eventbus import RolloutStarted
-from eventbus import StepFinished
-from eventbus import WorkerStalled
+from eventbus.runtime import StepFinished
 from eventbus.testing import record_events
+from replay import BatchReconciled
 from trainer import PPOTrainer
+from trainer import RewardTimed
+from trainer import RolloutFinished
+from trainer import RolloutRestarted
+from trainer import RolloutRetried
+from trainer import RolloutStarted
+from trainer import WorkerStalled
 from trainer.cli._main import main
 
 from ..helpers import tiny_config

@@ -10,7 +10,7 @@ import msgspec
 
 from eventbus import ExtensionError
 
-from ...config._export import ExportConfig
+from ...config import ExportConfig
 from ._deps import require
 
 __all__ = ["build_exporters"]

@@ -21,13 +21,13 @@ from typing import Any
 
 import msgspec
 
-from eventbus import CompletionSample
 from eventbus import ExtensionError
+from eventbus.runtime import CompletionSample
 
-from ._base import Exporter
-from ._base import RunEnd
-from ._base import RunStart
 from ._deps import require
+from ._exporter import Exporter
+from ._exporter import RunEnd
+from ._exporter import RunStart
 from ._tensorboard import flatten
 
 __all__ = ["MlflowExporter"]

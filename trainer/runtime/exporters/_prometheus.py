@@ -29,25 +29,26 @@ from typing import Any
 import anyio
 
 from eventbus import RUNTIME_EXTENSION_API_VERSION
-from eventbus import BatchReconciled
-from eventbus import Capability
-from eventbus import CheckpointRestored
-from eventbus import CheckpointSaved
 from eventbus import Decision
 from eventbus import Event
 from eventbus import ExtensionContext
 from eventbus import ExtensionError
-from eventbus import FitFailed
-from eventbus import FitFinished
-from eventbus import FitStarted
-from eventbus import RolloutRestarted
-from eventbus import SafePointResolved
-from eventbus import SampleWait
-from eventbus import StallDiagnosed
-from eventbus import StepFinished
-from eventbus import WorkerLost
+from eventbus.runtime import Capability
+from eventbus.runtime import CheckpointRestored
+from eventbus.runtime import CheckpointSaved
+from eventbus.runtime import FitFailed
+from eventbus.runtime import FitFinished
+from eventbus.runtime import FitStarted
+from eventbus.runtime import Host
+from eventbus.runtime import SafePointResolved
+from eventbus.runtime import SampleWait
+from eventbus.runtime import StallDiagnosed
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
 
-from ...config._export import PrometheusExportConfig
+from ...config import PrometheusExportConfig
+from ...rollout import RolloutRestarted
+from ...rollout import WorkerLost
 from ._deps import require
 
 __all__ = ["SERIES", "PrometheusExporter", "series_name"]
@@ -161,7 +162,7 @@ class PrometheusExporter:
         """Where to scrape."""
         return f"prometheus: http://{self.host}:{self.port}/metrics"
 
-    async def on_event(self, context: ExtensionContext, event: Event) -> None:
+    async def on_event(self, context: ExtensionContext[Host], event: Event) -> None:
         """Update the series ``event`` bears on; stop listening when the run ends."""
         self._update(event)
         if isinstance(event, FitFinished | FitFailed):

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eventbus import CompletionSample
 from eventbus import ExtensionError
+from eventbus.runtime import CompletionSample
 
-from ._base import Exporter
-from ._base import RunEnd
-from ._base import RunStart
 from ._deps import require
+from ._exporter import Exporter
+from ._exporter import RunEnd
+from ._exporter import RunStart
 
 __all__ = ["WandbExporter"]
 

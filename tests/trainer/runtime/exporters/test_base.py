@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 import eventbus as eb
+import eventbus.runtime as rt
+import replay as rp
+import trainer as tr
 from tests.trainer.helpers import tiny_config
 from trainer import PPOTrainer
-from trainer.runtime.exporters._base import Exporter
-from trainer.runtime.exporters._base import RunEnd
-from trainer.runtime.exporters._base import RunStart
+from trainer.runtime.exporters._exporter import Exporter
+from trainer.runtime.exporters._exporter import RunEnd
+from trainer.runtime.exporters._exporter import RunStart
 
 
 class Recorder(Exporter):
@@ -52,7 +55,7 @@ class Collector:
     """Keeps the events of one type."""
 
     api_version = "1.0"
-    required_capabilities = (eb.Capability.EVENTS,)
+    required_capabilities = (rt.Capability.EVENTS,)
 
     def __init__(self, kind: type[Any]) -> None:
         self.name = f"collect-{kind.__name__}"
@@ -64,10 +67,10 @@ class Collector:
             self.events.append(event)
 
 
-def _outcome(decision: eb.Decision) -> eb.SafePointOutcome:
+def _outcome(decision: eb.Decision) -> rt.SafePointOutcome:
     vote = eb.Vote(participant="healer", decision=decision, reason="stalled")
-    return eb.SafePointOutcome(
-        point=eb.SafePoint.STEP_BOUNDARY, step=1, decision=decision, votes=(vote,)
+    return rt.SafePointOutcome(
+        point=rt.SafePoint.STEP_BOUNDARY, step=1, decision=decision, votes=(vote,)
     )
 
 
@@ -75,21 +78,21 @@ async def test_events_become_records_in_order_off_the_event_loop() -> None:
     bus = eb.EventBus()
     recorder = Recorder()
     bus.register_extension(recorder)
-    report = eb.BatchReport(step=1, registered=8, succeeded=8, dropped={"earlier_step": 3})
+    report = rp.BatchReport(step=1, registered=8, succeeded=8, dropped={"earlier_step": 3})
     async with bus.running():
-        bus.publish(eb.FitStarted(run_id="r1", total_steps=1))
-        bus.publish(eb.RolloutRestarted(step=1, reason="stalled", workers=2))
-        bus.publish(eb.BatchReconciled(report=report))
-        bus.publish(eb.SafePointResolved(outcome=_outcome(eb.Decision.CONTINUE)))
-        bus.publish(eb.SafePointResolved(outcome=_outcome(eb.Decision.RESTART_REQUIRED)))
-        bus.publish(eb.StepFinished(step=1, metrics={"reward/mean": 0.5}))
-        bus.publish(eb.CheckpointRestored(step=0, path="x", reason="recovering"))
-        stall = eb.StallDiagnosed(step=2, stage="update", waited_s=6.0, stalled_s=6.0)
+        bus.publish(rt.FitStarted(run_id="r1", total_steps=1))
+        bus.publish(tr.RolloutRestarted(step=1, reason="stalled", workers=2))
+        bus.publish(rp.BatchReconciled(report=report))
+        bus.publish(rt.SafePointResolved(outcome=_outcome(eb.Decision.CONTINUE)))
+        bus.publish(rt.SafePointResolved(outcome=_outcome(eb.Decision.RESTART_REQUIRED)))
+        bus.publish(rt.StepFinished(step=1, metrics={"reward/mean": 0.5}))
+        bus.publish(rt.CheckpointRestored(step=0, path="x", reason="recovering"))
+        stall = rt.StallDiagnosed(step=2, stage="update", waited_s=6.0, stalled_s=6.0)
         bus.publish(stall)
         bus.publish(
-            eb.StallDiagnosed(step=2, stage="update", waited_s=9.0, stalled_s=9.0, repeat=1)
+            rt.StallDiagnosed(step=2, stage="update", waited_s=9.0, stalled_s=9.0, repeat=1)
         )
-        bus.publish(eb.FitFinished(step=1))
+        bus.publish(rt.FitFinished(step=1))
     kinds = [call[0] for call in recorder.calls]
     assert kinds == ["open", "text", "text", "scalars", "text", "text", "close"]
     assert recorder.calls[0][1].run_id == "r1"
@@ -136,13 +139,13 @@ async def test_a_stuck_writer_does_not_hold_the_trainer_back(tmp_path: Path) -> 
 
     class Releaser(Collector):
         def on_event(self, context: object, event: object) -> None:
-            if isinstance(event, eb.StepFinished) and event.step == 4:
+            if isinstance(event, rt.StepFinished) and event.step == 4:
                 release.set()
 
     trainer = PPOTrainer(tiny_config(run__steps=4, self_heal__enabled=True), out_dir=tmp_path)
     stuck = Stuck()
     trainer.register_runtime_extension(stuck)
-    trainer.register_runtime_extension(Releaser(eb.StepFinished))
+    trainer.register_runtime_extension(Releaser(rt.StepFinished))
     summary = await trainer.fit()
     assert summary.steps == 4
     assert [c[1] for c in stuck.calls if c[0] == "scalars"] == [1, 2, 3, 4]

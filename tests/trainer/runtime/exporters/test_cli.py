@@ -58,7 +58,7 @@ def test_a_tensorboard_folder_that_cannot_be_one_is_one_line_and_exit_2(
 @pytest.mark.parametrize(
     ("uri", "why"),
     [
-        # MLflow 3 refuses the file store (it used to fail only once training had begun).
+        # MLflow 3 refuses the file store: refused before step 1, not once training has begun.
         ("file://{tmp}/mlruns", "The filesystem tracking backend"),
         # Nothing listens there: MLflow would retry for minutes.
         ("http://127.0.0.1:{port}", "no answer within 2 s (export.flush_timeout_s)"),

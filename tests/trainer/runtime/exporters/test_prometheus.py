@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from eventbus import BatchReconciled
-from eventbus import BatchReport
-from eventbus import StepFinished
+from eventbus.runtime import StepFinished
+from replay import BatchReconciled
+from replay import BatchReport
 from tests._events import sample_wait
 from trainer.runtime.exporters._prometheus import PrometheusExporter
 

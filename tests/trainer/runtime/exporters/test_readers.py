@@ -16,11 +16,11 @@ from typing import Any
 import anyio
 import pytest
 
-from eventbus import Capability
 from eventbus import Decision
 from eventbus import ExtensionContext
-from eventbus import SafePoint
-from eventbus import SafePointReached
+from eventbus.runtime import Capability
+from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
 from tests.trainer.helpers import tiny_config
 from tests.trainer.runtime.exporters.wandb_log import read_offline_run
 from trainer import PPOTrainer

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from trainer.runtime.exporters._base import RunEnd
-from trainer.runtime.exporters._base import RunStart
+from trainer.runtime.exporters._exporter import RunEnd
+from trainer.runtime.exporters._exporter import RunStart
 from trainer.runtime.exporters._tensorboard import TensorBoardExporter
 
 pytest.importorskip("tensorboard")

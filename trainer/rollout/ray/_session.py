@@ -1,0 +1,155 @@
+"""Ray itself, for the Ray backend: join a cluster, use the running instance, or start one.
+
+:func:`init_ray` joins ``address`` (or ``RAY_ADDRESS``) when one is given, leaves a Ray that
+is already initialised (a test fixture, a user's script) as it is, and otherwise starts a
+small local instance confined to loopback: a new one always, never another run's or user's
+that happens to run on this machine. Before it does, it stops what a killed trainbus run's
+local instance left behind (:mod:`._leftovers`). Whoever it returns True to shuts Ray down
+again with :func:`shutdown_ray`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+import ray
+
+from ...config import parse_ray_address
+from ._leftovers import clean_leftovers
+from ._leftovers import forget_local_instance
+from ._leftovers import record_local_instance
+
+__all__ = ["check_reachable", "init_ray", "note_local_processes", "shutdown_ray"]
+
+logger = logging.getLogger("trainbus.ray")
+
+# The local instance only hosts this run's actors (by default they ask for no CPUs), so a
+# couple of logical CPUs and a small object store (weights are kilobytes to megabytes per
+# version) are enough; Ray's defaults would size both to the whole machine.
+_LOCAL_MIN_CPUS = 2
+_LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+def init_ray(address: str | None, cpus_needed: float, connect_timeout_s: float = 10.0) -> bool:
+    """Make sure this process is connected to Ray.
+
+    Args:
+        address: A cluster to join; None: ``RAY_ADDRESS``, else a local instance.
+        cpus_needed: Logical CPUs the actors reserve together (a local instance gets at
+            least that many, so they can always be placed).
+        connect_timeout_s: How long reaching a cluster's address may take.
+
+    Returns:
+        Whether this call connected (the caller then owns the connection and shuts it
+        down); False when Ray was already initialised.
+
+    Raises:
+        ConnectionError: Nothing answers at the cluster's address.
+    """
+    if ray.is_initialized():
+        return False
+    # Any thread may call it (the Ray backend calls it off its event loop). From the main
+    # thread, ray.init installs a SIGTERM handler that exits the process at once; the
+    # host's own (trainbus train stops cleanly at the next step boundary) must stay in
+    # charge.
+    in_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if in_main else None
+    try:
+        _start(address, cpus_needed, connect_timeout_s)
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+    return True
+
+
+def check_reachable(address: str, timeout_s: float, setting: str = "rollout.ray_address") -> None:
+    """Raise at once when nothing accepts a connection at a cluster ``address``.
+
+    ``ray.init`` retries an address it cannot reach for many minutes (about 20 attempts,
+    each under gRPC's own connect timeout), on the event loop's thread and with nothing on
+    screen: a mistyped address or a cluster that is down would look like a hung trainer.
+    One TCP connection to the host and port tells at once. ``auto`` and ``local`` name no
+    host: they are left to Ray (``auto`` fails fast when no cluster runs on this machine).
+
+    Raises:
+        ConnectionError: The address is refused, unreachable or does not resolve.
+        ValueError: The address is malformed (``setting`` names where it came from).
+    """
+    where = parse_ray_address(address, setting)
+    if where.host is None:
+        return
+    try:
+        socket.create_connection((where.host, where.port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} ({why}): check rollout.ray_address "
+            f"(--ray-address, RAY_ADDRESS) and that the cluster is up (`ray status` on its head)"
+        ) from None
+
+
+def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # RAY_ADDRESS is how Ray users point every driver at their cluster.
+    setting = "rollout.ray_address"
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address, setting = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if address is not None and not parse_ray_address(address, setting).local:
+        check_reachable(address, connect_timeout_s, setting)
+        logger.info("joining the Ray cluster at %s", address)
+        _ray_init(address=address)
+        return
+    # Here too for "local" (a new instance, as Ray means it): handed to ray.init, it would
+    # start one sized to the machine, with a dashboard, on the machine's network address,
+    # and unrecorded, so a killed run's leftovers would never be stopped.
+    cpus = max(_LOCAL_MIN_CPUS, math.ceil(cpus_needed))
+    clean_leftovers()
+    logger.info("starting a local Ray instance (%d CPUs)", cpus)
+    global _local_instance
+    _ray_init(
+        # "local": a new instance, even when a `ray start` cluster runs on this machine
+        # (without it Ray would join that one, and refuse num_cpus).
+        address="local",
+        num_cpus=cpus,
+        include_dashboard=False,
+        object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
+        # A local instance serves this process only: keep it off the network.
+        _node_ip_address="127.0.0.1",
+    )
+    _local_instance = True
+    record_local_instance()
+
+
+_local_instance = False  # this process started a local Ray instance (and records it)
+
+
+def _ray_init(**options: Any) -> None:
+    # Ray gives its "ray" logger a handler of its own that does not propagate, so its
+    # warnings (token authentication at every start, ...) bypassed the command line's
+    # table of what it shows (trainer/cli/_logging.py: another library's records from
+    # ERROR up, every one with -v). Through the root logger they follow it like any
+    # library's. The actors' output stays in their own logs (log_to_driver=False).
+    logging.getLogger("ray").propagate = True
+    ray.init(configure_logging=False, log_to_driver=False, **options)
+
+
+def note_local_processes() -> None:
+    """Record the processes the local instance has started since (its agents, the actors),
+    so a killed run leaves nothing the next start does not stop."""
+    if _local_instance:
+        record_local_instance()
+
+
+def shutdown_ray() -> None:
+    """Disconnect from Ray (and stop the local instance this process started)."""
+    global _local_instance
+    ray.shutdown()
+    if _local_instance:
+        _local_instance = False
+        forget_local_instance()

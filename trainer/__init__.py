@@ -64,6 +64,11 @@ if _typing.TYPE_CHECKING:
     from .runtime._stall import WaitDeadlineExceeded as WaitDeadlineExceeded
     from .runtime._summary import AttemptSummary as AttemptSummary
     from .runtime._summary import FitSummary as FitSummary
+    from .runtime._summary import MembershipChange as MembershipChange
+    from .runtime._summary import NotableDecision as NotableDecision
+    from .runtime._summary import RecoverySummary as RecoverySummary
+    from .runtime._summary import RolloutRestartSummary as RolloutRestartSummary
+    from .runtime._summary import StallSummary as StallSummary
     from .runtime._trainer import PPOTrainer as PPOTrainer
     from .runtime._view import TrainerView as TrainerView
     from .runtime.exporters._exporter import Exporter as Exporter

@@ -414,6 +414,13 @@ def _train(args: argparse.Namespace) -> int:
             f"(e.g. --steps {2 * summary.steps})"
         )
         return 0
+    if trainer.already_finished and trainer.summary_rewritten:
+        print(
+            f"run {trainer.run_id} in {out} is already finished ({summary.steps} steps), but "
+            f"its summary.json was missing or unreadable (its write was killed): written now "
+            f"from events.jsonl"
+        )
+        return 0
     if trainer.already_finished:
         # Not an error (the folder holds what was asked for), and the folder is unchanged.
         print(

@@ -298,6 +298,9 @@ class CheckpointConfig(_Section, frozen=True, kw_only=True):
         every: Save every N steps (and at the end of the run).
         keep: Newest checkpoints kept.
         resume: Continue from the run folder's last checkpoint when there is one.
+        adopt: Train from a checkpoint of another run found in the run folder (copied in):
+            its weights and position, under this folder's run id. Off, such a checkpoint is
+            skipped with one line naming the two runs.
         timeout_s: Deadline of writing one checkpoint (and, for a Hugging Face model, its
             model/ folder); a write past it fails the step (WaitDeadlineExceeded) and is
             abandoned: it never replaces a checkpoint written after it.
@@ -306,6 +309,7 @@ class CheckpointConfig(_Section, frozen=True, kw_only=True):
     every: PositiveInt = 10
     keep: PositiveInt = 3
     resume: bool = True
+    adopt: bool = False
     timeout_s: Seconds = 300.0
 
 

@@ -43,6 +43,7 @@ STAGES: Mapping[str, str] = {
     "weight_sync": "the weight sync to the rollout workers",
     "validation": "the validation",
     "checkpoint": "the checkpoint write",
+    "restore": "reading the last checkpoint",
     "restart": "restarting the rollout workers",
     "close": "stopping the rollout workers",
     "safe_point": "the votes of a safe point",

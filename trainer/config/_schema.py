@@ -463,7 +463,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         task = self.task
         if self.model.path is not None:
             try:
-                check_model_folder(self.model.path)
+                check_model_folder(self.model.path, trust_remote_code=self.model.trust_remote_code)
             except ModelLoadError as exc:
                 raise ValueError(f"model.path: {exc}") from None
             if task.dataset is not None and not task.rewards:

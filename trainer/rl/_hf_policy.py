@@ -205,7 +205,7 @@ class HFPolicy(nn.Module):
                 cannot be read (naming the file), the weights do not fit the config, or
                 it does not hold a causal LM (one line naming it).
         """
-        folder = check_model_folder(path)
+        folder = check_model_folder(path, trust_remote_code=trust_remote_code)
         hf = transformers()
         target = resolve_device(device) if isinstance(device, str) else device
         # The config first: the tokenizer reads it too, and would take the blame for it.

@@ -154,7 +154,12 @@ class RunFold:
 
     def follow(self, bus: EventBus, *, diagnosed: bool = False) -> Subscription:
         """Subscribe to what this fold reads of ``bus`` (:func:`live_events`); feed it with
-        :meth:`drain`. Close the subscription when the run ends."""
+        :meth:`drain`. Close the subscription when the run ends.
+
+        Every type the fold reads is reserved for the host (:meth:`EventBus.reserve`): one an
+        extension publishes (re-publishing what it receives, say) never reaches the record.
+        """
+        bus.reserve(*FOLDS)
         events = live_events(diagnosed)
         return bus.subscribe(*events, maxsize=100_000, name="trainbus.run-record")
 

@@ -28,6 +28,7 @@ import anyio
 import msgspec
 import torch
 
+from eventbus import EXTENSION_FAILURES
 from eventbus import EventBus
 from eventbus.runtime import Capability
 from eventbus.runtime import CheckpointRestored
@@ -322,7 +323,7 @@ def extension_states(bus: EventBus) -> dict[str, Any]:
         try:
             state = state_dict()
             _check_plain(state)
-        except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+        except EXTENSION_FAILURES as exc:  # (logged, counted, published)
             bus.report_extension_failure(registration, "state_dict", exc)
             continue
         states[registration.name] = state
@@ -338,7 +339,7 @@ def load_extension_states(bus: EventBus, states: dict[str, Any]) -> None:
         load: Callable[[Any], None] = registration.extension.load_state_dict  # type: ignore[attr-defined]
         try:
             load(states[registration.name])
-        except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+        except EXTENSION_FAILURES as exc:  # (logged, counted, published)
             bus.report_extension_failure(registration, "load_state_dict", exc)
 
 

@@ -102,13 +102,16 @@ class StallDiagnosed(Event, frozen=True):
         stage: What the trainer is waiting for: ``start`` (the workers starting),
             ``rollouts`` (a batch; a hung reward call is one, in its worker), ``update``
             (the PPO update), ``weight_sync`` (new weights to the workers), ``validation``,
-            ``checkpoint`` (a checkpoint write), ``restart`` (the rollout side
-            restarting), ``close`` (the workers stopping). Inside a Hugging Face Trainer
+            ``checkpoint`` (a checkpoint write), ``restore`` (reading the last checkpoint),
+            ``restart`` (the rollout side restarting), ``close`` (the workers stopping), or
+            ``held``: no wait of the trainer's, but work a worker has held that long while
+            the trainer goes on (others keep it fed). Inside a Hugging Face Trainer
             (TRL), read from the training thread's stack: ``generation``, ``reward``,
             ``update``, ``checkpoint``, or ``step`` when the stack names none of them.
         waited_s: Seconds since this wait began.
         stalled_s: Seconds since the last progress (a rollout result, or the wait's start).
-        stuck: The rollouts workers hold and have not delivered (``rollouts`` stage).
+        stuck: The rollouts workers hold and have not delivered (``rollouts`` stage; for
+            ``held``, those held that long).
         stacks: Each holding worker's stack; for other stages, the trainer's own (its
             ``fit`` task and the threads doing the stage's work).
         repeat: 0 for the first diagnosis of this stall, then 1, 2, ...

@@ -12,8 +12,10 @@ import msgspec
 import pytest
 from rich.console import Console
 
+from eventbus import Event
 from eventbus import EventBus
 from eventbus import ExtensionContext
+from eventbus.runtime import FitFinished
 from eventbus.runtime import FitStarted
 from eventbus.runtime import SampleWait
 from eventbus.runtime import StackFrame
@@ -154,6 +156,35 @@ def test_a_stall_inside_another_wait_and_the_wait_end_together() -> None:
         ("rollouts", "rollout side restarted (1 rollouts reissued)", 6.0),
         ("restart", "rollout side restarted (1 rollouts reissued)", 2.0),
     ]
+
+
+HELD = msgspec.structs.replace(DIAGNOSIS, stage="held", repeat=0)
+
+
+@pytest.mark.parametrize(
+    ("end", "ended_by", "lasted_s"),
+    [
+        (RolloutRestarted(step=9, reissued=("p7#0",), time=120.0), "rollout side restarted", 10.0),
+        # Nothing acted on it: as long as its last diagnosis saw (it may have delivered).
+        (FitFinished(step=12, time=150.0), "the run ended", 8.0),
+    ],
+    ids=["restarted", "run-ended"],
+)
+def test_work_held_while_the_trainer_went_on_is_one_stall_its_steps_do_not_end(
+    end: Event, ended_by: str, lasted_s: float
+) -> None:
+    events = [
+        FitStarted(run_id="r", total_steps=12, time=100.0),
+        at(HELD, 112.0, 0, 2.0),
+        StepFinished(step=5, time=113.0),
+        at(HELD, 118.0, 1, 8.0),  # the same held work, diagnosed again at a later step
+        StepFinished(step=8, time=119.0),
+        end,
+    ]
+    [stall] = fold_events(events).summary().stalls
+    assert (stall.step, stall.stage, stall.diagnoses) == (4, "held", 2)
+    assert stall.ended_by.startswith(ended_by)
+    assert stall.lasted_s == pytest.approx(lasted_s)
 
 
 START = msgspec.structs.replace(DIAGNOSIS, step=0, stage="start", stuck=(), repeat=0)

@@ -349,13 +349,6 @@ class RunFolder:
         for k in rebuilt:
             kept[k] = {"step": k, **self._logged_metrics[k]}
         lost = [k for k in range(1, step + 1) if k not in kept]
-        if rebuilt:
-            logger.warning(
-                "%s lacked the lines of %s: rebuilt from %s",
-                path,
-                _steps(rebuilt),
-                self._path(EVENTS_FILE),
-            )
         if damaged:
             logger.warning(
                 "%s: line%s %s %s not a metrics row (damaged); removed",
@@ -363,6 +356,13 @@ class RunFolder:
                 "s" if len(damaged) > 1 else "",
                 ", ".join(map(str, damaged[:10])) + (", ..." if len(damaged) > 10 else ""),
                 "are" if len(damaged) > 1 else "is",
+            )
+        if rebuilt:
+            logger.warning(
+                "%s lacked the lines of %s: rebuilt from %s",
+                path,
+                _steps(rebuilt),
+                self._path(EVENTS_FILE),
             )
         if lost:
             logger.warning(

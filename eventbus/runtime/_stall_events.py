@@ -80,6 +80,8 @@ class StuckRollout(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         attempt: The attempt the worker runs.
         worker_id: The worker that took it.
         held_s: Seconds since the worker took it.
+        step: The trainer step it was dispatched at (None: not said, as in logs written
+            before it was): held past that step, the trainer went on without it.
     """
 
     rollout_id: str
@@ -87,6 +89,7 @@ class StuckRollout(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     attempt: int
     worker_id: str
     held_s: float
+    step: int | None = None
 
 
 class StallDiagnosed(Event, frozen=True):

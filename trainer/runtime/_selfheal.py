@@ -4,7 +4,7 @@ An ordinary extension on the public contract (a user could have written it):
 
 * From ``SampleWait`` events it tracks progress of the current wait. A *stall* is no new
   sample for ``stall_timeout_s`` while rollouts are outstanding. A ``WorkerLost`` event
-  counts as a stall at once, and so does a worker that has held its work for
+  counts as a stall at once, and so does a worker that has held work of an earlier step for
   ``stall_timeout_s`` (``Host.held_rollouts``) while the others keep the trainer fed (in
   async mode no sample wait then ever stalls).
 * At the next ``SAMPLE_WAIT`` or ``STEP_BOUNDARY`` safe point it votes
@@ -171,7 +171,14 @@ class SelfHealingExtension:
         no wait stalled (its diagnosis says where it is stuck); None when no worker has, or
         the host does not say."""
         held = getattr(host, "held_rollouts", None)
-        stuck = [r for r in held() if r.held_s >= self.stall_timeout_s] if held else []
+        step = safe_point.step if safe_point.step is not None else 0
+        stuck = [
+            r
+            for r in (held() if held else ())
+            # Work of an earlier step: the trainer went on without it. (Work of the step
+            # being waited for is that wait's: it stalls if the work does not come.)
+            if r.held_s >= self.stall_timeout_s and r.step is not None and r.step < step
+        ]
         if not stuck:
             return None
         worker = max(stuck, key=lambda r: r.held_s).worker_id

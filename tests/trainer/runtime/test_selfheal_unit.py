@@ -102,9 +102,11 @@ async def test_every_stall_seen_votes_a_restart_the_trainers_budget_bounds_them(
 class HoldingHost:
     """A host whose workers hold rollouts (``held_rollouts``), as the trainer's view says."""
 
-    def __init__(self, *held: tuple[str, float]) -> None:
+    def __init__(self, *held: tuple[str, float], step: int = 2) -> None:
         self.held = [
-            StuckRollout(rollout_id=f"r{i}", group_id="g", attempt=1, worker_id=w, held_s=s)
+            StuckRollout(
+                rollout_id=f"r{i}", group_id="g", attempt=1, worker_id=w, held_s=s, step=step
+            )
             for i, (w, s) in enumerate(held)
         ]
 
@@ -131,14 +133,20 @@ async def test_a_worker_holding_its_work_past_the_timeout_votes_a_restart(
     assert (await healer.on_safe_point(context, at(point)))[0] is Decision.CONTINUE
 
 
-async def test_a_worker_within_the_timeout_is_left_alone(healer: SelfHealingExtension) -> None:
+@pytest.mark.parametrize(
+    "host",
+    [HoldingHost(("w1", 9.9)), HoldingHost(("w1", 30.0), step=3)],
+    ids=["within-the-timeout", "work-of-the-step-waited-for"],
+)
+async def test_a_worker_is_left_alone_within_the_timeout_or_on_the_steps_own_work(
+    healer: SelfHealingExtension, host: HoldingHost
+) -> None:
+    # (Work of the step being waited for is that wait's: slow rollouts that still arrive
+    # are no stall, a hung one stalls the wait.)
     context = ExtensionContext(
-        name="self-healing",
-        bus=EventBus(),
-        capabilities=frozenset(),
-        host=HoldingHost(("w1", 9.9)),
+        name="self-healing", bus=EventBus(), capabilities=frozenset(), host=host
     )
-    decision, _ = await healer.on_safe_point(context, at(SafePoint.STEP_BOUNDARY))
+    decision, _ = await healer.on_safe_point(context, at(SafePoint.SAMPLE_WAIT))
     assert decision is Decision.CONTINUE
 
 

@@ -588,6 +588,11 @@ def load_config(
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses once per level of nesting
+            raise ConfigError(
+                f"config file {path} is not a configuration: its arrays or tables nest "
+                "deeper than a TOML reader goes (a configuration nests a few levels)"
+            ) from None
         except UnicodeDecodeError as exc:
             raise ConfigError(
                 f"config file {path} is not valid TOML: it is not UTF-8 text (byte {exc.start})"

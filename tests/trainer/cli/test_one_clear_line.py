@@ -1,0 +1,26 @@
+"""More inputs crafted to break a reader or a run, each tried the way a user meets it: one
+line naming the problem and exit status 2, before anything is written (or, for the readers
+of a run folder, the damage noted and the rest read), never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.cli._main import main
+
+from .test_bad_inputs import one_error_line
+
+
+def test_a_config_nested_past_the_readers_depth_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nested.toml").write_text("[run]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    assert main(["train", "--config", "nested.toml", "--out", "run"]) == 2
+    assert one_error_line(capsys) == (
+        "error: config file nested.toml is not a configuration: its arrays or tables nest "
+        "deeper than a TOML reader goes (a configuration nests a few levels)"
+    )
+    assert not (tmp_path / "run").exists()

@@ -186,6 +186,24 @@ def _bad_json_line(path: Path) -> str | None:
     return None
 
 
+def _not_utf8(path: Path, table: Any) -> str:
+    """Where in ``path`` (read into ``table``) the text that is not UTF-8 is: ``line N``
+    of a text file, else ``row N``."""
+    if path.is_file() and _FORMATS.get(path.suffix.lower()) != "parquet":
+        with path.open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    return f"line {number}"
+    for index in range(len(table)):
+        try:
+            table[index]
+        except UnicodeDecodeError:
+            return f"row {index}"
+    return "a value"
+
+
 def _check_prompt(path: Path, column: str, index: int, value: Any) -> Content:
     if isinstance(value, str | list) and not value:
         # Most tokenizers give it no token at all, and nothing samples from no context.
@@ -219,8 +237,12 @@ def load_prompt_table(path: str | Path, prompt_column: str = "prompt") -> Prompt
             f"{source}: no column {prompt_column!r} (columns: {', '.join(names) or 'none'}); "
             "set task.prompt_column"
         )
+    try:
+        listed = table.to_list()
+    except UnicodeDecodeError:  # a string column holding bytes that are not UTF-8
+        raise DatasetError(f"{source}: {_not_utf8(source, table)} is not UTF-8 text") from None
     rows = []
-    for index, row in enumerate(table.to_list()):
+    for index, row in enumerate(listed):
         content = _check_prompt(source, prompt_column, index, row.pop(prompt_column))
         rows.append((content, row))
     if not rows:

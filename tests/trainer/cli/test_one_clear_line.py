@@ -24,3 +24,18 @@ def test_a_config_nested_past_the_readers_depth_is_one_line(
         "deeper than a TOML reader goes (a configuration nests a few levels)"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_dataset_with_a_byte_that_is_not_utf8_names_its_line(
+    hf_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    good = b'{"prompt": "12=", "target": "21"}\n'
+    (tmp_path / "data.jsonl").write_bytes(good * 5 + b'{"prompt": "1\xff2=", "target": "1"}\n')
+    args = ["train", "--model", str(hf_model), "--dataset", "data.jsonl"]
+    assert main([*args, "--reward", "trainer:task_reward", "--out", "run"]) == 2
+    assert one_error_line(capsys) == "error: data.jsonl: line 6 is not UTF-8 text"
+    assert not (tmp_path / "run").exists()

@@ -39,3 +39,17 @@ def test_a_dataset_with_a_byte_that_is_not_utf8_names_its_line(
     assert main([*args, "--reward", "trainer:task_reward", "--out", "run"]) == 2
     assert one_error_line(capsys) == "error: data.jsonl: line 6 is not UTF-8 text"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["prompts", "prompts.jsonl"])
+def test_dataset_export_into_a_folder_says_to_name_the_file(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "kept.jsonl").write_text("{}\n")
+    assert main(["dataset", "export", "reverse", name]) == 2
+    assert one_error_line(capsys) == (
+        f"error: dataset: {name} is a folder; name the file to write, e.g. {name}/reverse.jsonl"
+    )
+    assert [p.name for p in (tmp_path / name).iterdir()] == ["kept.jsonl"]

@@ -9,7 +9,7 @@ decisions are worded by :func:`~trainer.runtime._describe.describe`, as everywhe
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -29,6 +29,7 @@ from ..runtime import describe
 from ..runtime import last_owner
 from ._plots import write_plots
 from ._rundata import RunData
+from ._rundata import json_text
 from ._rundata import load_run
 from ._rundata import run_folder
 
@@ -47,7 +48,7 @@ def run_report(args: argparse.Namespace) -> int:
     """
     run = load_run(run_folder(args.run_dir))
     if getattr(args, "json", False):
-        print(json.dumps(report_json(run), indent=2))
+        print(json_text(report_json(run)))
         return 0
     from rich.console import Console
 
@@ -186,14 +187,14 @@ def _final_reward(s: FitSummary) -> str:
 
 
 def _best_step(metrics: Sequence[dict[str, float]]) -> dict[str, float] | None:
-    rewarded = [m for m in metrics if REWARD_METRIC in m]
+    rewarded = [m for m in metrics if math.isfinite(m.get(REWARD_METRIC, math.nan))]
     return max(rewarded, key=lambda m: m[REWARD_METRIC]) if rewarded else None
 
 
 def _best_reward(run: RunData) -> str:
     best = _best_step(run.metrics)
     if best is None:
-        return "n/a (no finished step)"
+        return "n/a (no step's reward is a number)" if run.metrics else "n/a (no finished step)"
     text = f"{best[REWARD_METRIC]:.3f} (step {best['step']:.0f})"
     average = run.summary.best_reward_moving_average
     return text + (f"; best 10-step average {average:.3f}" if average is not None else "")

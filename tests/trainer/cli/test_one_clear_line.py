@@ -4,6 +4,9 @@ of a run folder, the damage noted and the rest read), never a traceback."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from trainer.cli._main import main
 
 from .test_bad_inputs import one_error_line
+from .test_cli import tiny_toml
 
 
 def test_a_config_nested_past_the_readers_depth_is_one_line(
@@ -53,3 +57,57 @@ def test_dataset_export_into_a_folder_says_to_name_the_file(
         f"error: dataset: {name} is a folder; name the file to write, e.g. {name}/reverse.jsonl"
     )
     assert [p.name for p in (tmp_path / name).iterdir()] == ["kept.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of two steps of the built-in task (a checkpoint at each)."""
+    folder = tmp_path_factory.mktemp("finished")
+    args = ["train", "--config", str(tiny_toml(folder)), "--steps", "2", "--no-progress"]
+    assert main([*args, "--out", str(folder / "run")]) == 0
+    return folder / "run"
+
+
+def copied(run: Path, tmp_path: Path, name: str = "run") -> Path:
+    shutil.copytree(run, tmp_path / name)
+    return tmp_path / name
+
+
+def test_runs_and_report_read_past_a_metrics_line_that_is_not_utf8_and_name_it(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copied(finished_run, tmp_path)
+    with (run / "metrics.jsonl").open("ab") as file:
+        file.write(b'{"step": 3, "reward/mean": "\xff\xfe"}\n')
+    capsys.readouterr()
+    assert main(["runs", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "finished" in out
+    assert err == f"note: {run / 'metrics.jsonl'}: line 3 is not UTF-8 text: skipped\n"
+    assert main(["report", str(run), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2" in out and "best reward            0." in out
+    assert f"note: {run / 'metrics.jsonl'}: line 3 is not UTF-8 text: skipped" in out
+
+
+def test_report_and_compare_of_a_reward_of_nan_say_so(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nan = copied(finished_run, tmp_path, "nan")
+    other = copied(finished_run, tmp_path, "other")
+    # A writer's NaN: "nan" in the event log (msgspec's way), and here in metrics.jsonl too.
+    for name in ("metrics.jsonl", "events.jsonl"):
+        text = (nan / name).read_text()
+        (nan / name).write_text(re.sub(r'"reward/mean": ?[-0-9.e]+', '"reward/mean":"nan"', text))
+    capsys.readouterr()
+    assert main(["report", str(nan), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "final reward           nan (step 2)" in out
+    assert "best reward            n/a (no step's reward is a number)" in out
+    assert main(["report", str(nan), "--json"]) == 0
+    strict = json.loads(capsys.readouterr().out, parse_constant=lambda word: pytest.fail(word))
+    assert strict["summary"]["final_reward"] == "nan" and strict["best_reward"] is None
+    assert main(["compare", str(nan), str(other), "--no-plots"]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if "final reward" in line]
+    assert row.split()[2:5] == ["nan", "(step", "2)"]
+    assert main(["compare", str(nan), str(other)]) == 0  # the plots of a NaN curve too

@@ -111,3 +111,22 @@ def test_report_and_compare_of_a_reward_of_nan_say_so(
     [row] = [line for line in capsys.readouterr().out.splitlines() if "final reward" in line]
     assert row.split()[2:5] == ["nan", "(step", "2)"]
     assert main(["compare", str(nan), str(other)]) == 0  # the plots of a NaN curve too
+
+
+def test_a_model_that_is_a_file_is_named_a_file_not_missing(
+    hf_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hostname").write_text("vm\n")
+    assert main(["train", "--model", "hostname", "--steps", "1", "--out", "run"]) == 2
+    assert one_error_line(capsys) == (
+        "error: model.path: model folder hostname is a file, not a folder (a model is a "
+        "folder written by save_pretrained)"
+    )
+    config = hf_model / "config.json"
+    assert main(["train", "--model", str(config), "--steps", "1", "--out", "run"]) == 2
+    assert one_error_line(capsys).endswith(f"; its folder {hf_model} may be the model")
+    assert not (tmp_path / "run").exists()

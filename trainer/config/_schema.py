@@ -526,6 +526,11 @@ def convert(data: dict[str, Any]) -> TrainerConfig:
         check_finite(data)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    for section, key in FILE_PATHS:
+        table = data.get(section)
+        if isinstance(table, dict) and table.get(key) == "":
+            # "" is the current folder to a path, and "unset" to a flag: neither is meant.
+            raise ConfigError(f"{section}.{key} is empty: {_UNSET_PATHS[section, key]}")
     try:
         return msgspec.convert(data, TrainerConfig, strict=True)
     except msgspec.ValidationError as exc:
@@ -539,13 +544,24 @@ are (so a config and its data travel together); on the command line, to the curr
 folder. ``task.rewards`` entries that name a file (``path/to/rewards.py:FUNC``) too."""
 
 
+_UNSET_PATHS = {
+    ("run", "out"): "leave it out for a new runs/ folder, or name the run folder",
+    ("model", "path"): "leave it out for the built-in network, or name the model folder",
+    ("task", "dataset"): "leave it out for the built-in task, or name the prompts file",
+    ("task", "val_dataset"): "leave it out for no validation, or name the prompts file",
+}
+"""What leaving out each of :data:`FILE_PATHS` means, for the error of an empty one."""
+
+
 def relative_to_file(data: dict[str, Any], folder: Path) -> None:
     """Rewrite the relative paths of a configuration file's ``data`` (see
     :data:`FILE_PATHS`) to the same files seen from the current folder."""
 
     def moved(value: str) -> str:
         named = Path(value).expanduser()
-        return value if named.is_absolute() else os.path.normpath(folder / named)
+        if not value or named.is_absolute():  # ("" is refused as it is, naming its key)
+            return value
+        return os.path.normpath(folder / named)
 
     for section, key in FILE_PATHS:
         table = data.get(section)

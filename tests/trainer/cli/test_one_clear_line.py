@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainer.cli._main import main
+from trainer.config._schema import FILE_PATHS
 
 from .test_bad_inputs import one_error_line
 from .test_cli import tiny_toml
@@ -130,3 +131,24 @@ def test_a_model_that_is_a_file_is_named_a_file_not_missing(
     assert main(["train", "--model", str(config), "--steps", "1", "--out", "run"]) == 2
     assert one_error_line(capsys).endswith(f"; its folder {hf_model} may be the model")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("section", "key"), FILE_PATHS)
+def test_an_empty_path_is_refused_alike_in_the_file_and_as_a_flag(
+    section: str,
+    key: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `[run] out = ""` trained into the config's own folder, `--out ""` into runs/.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.toml").write_text(f'[{section}]\n{key} = ""\n')
+    assert main(["train", "--config", "empty.toml", "--steps", "1"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"error: {section}.{key} is empty: leave it out for ")
+    flag = {"out": "--out", "path": "--model", "dataset": "--dataset"}.get(key)
+    if flag is not None:
+        assert main(["train", flag, "", "--steps", "1"]) == 2
+        assert one_error_line(capsys) == line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.toml"]

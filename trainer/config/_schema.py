@@ -39,6 +39,7 @@ from ._ray_address import check_ray_address
 
 __all__ = [
     "DEFAULT_WORKERS",
+    "MAX_ROLLOUTS_PER_STEP",
     "AutoscaleConfig",
     "CheckpointConfig",
     "ConfigError",
@@ -62,6 +63,10 @@ NonNegativeInt = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
 # to a few hundred rollouts), a value is a typo that would fill the memory before a word.
 PromptsPerStep = Annotated[int, Meta(ge=1, le=65_536)]
 GroupSize = Annotated[int, Meta(ge=2, le=1024)]
+MAX_ROLLOUTS_PER_STEP = 2**20
+"""The most rollouts a step's batch holds (``rollout.prompts_per_step`` x ``group_size``):
+each is held, with its tokens, log-probs and reward, until the update; 65,536 prompts of
+1,024 rollouts each (67 million) ran out of memory while the batch was being registered."""
 Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
 NonNegativeSeconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Fraction = Annotated[float, Meta(ge=0, le=1)]
@@ -232,7 +237,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         workers: Rollout workers. Unset: 2, but one for a Hugging Face model sampling on a
             GPU with the local backend (one sampler per device, each step's rollouts
             generated in batches as large as max_batch_tokens allows).
-        prompts_per_step: Prompt groups per training batch.
+        prompts_per_step: Prompt groups per training batch (times group_size: at most
+            1,048,576 rollouts a step).
         group_size: Rollouts per prompt (the GRPO group, >= 2).
         max_off_policy: Async mode: how many policy versions old a group may be.
         staleness: Async mode: ``drop`` stale groups and refill, or ``wait`` for them.
@@ -443,6 +449,14 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         self._check_workload()
         rollout = self.rollout
         check_ray_address(rollout.ray_address, rollout.backend)
+        rollouts = rollout.prompts_per_step * rollout.group_size
+        if rollouts > MAX_ROLLOUTS_PER_STEP:
+            raise ValueError(
+                f"rollout.prompts_per_step x rollout.group_size is {rollout.prompts_per_step:,}"
+                f" x {rollout.group_size:,} = {rollouts:,} rollouts a step; a step's batch "
+                f"holds at most {MAX_ROLLOUTS_PER_STEP:,} (each is kept, with its tokens, "
+                "until the update)"
+            )
         if rollout.standby and rollout.backend != "ray":
             raise ValueError(
                 f"rollout.standby is {rollout.standby} but rollout.backend is "

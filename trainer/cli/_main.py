@@ -299,6 +299,30 @@ def _check_run_folder(out: Path) -> None:
     check_layout(out)
 
 
+RAY_PROBE_S = 10.0
+"""How long the command line's probe of a Ray cluster's address waits for an answer (a head
+that is up answers a TCP connection in milliseconds)."""
+
+
+def _check_ray_cluster(address: str | None) -> None:
+    """Refuse, before the run folder is made, a Ray cluster address that nothing answers at
+    (a name that does not resolve, a head that is down): the flag is wrong, not the run.
+
+    Raises:
+        UsageError: Naming the address and the setting it came from.
+    """
+    from ..config import check_reachable
+    from ..config import joined_address
+
+    try:
+        joined = joined_address(address)
+        if joined is not None:
+            cluster, setting = joined
+            check_reachable(cluster, RAY_PROBE_S, setting)
+    except (ConnectionError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | None) -> PPOTrainer:
     """Registers config.extensions and, with self_heal.enabled, SelfHealingExtension; loads
     the model, the datasets and the reward functions.
@@ -344,6 +368,8 @@ def _train(args: argparse.Namespace) -> int:
         faults = FaultInjector.parse(args.inject, steps=config.run.steps) if args.inject else None
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if config.rollout.backend == "ray":
+        _check_ray_cluster(config.rollout.ray_address)
     made: tuple[Path, bool] | None = None  # the new runs/ folder, if this run makes one
     if config.run.out:
         out = Path(config.run.out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,26 @@ def test_an_empty_path_is_refused_alike_in_the_file_and_as_a_flag(
         assert main(["train", flag, "", "--steps", "1"]) == 2
         assert one_error_line(capsys) == line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.toml"]
+
+
+def test_a_ray_address_that_does_not_resolve_is_refused_before_the_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    probed: list[tuple[str, int]] = []
+
+    def resolve(where: tuple[str, int], timeout: float) -> socket.socket:
+        probed.append(where)  # (no name is looked up for real: nothing leaves loopback)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", resolve)
+    args = ["train", "--backend", "ray", "--ray-address", "garbage", "--steps", "1"]
+    assert main([*args, "--out", "run"]) == 2
+    assert one_error_line(capsys) == (
+        "error: no Ray cluster answers at garbage (Name or service not known): check "
+        "rollout.ray_address (--ray-address, RAY_ADDRESS) and that the cluster is up "
+        "(`ray status` on its head)"
+    )
+    assert probed == [("garbage", 6379)]
+    assert list(tmp_path.iterdir()) == []  # no folder holding only .lock

@@ -14,18 +14,18 @@ import logging
 import math
 import os
 import signal
-import socket
 import threading
 from typing import Any
 
 import ray
 
-from ...config import parse_ray_address
+from ...config import check_reachable
+from ...config import joined_address
 from ._leftovers import clean_leftovers
 from ._leftovers import forget_local_instance
 from ._leftovers import record_local_instance
 
-__all__ = ["check_reachable", "init_ray", "note_local_processes", "shutdown_ray"]
+__all__ = ["init_ray", "note_local_processes", "shutdown_ray"]
 
 logger = logging.getLogger("trainbus.ray")
 
@@ -68,39 +68,11 @@ def init_ray(address: str | None, cpus_needed: float, connect_timeout_s: float =
     return True
 
 
-def check_reachable(address: str, timeout_s: float, setting: str = "rollout.ray_address") -> None:
-    """Raise at once when nothing accepts a connection at a cluster ``address``.
-
-    ``ray.init`` retries an address it cannot reach for many minutes (about 20 attempts,
-    each under gRPC's own connect timeout), on the event loop's thread and with nothing on
-    screen: a mistyped address or a cluster that is down would look like a hung trainer.
-    One TCP connection to the host and port tells at once. ``auto`` and ``local`` name no
-    host: they are left to Ray (``auto`` fails fast when no cluster runs on this machine).
-
-    Raises:
-        ConnectionError: The address is refused, unreachable or does not resolve.
-        ValueError: The address is malformed (``setting`` names where it came from).
-    """
-    where = parse_ray_address(address, setting)
-    if where.host is None:
-        return
-    try:
-        socket.create_connection((where.host, where.port), timeout=timeout_s).close()
-    except OSError as exc:
-        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise ConnectionError(
-            f"no Ray cluster answers at {address} ({why}): check rollout.ray_address "
-            f"(--ray-address, RAY_ADDRESS) and that the cluster is up (`ray status` on its head)"
-        ) from None
-
-
 def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # RAY_ADDRESS is how Ray users point every driver at their cluster.
-    setting = "rollout.ray_address"
-    if address is None and os.environ.get("RAY_ADDRESS"):
-        address, setting = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
-    if address is not None and not parse_ray_address(address, setting).local:
+    joined = joined_address(address)
+    if joined is not None:
+        address, setting = joined
         check_reachable(address, connect_timeout_s, setting)
         logger.info("joining the Ray cluster at %s", address)
         _ray_init(address=address)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.config._ray_address import check_reachable
 from trainer.rollout.ray import _session
-from trainer.rollout.ray._session import check_reachable
 
 from ...runfolder import trainbus
 
@@ -102,9 +102,11 @@ def test_train_with_an_unreachable_address_fails_at_once_with_one_line(
     done = trainbus(
         "train", "--backend", "ray", "--ray-address", address, "--steps", "2", "--out", str(out)
     )
-    assert done.returncode == 1
-    assert f"failed: ConnectionError: no Ray cluster answers at {address}" in done.stderr
-    assert "Traceback" not in done.stderr
+    # Refused before the run folder is made: the flag is wrong, not the run.
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: no Ray cluster answers at {address} (")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

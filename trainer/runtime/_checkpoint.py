@@ -44,6 +44,7 @@ __all__ = [
     "NoCheckpointLoads",
     "StoredCheckpoint",
     "UnreadableCheckpoint",
+    "is_checkpoint_file",
 ]
 
 logger = logging.getLogger("trainbus.checkpoint")
@@ -302,6 +303,11 @@ class CheckpointStore:
             if not path.with_suffix("").exists():  # its checkpoint was never renamed in
                 path.unlink(missing_ok=True)
         self._cleaned = True
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """Whether ``name`` is one a store writes: a checkpoint or its checksum file."""
+    return _NAME.match(name.removesuffix(_SUM_SUFFIX)) is not None
 
 
 def _sum_path(checkpoint: Path) -> Path:

@@ -23,6 +23,7 @@ import errno
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,8 +118,9 @@ def repair_torn_tail(path: Path) -> int:
 
 def check_layout(out_dir: Path) -> None:
     """Refuse a run folder whose files are not what a run writes there: ``summary.json``
-    or the logs replaced by a folder, ``checkpoints/`` by a file (the run would fail when
-    it writes them, after training).
+    or the logs replaced by a folder, ``checkpoints/`` by a file, a checkpoint (or its
+    checksum) by a folder, a link or a special file (the run would fail when it writes
+    them, after training).
 
     Raises:
         RunFolderError: Naming the first such path.
@@ -134,6 +136,20 @@ def check_layout(out_dir: Path) -> None:
             f"--out {out_dir}: {path} is {what}, where the run keeps its "
             f"{'checkpoints' if folder else name}; move it away, or use another run folder"
         )
+    checkpoints = out_dir / "checkpoints"
+    if not checkpoints.is_dir():
+        return
+    from ._checkpoint import is_checkpoint_file  # (torch: only for a folder with checkpoints)
+
+    for path in sorted(checkpoints.iterdir()):
+        # A folder named step-00000006.pt was read as an unreadable checkpoint, then failed
+        # the save of step 6 (after training) and left its checksum file behind.
+        if is_checkpoint_file(path.name) and not stat.S_ISREG(path.lstat().st_mode):
+            what = "a folder" if path.is_dir() else "not a regular file"
+            raise RunFolderError(
+                f"--out {out_dir}: {path} is {what}, where the run keeps a checkpoint; move "
+                "it away, or use another run folder"
+            )
 
 
 _LAYOUT = (

@@ -176,3 +176,18 @@ def test_a_ray_address_that_does_not_resolve_is_refused_before_the_run_folder(
     )
     assert probed == [("garbage", 6379)]
     assert list(tmp_path.iterdir()) == []  # no folder holding only .lock
+
+
+def test_a_folder_where_a_checkpoint_goes_is_refused_before_training(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copied(finished_run, tmp_path)
+    (run / "checkpoints" / "step-00000006.pt").mkdir()
+    before = sorted(str(p) for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["train", "--steps", "8", "--no-progress", "--out", str(run)]) == 2
+    assert one_error_line(capsys) == (
+        f"error: --out {run}: {run / 'checkpoints' / 'step-00000006.pt'} is a folder, where "
+        "the run keeps a checkpoint; move it away, or use another run folder"
+    )
+    assert sorted(str(p) for p in run.rglob("*")) == before

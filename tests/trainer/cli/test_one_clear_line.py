@@ -191,3 +191,26 @@ def test_a_folder_where_a_checkpoint_goes_is_refused_before_training(
         "the run keeps a checkpoint; move it away, or use another run folder"
     )
     assert sorted(str(p) for p in run.rglob("*")) == before
+
+
+def test_an_older_checkpoint_under_a_later_name_is_skipped_in_one_line(
+    finished_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = copied(finished_run, tmp_path)
+    checkpoints = run / "checkpoints"
+    for suffix in ("", ".sha256"):  # its checksum too: the copy is intact, only misnamed
+        shutil.copy(checkpoints / f"step-00000001.pt{suffix}", checkpoints / f"step-6.pt{suffix}")
+        (checkpoints / f"step-6.pt{suffix}").rename(checkpoints / f"step-00000006.pt{suffix}")
+    capsys.readouterr()
+    assert main(["train", "--steps", "3", "--no-progress", "--out", str(run)]) == 0
+    assert "resumed at step 2" in capsys.readouterr().out  # the newest that is what it says
+    [line] = [r.getMessage() for r in caplog.records if "step-00000006.pt" in r.getMessage()]
+    assert line == (
+        f"skipping unusable checkpoint {checkpoints / 'step-00000006.pt'}: it holds step 1, "
+        "not 6 (a copy of another checkpoint under a later name)"
+    )
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
+    assert steps == [1, 2, 3]

@@ -12,9 +12,10 @@ changed after it was written (a disk, copy or memory error flipping a few bytes 
 tensor loads without a word and trains NaN) no longer matches and is skipped like a
 truncated one, and so is a checkpoint the store's ``check`` rejects (non-finite weights:
 the trainer's second line of defence) and one whose state records another ``step`` than
-its name (an older checkpoint copied in under a later name). A checkpoint found bad is remembered: it is not read
-or reported again while it stays as it is, so no recovery restores it twice. A checkpoint
-without a checksum file (written before they were recorded) is read unverified.
+its name (an older checkpoint copied in under a later name). A checkpoint found bad is
+remembered: it is not read or reported again while it stays as it is, so no recovery
+restores it twice. A checkpoint without a checksum file (written before they were
+recorded) is read unverified.
 
 A save can be *abandoned* (its caller's deadline passed while the write hung): it then never
 renames, so a write that finishes late cannot replace a checkpoint written after it, and a

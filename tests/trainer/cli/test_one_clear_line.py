@@ -214,3 +214,20 @@ def test_an_older_checkpoint_under_a_later_name_is_skipped_in_one_line(
     )
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
     assert steps == [1, 2, 3]
+
+
+def test_a_field_less_fit_started_line_changes_neither_report_nor_resume(
+    finished_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = copied(finished_run, tmp_path)
+    with (run / "events.jsonl").open("a") as file:
+        file.write('{"type":"FitStarted"}\n')
+    capsys.readouterr()
+    assert main(["report", str(run), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert (summary["status"], summary["steps"], len(summary["attempts"])) == ("finished", 2, 1)
+    assert summary["duration_s"] < 600  # not since the epoch
+    assert main(["train", "--steps", "3", "--no-progress", "--out", str(run)]) == 0
+    written = json.loads((run / "summary.json").read_text())
+    assert (written["steps"], len(written["attempts"])) == (3, 2)
+    assert written["duration_s"] < 600

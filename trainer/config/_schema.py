@@ -160,7 +160,8 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
             length; 64 with a dataset).
         max_prompt_tokens: Longest prompt, in tokens, for a Hugging Face model (a prompt
             must also leave the model's context room for one new token). Checked once, when
-            the prompts load.
+            the prompts load; a prompt of far more characters than any within the limit has
+            is judged without being tokenized.
         prompt_overflow: What a longer prompt does: ``error`` refuses to start, naming its
             file and row; ``drop`` skips it (counted in the run's notes and report);
             ``truncate_left`` keeps its last tokens.

@@ -24,6 +24,7 @@ if _typing.TYPE_CHECKING:
     from ._datasets import TextPromptStream as TextPromptStream
     from ._datasets import decode_prompt as decode_prompt
     from ._datasets import load_prompt_table as load_prompt_table
+    from ._datasets import prompt_chars as prompt_chars
     from ._grpo import Sample as Sample
     from ._grpo import group_samples as group_samples
     from ._grpo import kl_penalties as kl_penalties

@@ -350,6 +350,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..rollout import FaultInjector
     from ..runtime import count
+    from ..runtime import reward_text
 
     if "help" in args.inject:
         width = max(map(len, FAULTS))
@@ -450,8 +451,8 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     average, n = summary.reward_moving_average, len(summary.attempts)  # n: resumes + 1
     print(
-        f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "
-        f"(10-step average {average:.3f}), {count(len(summary.restarts), 'restart')}, "
+        f"{summary.status}: {summary.steps} steps, reward {reward_text(summary.final_reward)} "
+        f"(10-step average {reward_text(average)}), {count(len(summary.restarts), 'restart')}, "
         f"{summary.duration_s:.1f} s{f' in {n} attempts' if n > 1 else ''}; run folder {out}"
         if average is not None and summary.final_reward is not None
         else f"{summary.status}: {summary.steps} steps; run folder {out}"

@@ -27,6 +27,7 @@ from ..runtime import FitSummary
 from ..runtime import StallSummary
 from ..runtime import describe
 from ..runtime import last_owner
+from ..runtime import reward_text
 from ._plots import write_plots
 from ._rundata import RunData
 from ._rundata import json_text
@@ -183,7 +184,7 @@ def _steps(s: FitSummary) -> str:
 def _final_reward(s: FitSummary) -> str:
     if s.final_reward is None:
         return "n/a (no finished step)"
-    return f"{s.final_reward:.3f} (step {s.steps})"
+    return f"{reward_text(s.final_reward)} (step {s.steps})"
 
 
 def _best_step(metrics: Sequence[dict[str, float]]) -> dict[str, float] | None:
@@ -195,9 +196,9 @@ def _best_reward(run: RunData) -> str:
     best = _best_step(run.metrics)
     if best is None:
         return "n/a (no step's reward is a number)" if run.metrics else "n/a (no finished step)"
-    text = f"{best[REWARD_METRIC]:.3f} (step {best['step']:.0f})"
+    text = f"{reward_text(best[REWARD_METRIC])} (step {best['step']:.0f})"
     average = run.summary.best_reward_moving_average
-    return text + (f"; best 10-step average {average:.3f}" if average is not None else "")
+    return text + (f"; best 10-step average {reward_text(average)}" if average is not None else "")
 
 
 def _validation(metrics: Sequence[dict[str, float]]) -> list[tuple[str, str]]:
@@ -208,8 +209,8 @@ def _validation(metrics: Sequence[dict[str, float]]) -> list[tuple[str, str]]:
     last = evaluated[-1]
     best = max(evaluated, key=lambda m: m["val/reward_mean"])
     text = (
-        f"{last['val/reward_mean']:.3f} (step {last['step']:.0f}); "
-        f"best {best['val/reward_mean']:.3f} (step {best['step']:.0f})"
+        f"{reward_text(last['val/reward_mean'])} (step {last['step']:.0f}); "
+        f"best {reward_text(best['val/reward_mean'])} (step {best['step']:.0f})"
     )
     failed = sum(m.get("val/failed", 0.0) for m in evaluated)
     if failed:

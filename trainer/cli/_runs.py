@@ -101,6 +101,7 @@ def run_runs(args: argparse.Namespace) -> int:
     Raises:
         UsageError: ``DIR`` is not a folder.
     """
+    from ..runtime import reward_text
     from ._rundata import json_text
 
     folder = Path(args.dir)
@@ -135,7 +136,7 @@ def run_runs(args: argparse.Namespace) -> int:
             Path(row["folder"]).name,  # the folder in DIR (the JSON has the whole path)
             row["status"],
             steps + attempts,
-            f"{reward:.3f}" if reward is not None else "n/a",
+            reward_text(reward) if reward is not None else "n/a",
             f"{row['duration_s']:.1f} s",
             str(row["restarts"]),
         )

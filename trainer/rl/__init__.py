@@ -45,6 +45,7 @@ if _typing.TYPE_CHECKING:
     from ._hparams import PPOConfig as PPOConfig
     from ._hparams import WorkloadError as WorkloadError
     from ._lora_merge import merge_adapter as merge_adapter
+    from ._means import mean as mean
     from ._names import did_you_mean as did_you_mean
     from ._policy import Policy as Policy
     from ._policy import build_policy as build_policy

@@ -54,6 +54,7 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from replay import BatchReconciled
 
+from ..rl import mean
 from ..rollout import FaultInjected
 from ..rollout import RolloutRestarted
 from ..rollout import WorkerJoined
@@ -304,7 +305,7 @@ class RunFold:
         ]
         if not window:
             return
-        average = sum(window) / len(window)
+        average = mean(window)
         s.reward_moving_average = average
         if s.best_reward_moving_average is None or average > s.best_reward_moving_average:
             s.best_reward_moving_average = average

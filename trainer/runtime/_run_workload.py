@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +37,7 @@ from ..rl import build_policy
 from ..rl import check_columns
 from ..rl import load_rewards
 from ..rl import make_task
+from ..rl import mean
 from ..rl import render
 from ..rl import reward_names
 from ..rollout import ALSO_AN_EVENT
@@ -182,7 +182,7 @@ class RunWorkload:
         rewards = [r for group in outcomes for _, r in group if not isinstance(r, RewardFailure)]
         failed = sum(isinstance(r, RewardFailure) for group in outcomes for _, r in group)
         return {
-            "val/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+            "val/reward_mean": mean(rewards) if rewards else float("nan"),
             "val/failed": float(failed),
         }
 

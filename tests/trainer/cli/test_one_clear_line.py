@@ -14,6 +14,7 @@ import pytest
 
 from trainer.cli._main import main
 from trainer.config._schema import FILE_PATHS
+from trainer.runtime._describe_workers import reward_text
 
 from .test_bad_inputs import one_error_line
 from .test_cli import tiny_toml
@@ -231,3 +232,41 @@ def test_a_field_less_fit_started_line_changes_neither_report_nor_resume(
     written = json.loads((run / "summary.json").read_text())
     assert (written["steps"], len(written["attempts"])) == (3, 2)
     assert written["duration_s"] < 600
+
+
+def test_means_of_rewards_near_the_float_limit_do_not_overflow() -> None:
+    from trainer.rl._means import mean
+
+    assert mean([1e308, 1e308, 1e308]) == 1e308  # math.fsum raised OverflowError
+    assert mean([1.7e308, -1.7e308]) == 0.0
+    assert mean([0.25, 0.5, 0.75]) == 0.5  # (small ones as statistics.fmean has them)
+    assert reward_text(2.5e307) == "2.5e+307" and reward_text(0.1694) == "0.169"
+
+
+NEAR_THE_LIMIT = """
+def near_the_limit(prompts, completions, **kw):
+    return [1e308 if i % 4 == 0 else 0.5 for i in range(len(completions))]
+"""
+
+
+def test_a_run_whose_rewards_near_the_float_limit_trains_and_reads(
+    hf_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Several rewards of 1e308 in one step: every mean of them (the step's, each function's,
+    # a worker's, the moving average) summed past the float range, and the run failed.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "limit.py").write_text(NEAR_THE_LIMIT)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "12="}\n{"prompt": "34="}\n')
+    args = ["train", "--model", str(hf_model), "--dataset", "data.jsonl", "--steps", "2"]
+    args += ["--reward", "limit.py:near_the_limit", "--config", str(tiny_toml(tmp_path))]
+    assert main([*args, "--no-progress", "--out", "run"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("finished: 2 steps, reward 2.5e+307 (10-step average 2.5e+307)")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [row["reward/mean"] for row in rows] == [pytest.approx(2.5e307)] * 2
+    assert [row["reward/near_the_limit/mean"] for row in rows] == [pytest.approx(2.5e307)] * 2
+    assert main(["report", "run", "--no-plots"]) == 0
+    assert "final reward           2.5e+307 (step 2)" in capsys.readouterr().out

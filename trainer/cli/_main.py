@@ -457,6 +457,8 @@ def _train(args: argparse.Namespace) -> int:
         if average is not None and summary.final_reward is not None
         else f"{summary.status}: {summary.steps} steps; run folder {out}"
     )
+    if summary.stalls:  # (each was one line above; its stacks are in the run's record)
+        print(f"{count(len(summary.stalls), 'stall')} diagnosed, stacks: trainbus report {out}")
     for error in summary.after_fit_errors:
         print(f"warning: extension failed at AFTER_FIT: {error}", file=sys.stderr)
     return 0

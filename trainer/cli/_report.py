@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from eventbus import Decision
+from eventbus.runtime import StallDiagnosed
 
 from ..integrations import LAUNCH_FILE
 from ..runtime import REWARD_METRIC
@@ -57,6 +58,8 @@ def run_report(args: argparse.Namespace) -> int:
     # Paths and notes are never wrapped (soft_wrap): a log keeps them whole, for copying.
     console.print(f"trainbus report: {run.folder}", style="bold", soft_wrap=True, markup=False)
     print_table(console, render_table(run))
+    for diagnosis in _diagnoses(run):  # (the terminal showed each stall's line only)
+        console.print(f"\nstalled: {diagnosis}", soft_wrap=True, markup=False)
     for note in run.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     if not args.no_plots:
@@ -95,6 +98,7 @@ def report_json(run: RunData) -> dict[str, Any]:
         "restarts": [describe(e) for e in run.fold.restart_events] if run.fold else None,
         "notable_decisions": [describe(e) for e in run.fold.notable_events] if run.fold else None,
         "stalls": _stalls(run).splitlines()[1:],
+        "stall_diagnoses": _diagnoses(run),
         "throughput": throughput(run.metrics),
         "notes": list(run.notes),
     }
@@ -278,6 +282,11 @@ def _stalls(run: RunData) -> str:
         + [e.time for e in run.events[:1]]
     )
     return "\n".join([str(len(stalls)), *(stall_line(s, origin) for s in stalls)])
+
+
+def _diagnoses(run: RunData) -> list[str]:
+    """Each stall's first diagnosis in full (with the stacks), in the log's order."""
+    return [describe(e) for e in run.events if isinstance(e, StallDiagnosed) and e.repeat == 0]
 
 
 def stall_line(stall: StallSummary, origin: float) -> str:

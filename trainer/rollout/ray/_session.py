@@ -10,11 +10,13 @@ again with :func:`shutdown_ray`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -84,21 +86,56 @@ def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) ->
     clean_leftovers()
     logger.info("starting a local Ray instance (%d CPUs)", cpus)
     global _local_instance
-    _ray_init(
-        # "local": a new instance, even when a `ray start` cluster runs on this machine
-        # (without it Ray would join that one, and refuse num_cpus).
-        address="local",
-        num_cpus=cpus,
-        include_dashboard=False,
-        object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
-        # A local instance serves this process only: keep it off the network.
-        _node_ip_address="127.0.0.1",
-    )
+    with _loopback_stays_loopback():
+        _ray_init(
+            # "local": a new instance, even when a `ray start` cluster runs on this machine
+            # (without it Ray would join that one, and refuse num_cpus).
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
+            # A local instance serves this process only: keep it off the network.
+            _node_ip_address="127.0.0.1",
+        )
     _local_instance = True
     record_local_instance()
 
 
 _local_instance = False  # this process started a local Ray instance (and records it)
+
+# Ray's switch between its one-machine addressing (macOS, Windows: loopback) and a cluster's.
+_CLUSTER_ADDRESSING = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_stays_loopback() -> Iterator[None]:
+    """While a local instance starts: Ray's one-machine addressing, as on macOS and Windows.
+
+    On Linux, ``ray.init`` takes a loopback ``_node_ip_address`` for a mistake and replaces
+    it by the machine's own address, which it finds by routing a UDP socket towards
+    8.8.8.8:53 (no packet is sent). On a machine with a network that put the instance on
+    the machine's address; where there is none (a loopback-only namespace) every start
+    printed "Failed to determine local IP via external connectivity to: 8.8.8.8:53 ...,
+    falling back to hostname resolution". With one-machine addressing Ray never asks, and
+    the instance's processes (they inherit the environment) keep loopback too.
+    """
+    from ray._private import ray_constants
+
+    had, variable = (
+        getattr(ray_constants, "ENABLE_RAY_CLUSTER", None),
+        os.environ.get(_CLUSTER_ADDRESSING),
+    )
+    ray_constants.ENABLE_RAY_CLUSTER = False  # (read at import: this process's own copy)
+    os.environ[_CLUSTER_ADDRESSING] = "0"
+    try:
+        yield
+    finally:
+        if had is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = had
+        if variable is None:
+            os.environ.pop(_CLUSTER_ADDRESSING, None)
+        else:
+            os.environ[_CLUSTER_ADDRESSING] = variable
 
 
 def _ray_init(**options: Any) -> None:

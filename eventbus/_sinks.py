@@ -218,7 +218,9 @@ def _with_events(opt_in: Iterable[CapabilityBase | str]) -> tuple[CapabilityBase
 def read_events(path: str | Path, *, errors: Literal["raise", "skip"] = "raise") -> Iterator[Event]:
     """Yield the typed events of a JSON Lines event log, in file order.
 
-    A last line without its newline (the writer was killed mid-line) is ignored.
+    A last line without its newline (the writer was killed mid-line) is ignored. A line
+    that decodes but was never published (no ``time``: the bus stamps every event it
+    publishes) is a bad line: its fields would be defaults, a start at the epoch among them.
 
     Args:
         path: The ``.jsonl`` file.
@@ -232,7 +234,16 @@ def read_events(path: str | Path, *, errors: Literal["raise", "skip"] = "raise")
             if not line.strip():
                 continue
             try:
-                yield decode_event(line)
+                event = decode_event(line)
             except EventDecodeError as exc:
                 if errors == "raise":
                     raise EventDecodeError(f"{path}:{number}: {exc}") from None
+                continue
+            if not event.time > 0:
+                if errors == "raise":
+                    raise EventDecodeError(
+                        f"{path}:{number}: a {type(event).__name__} the bus never published "
+                        "(it has no time)"
+                    )
+                continue
+            yield event

@@ -138,6 +138,13 @@ def check_model_folder(path: str | Path, *, trust_remote_code: bool = False) -> 
         ModelLoadError: Naming what is missing, or the file asking to run code.
     """
     folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        inside = folder.name in ("config.json", *_WEIGHTS, *_TOKENIZER)
+        hint = f"; its folder {folder.parent} may be the model" if inside else ""
+        raise ModelLoadError(
+            f"model folder {folder} is a file, not a folder (a model is a folder written by "
+            f"save_pretrained){hint}"
+        )
     if not folder.is_dir():
         looked = "" if folder.is_absolute() else f" (looked for {folder.absolute()})"
         raise ModelLoadError(f"model folder {folder} does not exist{looked}")

@@ -25,6 +25,7 @@ is what changes in training (the adapter), for weight sync and checkpoints.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import pickle
 import threading
@@ -274,6 +275,11 @@ class HFPolicy(nn.Module):
         return None
 
     # --- text ---------------------------------------------------------------------------
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """The characters of the tokenizer's longest token (its added tokens too)."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
 
     def encode(self, prompt: str | Sequence[dict[str, Any]]) -> tuple[int, ...]:
         """Token ids of a prompt: a string, or chat messages rendered with the tokenizer's

@@ -21,6 +21,7 @@ if _typing.TYPE_CHECKING:
     from ._describe import describe as describe
     from ._describe import skipped_updates as skipped_updates
     from ._describe_workers import count as count
+    from ._describe_workers import reward_text as reward_text
     from ._diagnosis import StallWatchdog as StallWatchdog
     from ._extload import load_extension as load_extension
     from ._fold import REWARD_METRIC as REWARD_METRIC

@@ -11,9 +11,11 @@ Next to each file, ``step-NNNNNNNN.pt.sha256`` records its SHA-256 in ``sha256su
 changed after it was written (a disk, copy or memory error flipping a few bytes of a
 tensor loads without a word and trains NaN) no longer matches and is skipped like a
 truncated one, and so is a checkpoint the store's ``check`` rejects (non-finite weights:
-the trainer's second line of defence). A checkpoint found bad is remembered: it is not read
-or reported again while it stays as it is, so no recovery restores it twice. A checkpoint
-without a checksum file (written before they were recorded) is read unverified.
+the trainer's second line of defence) and one whose state records another ``step`` than
+its name (an older checkpoint copied in under a later name). A checkpoint found bad is
+remembered: it is not read or reported again while it stays as it is, so no recovery
+restores it twice. A checkpoint without a checksum file (written before they were
+recorded) is read unverified.
 
 A save can be *abandoned* (its caller's deadline passed while the write hung): it then never
 renames, so a write that finishes late cannot replace a checkpoint written after it, and a
@@ -275,6 +277,15 @@ class CheckpointStore:
             state = _load(io.BytesIO(data), stored.path)
         else:
             state = self.load(stored.path)
+        recorded = state.get("step")
+        if isinstance(recorded, int) and recorded != stored.step:
+            # Resuming from it would redo the steps after its own, under a later name.
+            raise UnreadableCheckpoint(
+                stored.path,
+                f"it holds step {recorded}, not {stored.step} (a copy of another checkpoint "
+                "under a later name)",
+                "unusable",
+            )
         why = self.check(state) if self.check is not None else None
         if why:
             raise UnreadableCheckpoint(stored.path, why, "unusable")

@@ -151,9 +151,9 @@ class StallWatchdog:
         self.latest = event
         self.published += 1
         # The terminal's line of a stall, from this thread: it shows even while the event
-        # loop, which runs the views and the event log, is blocked. Stacks the first time.
-        text = describe(event)
-        logger.warning("stalled: %s", text if event.repeat == 0 else text.split("\n", 1)[0])
+        # loop, which runs the views and the event log, is blocked. One line, as every
+        # warning: the stacks are the event's, in events.jsonl and `trainbus report`.
+        logger.warning("stalled: %s", describe(event).split("\n", 1)[0])
         return event
 
     def _write_first(self, event: StallDiagnosed) -> None:

@@ -28,6 +28,7 @@ every other count is the whole run's.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -53,6 +54,7 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from replay import BatchReconciled
 
+from ..rl import mean
 from ..rollout import FaultInjected
 from ..rollout import RolloutRestarted
 from ..rollout import WorkerJoined
@@ -307,13 +309,17 @@ class RunFold:
         if reward is None:
             return
         self.rewards[e.step] = float(reward)
+        s.final_reward = float(reward)
+        # A step whose mean is NaN (no reward at all) is not an average's point: it would
+        # make every average of the next ten NaN, and the best average NaN for good.
         window = [
             self.rewards[k]
             for k in range(e.step - MOVING_AVERAGE + 1, e.step + 1)
-            if k in self.rewards
+            if k in self.rewards and math.isfinite(self.rewards[k])
         ]
-        average = sum(window) / len(window)
-        s.final_reward = float(reward)
+        if not window:
+            return
+        average = mean(window)
         s.reward_moving_average = average
         if s.best_reward_moving_average is None or average > s.best_reward_moving_average:
             s.best_reward_moving_average = average

@@ -559,6 +559,16 @@ class PPOTrainer:
         none), the stop's reason."""
         if isinstance(error, asyncio.CancelledError) and self._stop_requested is not None:
             return str(error) or self._stop_requested
+        if isinstance(error, MemoryError) and not str(error):
+            # Python's MemoryError says nothing; the batch is what grows with the settings.
+            rollout = self.config.rollout
+            return (
+                f"out of memory; a step's batch here is {rollout.prompts_per_step:,} prompts x "
+                f"{rollout.group_size:,} rollouts = "
+                f"{rollout.prompts_per_step * rollout.group_size:,} rollouts "
+                "(rollout.prompts_per_step x rollout.group_size), each kept with its tokens "
+                "until the update: lower them"
+            )
         return str(error)
 
     async def _train_step(self) -> None:

@@ -5,6 +5,7 @@ and counts down to the self-healing stall timeout."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -140,6 +141,28 @@ def test_report_lists_each_stall_with_when_how_long_where_and_what_ended_it() ->
     assert lines[1] == f"step 4 rollouts at +28.0 s, 3.5 s: {headline}; the step went on by itself"
     assert lines[2].startswith("step 6 weight_sync at +33.8 s, at least 6.2 s: weight_sync at")
     assert lines[2].endswith("; still stalled when the log ends")
+
+
+def test_report_prints_each_stalls_first_diagnosis_with_its_stacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The terminal showed one line a stall: the stacks are read here, afterwards.
+    from eventbus import encode_event
+    from trainer.cli._main import main
+
+    events = [
+        FitStarted(run_id="r", total_steps=6, seq=1, time=100.0),
+        msgspec.structs.replace(at(DIAGNOSIS, 110.0, 0, 2.0), seq=2),
+        msgspec.structs.replace(at(DIAGNOSIS, 116.0, 1, 8.0), seq=3),  # a repeat: not again
+    ]
+    (tmp_path / "events.jsonl").write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    assert main(["report", str(tmp_path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    first = describe(at(DIAGNOSIS, 110.0, 0, 2.0))
+    assert f"\nstalled: {first}\n" in out and out.count("stalled: step 4") == 1
+    assert "        myrewards.py:41 score" in out.splitlines()
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stall_diagnoses"] == [first]
 
 
 def test_a_stall_inside_another_wait_and_the_wait_end_together() -> None:

@@ -40,6 +40,7 @@ from ._events import Event as Event
 from ._events import ExtensionBehind as ExtensionBehind
 from ._events import ExtensionFailed as ExtensionFailed
 from ._events import Lagged as Lagged
+from ._extensions import EXTENSION_FAILURES as EXTENSION_FAILURES
 from ._extensions import RUNTIME_EXTENSION_API_VERSION as RUNTIME_EXTENSION_API_VERSION
 from ._extensions import RuntimeExtension as RuntimeExtension
 from ._moved import moved_attribute as _moved_attribute

@@ -45,6 +45,7 @@ from ._extensions import validate_extension
 from ._host import ExtensionHost
 from ._order import lock_free
 from ._order import solo_here as _solo_here
+from ._publishers import ORIGIN
 from ._registration import Registration
 from ._registration import Registry
 from ._safepoints import reach
@@ -56,6 +57,7 @@ from ._subscription import VotePoints
 from ._util import check_timeout
 
 _force_setattr = msgspec.structs.force_setattr
+_origin = ORIGIN.get
 _replace = msgspec.structs.replace
 
 __all__ = ["BusStatistics", "EventBus", "ExtensionContext"]
@@ -192,6 +194,11 @@ class EventBus:
         # measurable share of the delivery cost. BusState's invariant: stamping and appending
         # to every matching queue happen in one critical section.
         state = self._state
+        # From inside a hook call: an extension's event (see _publishers), or the bus's own
+        # report on one; else (no hook runs) the host's.
+        origin = _origin() if state.in_hooks else None
+        if origin is not None and state.refuses(origin, event):
+            return
         lock = self._lock
         solo = _solo_here(lock.solo_mark)  # see _order: no lock while one thread runs
         if not solo:  # (acquire() ends single-thread mode first)
@@ -208,10 +215,28 @@ class EventBus:
                 _force_setattr(event, "seq", seq)
                 clock = state.clock  # (state.clock() would look the slot up as a method)
                 _force_setattr(event, "time", clock())
+                if origin is not None:
+                    state.chained_locked(seq, origin)
                 state.deliver_locked(event, queues, False)
         finally:
             if not solo:
                 lock.release()
+
+    def reserve(self, *event_types: type[Event]) -> None:
+        """Reserve ``event_types`` for the host: an extension's publish of one (from inside
+        its hooks) is refused, and reported as its failure (``ExtensionFailed``, hook
+        ``publish``). A host reserves the types its own record is folded from, so that no
+        extension can change that record. Reservations add up; decided when the host sets
+        up, not at publish.
+
+        Raises:
+            TypeError: A type is not an ``Event`` subclass.
+        """
+        for t in event_types:
+            if not (isinstance(t, type) and issubclass(t, Event)):
+                raise TypeError(f"reserve() takes eventbus.Event subclasses, got {t!r}")
+        with self._state.lock:
+            self._state.reserved = self._state.reserved | frozenset(event_types)
 
     def wants(self, event_type: type[Event]) -> bool:
         """True when publishing an ``event_type`` now would reach someone.
@@ -386,7 +411,7 @@ class EventBus:
         return self._registry.all()
 
     def report_extension_failure(
-        self, registration: Registration, hook: str, error: Exception
+        self, registration: Registration, hook: str, error: BaseException
     ) -> None:
         """For hosts that call extension code themselves (``state_dict`` in a checkpoint):
         log the failure, count it and publish ``ExtensionFailed``, as for a failing hook.

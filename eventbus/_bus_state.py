@@ -47,6 +47,11 @@ from ._events import ExtensionFailed
 from ._order import OrderLock
 from ._order import lock_free
 from ._order import solo_here as _solo_here
+from ._publishers import CHAINS_KEPT
+from ._publishers import MAX_CHAIN
+from ._publishers import ORIGIN
+from ._publishers import Origin
+from ._publishers import PublishRefused
 from ._queue import Queue
 from ._queue import set_result as _set_result
 from ._queue import wake_future
@@ -136,6 +141,7 @@ class BusState:
 
     __slots__ = (
         "barriers",
+        "chains",
         "clock",
         "closed",
         "deadlines",
@@ -143,10 +149,12 @@ class BusState:
         "error_decision",
         "extension_failures",
         "failure_kinds",
+        "in_hooks",
         "late_votes",
         "lock",
         "point_routes",
         "publish",
+        "reserved",
         "routes",
         "safe_points",
         "seq",
@@ -180,6 +188,12 @@ class BusState:
         # (an extension failing on every event would print a line per event otherwise).
         self.failure_kinds: dict[tuple[str, str, str], int] = {}
         self.delivery_errors = 0
+        # Who may publish what (see _publishers): hook calls in progress (none: the host
+        # publishes, and publish looks no further), the types only the host may publish, and
+        # the chain depth of each recent event an extension published, by seq.
+        self.in_hooks = 0
+        self.reserved: frozenset[type[Event]] = frozenset()
+        self.chains: dict[int, int] = {}
         # Set by the bus that owns this state to its own `publish` (the hot path lives in
         # one function there, a frame shorter); the state publishes ExtensionFailed with it.
         self.publish: Callable[[Event], None] = _not_owned
@@ -378,7 +392,46 @@ class BusState:
 
     # --- extension failures -------------------------------------------------------------
 
-    def extension_failed(self, name: str, hook: str, error: Exception, event: Event | None) -> None:
+    # --- who publishes (see _publishers) -------------------------------------------------
+
+    def refuses(self, origin: Origin, event: Event) -> bool:
+        """Whether ``event``, published from inside a hook call (``origin``), must not be
+        delivered: a type the host reserved, published by an extension, or a reply deeper
+        than ``MAX_CHAIN``. A refusal by an extension is reported as its failure."""
+        if origin.depth >= MAX_CHAIN:
+            why = (
+                f"it published {type(event).__name__} as the {MAX_CHAIN + 1}th event of a "
+                f"chain, each published in reply to the one before: a publishing loop; the "
+                f"rest of the chain is dropped"
+            )
+        elif origin.name and type(event) in self.reserved:
+            why = (
+                f"{type(event).__name__} is the host's to publish (its record is folded from "
+                f"it); the extension's was dropped"
+            )
+        else:
+            return False
+        if origin.failed is not None:
+            # The report continues the chain (as the bus's: never refused, but dropped past
+            # the chain's end), so a loop through the reports ends too.
+            token = ORIGIN.set(Origin("", origin.depth + 1, origin.handling))
+            try:
+                origin.failed("publish", PublishRefused(why), origin.handling)
+            finally:
+                ORIGIN.reset(token)
+        return True
+
+    def chained_locked(self, seq: int, origin: Origin) -> None:
+        """Remember that event ``seq``, published from inside a hook call (``origin``), is
+        one link further down its chain."""
+        chains = self.chains
+        chains[seq] = origin.depth + 1
+        if len(chains) > CHAINS_KEPT:
+            del chains[next(iter(chains))]
+
+    def extension_failed(
+        self, name: str, hook: str, error: BaseException, event: Event | None
+    ) -> None:
         """Count an extension's failure, log the first of its kind (extension, hook, error
         type), and publish it as ``ExtensionFailed`` (its ``repeat`` counts the earlier ones
         of its kind; :meth:`report_repeated_failures` gives their count at the end)."""

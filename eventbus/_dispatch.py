@@ -20,6 +20,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable
+from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,9 @@ from ._barrier_types import BarrierRequest
 from ._bus_state import BusState
 from ._decisions import Decision
 from ._events import Event
+from ._extensions import EXTENSION_FAILURES
+from ._publishers import ORIGIN as _ORIGIN
+from ._publishers import Origin
 from ._subscription import Subscription
 
 __all__ = ["FAIRNESS", "Dispatch", "run_extension"]
@@ -81,7 +85,7 @@ class Dispatch:
     drain_target: int | None = None
     drained: anyio.Event | None = None
 
-    def failed(self, hook: str, error: Exception, event: Event | None) -> None:
+    def failed(self, hook: str, error: BaseException, event: Event | None) -> None:
         """Count, log and publish a failing hook call."""
         self.failures += 1
         self.state.extension_failed(self.name, hook, error, event)
@@ -147,7 +151,7 @@ async def run_extension(
                         await _answer(state, dispatch, event)
                     else:
                         dispatch.hook = "on_event"
-                        await _deliver(dispatch, event)
+                        await _deliver(state, dispatch, event)
                 finally:
                     dispatch.busy = False
                     if dispatch.drain_target is not None:
@@ -165,33 +169,68 @@ async def run_extension(
         done.set()
 
 
-async def _deliver(dispatch: Dispatch, event: Event) -> None:
+async def _deliver(state: BusState, dispatch: Dispatch, event: Event) -> None:
     on_event = dispatch.on_event
     if on_event is None:
         return
     dispatch.events += 1
+    token = _enter_hook(state, dispatch, event)
     try:
         result = on_event(event)
         if inspect.isawaitable(result):
             await result
-    except Exception as exc:  # noqa: BLE001  (isolation: logged, counted, published)
-        dispatch.failed("on_event", exc, event)
+    except EXTENSION_FAILURES as exc:  # (isolation: logged, counted, published)
+        _report(dispatch, "on_event", exc, event)
+    finally:
+        _leave_hook(state, token)
 
 
 async def _answer(state: BusState, dispatch: Dispatch, event: BarrierRequest[Any]) -> None:
     on_safe_point = dispatch.on_safe_point
     assert on_safe_point is not None  # only SAFE_POINTS extensions receive requests
+    failure: BaseException | None = None
+    token = _enter_hook(state, dispatch, event)
     try:
         result = on_safe_point(event)
         if inspect.isawaitable(result):
             result = await result
         decision, reason = _interpret(result)
-    except Exception as exc:  # noqa: BLE001  (isolation: logged, counted, published)
-        dispatch.failed("on_safe_point", exc, event)
-        state.record_vote(dispatch.mailbox, event, state.error_decision, error=exc)
+    except EXTENSION_FAILURES as exc:  # (isolation: logged, counted, published)
+        failure = exc
+        _report(dispatch, "on_safe_point", exc, event)
+    finally:
+        _leave_hook(state, token)
+    if failure is not None:
+        state.record_vote(dispatch.mailbox, event, state.error_decision, error=failure)
         return
     dispatch.votes += 1
     state.record_vote(dispatch.mailbox, event, decision, reason=reason)
+
+
+def _enter_hook(state: BusState, dispatch: Dispatch, event: Event) -> Token[Origin | None]:
+    """A hook call of ``dispatch``'s extension begins, handling ``event``: what it publishes
+    is that extension's, a link further down the chain of ``event`` (see ``_publishers``)."""
+    chains = state.chains
+    depth = chains.get(event.seq, 0) if chains else 0
+    state.in_hooks += 1
+    return _ORIGIN.set(Origin(dispatch.name, depth, event, dispatch.failed))
+
+
+def _leave_hook(state: BusState, token: Token[Origin | None]) -> None:
+    state.in_hooks -= 1
+    _ORIGIN.reset(token)
+
+
+def _report(dispatch: Dispatch, hook: str, error: BaseException, event: Event) -> None:
+    """Report a failed hook call from inside it: the ``ExtensionFailed`` is the bus's (never
+    refused), yet a link of the chain of the event the hook handled, so a loop through the
+    failure reports ends too."""
+    origin = _ORIGIN.get()
+    token = _ORIGIN.set(Origin("", origin.depth if origin is not None else 0, event))
+    try:
+        dispatch.failed(hook, error, event)
+    finally:
+        _ORIGIN.reset(token)
 
 
 def _interpret(result: Any) -> tuple[Decision, str]:

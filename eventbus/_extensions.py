@@ -24,6 +24,7 @@ from ._capabilities import capability_named
 from ._errors import ExtensionError
 
 __all__ = [
+    "EXTENSION_FAILURES",
     "RUNTIME_EXTENSION_API_VERSION",
     "RuntimeExtension",
     "ValidatedExtension",
@@ -34,6 +35,13 @@ __all__ = [
 RUNTIME_EXTENSION_API_VERSION = "1.0"
 """The extension API this host speaks. An extension's major version must match, and its
 minor version must not be newer than the host's."""
+
+EXTENSION_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit, KeyboardInterrupt)
+"""What an extension's code may raise that the bus, and a host calling extension code
+itself (``state_dict``), isolates as that extension's failure: any ``Exception``, and the
+``SystemExit`` or ``KeyboardInterrupt`` it raises itself (a ``sys.exit(7)`` in a hook is a
+failing hook, not the end of the run). A Ctrl-C never arrives as one inside a hook: asyncio
+turns the signal into the cancellation of its main task."""
 
 
 @runtime_checkable

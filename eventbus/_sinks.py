@@ -55,6 +55,8 @@ class JsonlSink:
         on_error: Called once, with the error, when a write fails (default: log it).
         opt_in: The opt-in streams to record too (the capabilities that open them); None,
             the default: every one defined (the host must offer them all).
+        opener: Opens the file, as :func:`open`'s ``opener`` (a host that must not write
+            through a link passes one with ``O_NOFOLLOW``); None: :func:`os.open`.
 
     Attributes:
         error: The write error that stopped the sink, if one did.
@@ -70,8 +72,10 @@ class JsonlSink:
         name: str = "jsonl-sink",
         on_error: Callable[[OSError], None] | None = None,
         opt_in: Iterable[CapabilityBase | str] | None = None,
+        opener: Callable[[str, int], int] | None = None,
     ) -> None:
         self.name = name
+        self._opener = opener
         self.required_capabilities = _with_events(opt_in_streams() if opt_in is None else opt_in)
         self.path = Path(path)
         self._file: IO[bytes] | None = None
@@ -115,7 +119,7 @@ class JsonlSink:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 # Unbuffered: each line is one write, so a failed one is all that is undone.
-                self._file = self.path.open("ab", buffering=0)
+                self._file = open(self.path, "ab", buffering=0, opener=self._opener)  # noqa: SIM115
                 self._end = self._file.seek(0, os.SEEK_END)
             written = self._file.write(line)
             if written != len(line):  # a short write: the rest would not fit either
@@ -214,7 +218,9 @@ def _with_events(opt_in: Iterable[CapabilityBase | str]) -> tuple[CapabilityBase
 def read_events(path: str | Path, *, errors: Literal["raise", "skip"] = "raise") -> Iterator[Event]:
     """Yield the typed events of a JSON Lines event log, in file order.
 
-    A last line without its newline (the writer was killed mid-line) is ignored.
+    A last line without its newline (the writer was killed mid-line) is ignored. A line
+    that decodes but was never published (no ``time``: the bus stamps every event it
+    publishes) is a bad line: its fields would be defaults, a start at the epoch among them.
 
     Args:
         path: The ``.jsonl`` file.
@@ -228,7 +234,16 @@ def read_events(path: str | Path, *, errors: Literal["raise", "skip"] = "raise")
             if not line.strip():
                 continue
             try:
-                yield decode_event(line)
+                event = decode_event(line)
             except EventDecodeError as exc:
                 if errors == "raise":
                     raise EventDecodeError(f"{path}:{number}: {exc}") from None
+                continue
+            if not event.time > 0:
+                if errors == "raise":
+                    raise EventDecodeError(
+                        f"{path}:{number}: a {type(event).__name__} the bus never published "
+                        "(it has no time)"
+                    )
+                continue
+            yield event

@@ -58,7 +58,7 @@ if _typing.TYPE_CHECKING:
     from .runtime._checkpoint import CheckpointError as CheckpointError
     from .runtime._checkpoint import CheckpointStore as CheckpointStore
     from .runtime._decision_table import RunAborted as RunAborted
-    from .runtime._runlock import RunFolderError as RunFolderError
+    from .runtime._folder_paths import RunFolderError as RunFolderError
     from .runtime._runlock import RunFolderInUse as RunFolderInUse
     from .runtime._selfheal import SelfHealingExtension as SelfHealingExtension
     from .runtime._stall import WaitDeadlineExceeded as WaitDeadlineExceeded

@@ -80,6 +80,8 @@ class StuckRollout(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         attempt: The attempt the worker runs.
         worker_id: The worker that took it.
         held_s: Seconds since the worker took it.
+        step: The trainer step it was dispatched at (None: not said, as in logs written
+            before it was): held past that step, the trainer went on without it.
     """
 
     rollout_id: str
@@ -87,6 +89,7 @@ class StuckRollout(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     attempt: int
     worker_id: str
     held_s: float
+    step: int | None = None
 
 
 class StallDiagnosed(Event, frozen=True):
@@ -102,13 +105,16 @@ class StallDiagnosed(Event, frozen=True):
         stage: What the trainer is waiting for: ``start`` (the workers starting),
             ``rollouts`` (a batch; a hung reward call is one, in its worker), ``update``
             (the PPO update), ``weight_sync`` (new weights to the workers), ``validation``,
-            ``checkpoint`` (a checkpoint write), ``restart`` (the rollout side
-            restarting), ``close`` (the workers stopping). Inside a Hugging Face Trainer
+            ``checkpoint`` (a checkpoint write), ``restore`` (reading the last checkpoint),
+            ``restart`` (the rollout side restarting), ``close`` (the workers stopping), or
+            ``held``: no wait of the trainer's, but work a worker has held that long while
+            the trainer goes on (others keep it fed). Inside a Hugging Face Trainer
             (TRL), read from the training thread's stack: ``generation``, ``reward``,
             ``update``, ``checkpoint``, or ``step`` when the stack names none of them.
         waited_s: Seconds since this wait began.
         stalled_s: Seconds since the last progress (a rollout result, or the wait's start).
-        stuck: The rollouts workers hold and have not delivered (``rollouts`` stage).
+        stuck: The rollouts workers hold and have not delivered (``rollouts`` stage; for
+            ``held``, those held that long).
         stacks: Each holding worker's stack; for other stages, the trainer's own (its
             ``fit`` task and the threads doing the stage's work).
         repeat: 0 for the first diagnosis of this stall, then 1, 2, ...

@@ -291,6 +291,45 @@ async def test_an_extension_failing_on_every_event_is_logged_once_a_kind_then_co
     assert next(r.levelname for r in caplog.records if r.name == "eventbus") == "ERROR"
 
 
+@pytest.mark.parametrize(
+    "error", [SystemExit(7), KeyboardInterrupt()], ids=["sys.exit", "KeyboardInterrupt"]
+)
+async def test_an_extension_raising_systemexit_or_keyboardinterrupt_fails_alone(
+    error: BaseException,
+) -> None:
+    # The probe's sys.exit(7) in on_event ended the run with status 7: it is the
+    # extension's failure, isolated like any exception, in both hooks.
+    class Quitter(Voter):
+        def on_event(self, context: ExtensionContext, event: Event) -> None:
+            if isinstance(event, StepStarted):
+                raise error
+
+        def on_safe_point(
+            self, context: ExtensionContext, safe_point: SafePointReached
+        ) -> Decision:
+            raise error
+
+    bus = EventBus()
+    quitter = bus.register_extension(Quitter("quitter"))
+    healthy = Recorder("healthy")
+    bus.register_extension(healthy)
+    async with bus.running(), record_events(bus) as recorder:
+        bus.publish(StepStarted(step=1))
+        outcome = await bus.safe_point(SafePoint.STEP_BOUNDARY, step=1)
+        bus.publish(StepFinished(step=1))
+        await bus.drain(timeout=10)
+    assert outcome.decision is Decision.CONTINUE
+    (vote,) = outcome.votes
+    assert vote.participant == "quitter" and type(error).__name__ in (vote.error or "")
+    failed = recorder.of_type(ExtensionFailed)
+    assert [(e.hook, e.error_type) for e in failed] == [
+        ("on_event", type(error).__name__),
+        ("on_safe_point", type(error).__name__),
+    ]
+    assert quitter.statistics().failures == 2
+    assert StepFinished in {type(e) for e in healthy.events}  # the bus went on
+
+
 async def test_a_slow_extension_never_delays_the_publisher_or_other_subscribers() -> None:
     release = anyio.Event()
 

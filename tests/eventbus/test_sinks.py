@@ -99,6 +99,19 @@ def test_reader_ignores_a_torn_last_line_and_names_a_bad_line(tmp_path: Path) ->
     assert len(list(read_events(bad, errors="skip"))) == 2
 
 
+def test_reader_takes_a_line_the_bus_never_stamped_for_a_bad_line(tmp_path: Path) -> None:
+    # Its fields are defaults: a run's start at the epoch made a summary of 1.8e9 s.
+    good = b'{"type":"StepStarted","step":1,"seq":1,"time":1.0}\n'
+    unstamped = tmp_path / "unstamped.jsonl"
+    unstamped.write_bytes(good + b'{"type":"StepStarted","step":2}\n' + good)
+    with pytest.raises(EventDecodeError) as caught:
+        list(read_events(unstamped))
+    assert str(caught.value) == (
+        f"{unstamped}:2: a StepStarted the bus never published (it has no time)"
+    )
+    assert [e.time for e in read_events(unstamped, errors="skip")] == [1.0, 1.0]
+
+
 async def test_logging_sink_logs_events_when_its_level_is_enabled(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -42,6 +42,7 @@ from ..rollout import also_an_event
 from ..runtime import Context
 from ..runtime import WaitProgress
 from ..runtime import describe
+from ..runtime import reward_text
 from ..runtime import skipped_updates
 from ._progress import PlainProgress
 from ._progress import is_notice
@@ -160,7 +161,7 @@ class LiveProgress:
     def _step(self, event: StepFinished) -> None:
         m = event.metrics
         vitals = (
-            f"reward {m['reward/mean']:.3f}  kl(old) {m['actor/approx_kl']:.4f}  "
+            f"reward {reward_text(m['reward/mean'])}  kl(old) {m['actor/approx_kl']:.4f}  "
             f"{m['perf/samples_per_s']:.0f} samples/s"
         )
         self._progress.update(self._task, completed=event.step, vitals=vitals)

@@ -299,6 +299,30 @@ def _check_run_folder(out: Path) -> None:
     check_layout(out)
 
 
+RAY_PROBE_S = 10.0
+"""How long the command line's probe of a Ray cluster's address waits for an answer (a head
+that is up answers a TCP connection in milliseconds)."""
+
+
+def _check_ray_cluster(address: str | None) -> None:
+    """Refuse, before the run folder is made, a Ray cluster address that nothing answers at
+    (a name that does not resolve, a head that is down): the flag is wrong, not the run.
+
+    Raises:
+        UsageError: Naming the address and the setting it came from.
+    """
+    from ..config import check_reachable
+    from ..config import joined_address
+
+    try:
+        joined = joined_address(address)
+        if joined is not None:
+            cluster, setting = joined
+            check_reachable(cluster, RAY_PROBE_S, setting)
+    except (ConnectionError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _build_trainer(config: TrainerConfig, out: Path, faults: FaultInjector | None) -> PPOTrainer:
     """Registers config.extensions and, with self_heal.enabled, SelfHealingExtension; loads
     the model, the datasets and the reward functions.
@@ -326,6 +350,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..rollout import FaultInjector
     from ..runtime import count
+    from ..runtime import reward_text
 
     if "help" in args.inject:
         width = max(map(len, FAULTS))
@@ -344,6 +369,8 @@ def _train(args: argparse.Namespace) -> int:
         faults = FaultInjector.parse(args.inject, steps=config.run.steps) if args.inject else None
     except (ConfigError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if config.rollout.backend == "ray":
+        _check_ray_cluster(config.rollout.ray_address)
     made: tuple[Path, bool] | None = None  # the new runs/ folder, if this run makes one
     if config.run.out:
         out = Path(config.run.out)
@@ -414,6 +441,13 @@ def _train(args: argparse.Namespace) -> int:
             f"(e.g. --steps {2 * summary.steps})"
         )
         return 0
+    if trainer.already_finished and trainer.summary_rewritten:
+        print(
+            f"run {trainer.run_id} in {out} is already finished ({summary.steps} steps), but "
+            f"its summary.json was missing or unreadable (its write was killed): written now "
+            f"from events.jsonl"
+        )
+        return 0
     if trainer.already_finished:
         # Not an error (the folder holds what was asked for), and the folder is unchanged.
         print(
@@ -424,12 +458,14 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     average, n = summary.reward_moving_average, len(summary.attempts)  # n: resumes + 1
     print(
-        f"{summary.status}: {summary.steps} steps, reward {summary.final_reward:.3f} "
-        f"(10-step average {average:.3f}), {count(len(summary.restarts), 'restart')}, "
+        f"{summary.status}: {summary.steps} steps, reward {reward_text(summary.final_reward)} "
+        f"(10-step average {reward_text(average)}), {count(len(summary.restarts), 'restart')}, "
         f"{summary.duration_s:.1f} s{f' in {n} attempts' if n > 1 else ''}; run folder {out}"
         if average is not None and summary.final_reward is not None
         else f"{summary.status}: {summary.steps} steps; run folder {out}"
     )
+    if summary.stalls:  # (each was one line above; its stacks are in the run's record)
+        print(f"{count(len(summary.stalls), 'stall')} diagnosed, stacks: trainbus report {out}")
     for error in summary.after_fit_errors:
         print(f"warning: extension failed at AFTER_FIT: {error}", file=sys.stderr)
     return 0

@@ -10,8 +10,10 @@ train a real Hugging Face model here without downloading anything. ``model merge
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any
 from typing import get_args
@@ -167,11 +169,26 @@ def _dataset_export(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise ValueError(f"--count must be >= 1, got {args.count}")
     path = Path(args.file)
+    if path.is_dir():
+        raise ValueError(
+            f"{path} is a folder; name the file to write, e.g. {path / f'{args.task}.jsonl'}"
+        )
     if path.suffix != ".jsonl":
         raise ValueError(f"{path}: dataset export writes JSONL; name the file *.jsonl")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"cannot write {path}: {parent} is a file, not a folder")
     task = make_task(args.task, **params)
     rows = task_rows(task, args.count, args.seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # Aside, then renamed: a write that fails leaves no half file (and a file there as it was).
+    aside = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        aside.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        os.replace(aside, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # (there may be no folder to remove it from)
+            aside.unlink()
+        raise ValueError(f"cannot write {path}: {(exc.strerror or str(exc)).lower()}") from None
     print(f"wrote {len(rows)} {task.name} prompts to {path} (reward: trainer:task_reward)")
     return 0

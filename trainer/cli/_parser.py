@@ -129,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--fresh", action="store_true", help="ignore checkpoints in the run folder")
     train.add_argument(
+        "--adopt",
+        dest="checkpoint.adopt",
+        action="store_const",
+        const=True,
+        help="train from a checkpoint of another run copied into the run folder",
+    )
+    train.add_argument(
         "--model", dest="model.path", metavar="DIR", help="a Hugging Face causal LM folder"
     )
     train.add_argument(

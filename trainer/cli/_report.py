@@ -9,7 +9,7 @@ decisions are worded by :func:`~trainer.runtime._describe.describe`, as everywhe
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from eventbus import Decision
+from eventbus.runtime import StallDiagnosed
 
 from ..integrations import LAUNCH_FILE
 from ..runtime import REWARD_METRIC
@@ -27,8 +28,10 @@ from ..runtime import FitSummary
 from ..runtime import StallSummary
 from ..runtime import describe
 from ..runtime import last_owner
+from ..runtime import reward_text
 from ._plots import write_plots
 from ._rundata import RunData
+from ._rundata import json_text
 from ._rundata import load_run
 from ._rundata import run_folder
 
@@ -47,7 +50,7 @@ def run_report(args: argparse.Namespace) -> int:
     """
     run = load_run(run_folder(args.run_dir))
     if getattr(args, "json", False):
-        print(json.dumps(report_json(run), indent=2))
+        print(json_text(report_json(run)))
         return 0
     from rich.console import Console
 
@@ -55,6 +58,8 @@ def run_report(args: argparse.Namespace) -> int:
     # Paths and notes are never wrapped (soft_wrap): a log keeps them whole, for copying.
     console.print(f"trainbus report: {run.folder}", style="bold", soft_wrap=True, markup=False)
     print_table(console, render_table(run))
+    for diagnosis in _diagnoses(run):  # (the terminal showed each stall's line only)
+        console.print(f"\nstalled: {diagnosis}", soft_wrap=True, markup=False)
     for note in run.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     if not args.no_plots:
@@ -93,6 +98,7 @@ def report_json(run: RunData) -> dict[str, Any]:
         "restarts": [describe(e) for e in run.fold.restart_events] if run.fold else None,
         "notable_decisions": [describe(e) for e in run.fold.notable_events] if run.fold else None,
         "stalls": _stalls(run).splitlines()[1:],
+        "stall_diagnoses": _diagnoses(run),
         "throughput": throughput(run.metrics),
         "notes": list(run.notes),
     }
@@ -182,21 +188,21 @@ def _steps(s: FitSummary) -> str:
 def _final_reward(s: FitSummary) -> str:
     if s.final_reward is None:
         return "n/a (no finished step)"
-    return f"{s.final_reward:.3f} (step {s.steps})"
+    return f"{reward_text(s.final_reward)} (step {s.steps})"
 
 
 def _best_step(metrics: Sequence[dict[str, float]]) -> dict[str, float] | None:
-    rewarded = [m for m in metrics if REWARD_METRIC in m]
+    rewarded = [m for m in metrics if math.isfinite(m.get(REWARD_METRIC, math.nan))]
     return max(rewarded, key=lambda m: m[REWARD_METRIC]) if rewarded else None
 
 
 def _best_reward(run: RunData) -> str:
     best = _best_step(run.metrics)
     if best is None:
-        return "n/a (no finished step)"
-    text = f"{best[REWARD_METRIC]:.3f} (step {best['step']:.0f})"
+        return "n/a (no step's reward is a number)" if run.metrics else "n/a (no finished step)"
+    text = f"{reward_text(best[REWARD_METRIC])} (step {best['step']:.0f})"
     average = run.summary.best_reward_moving_average
-    return text + (f"; best 10-step average {average:.3f}" if average is not None else "")
+    return text + (f"; best 10-step average {reward_text(average)}" if average is not None else "")
 
 
 def _validation(metrics: Sequence[dict[str, float]]) -> list[tuple[str, str]]:
@@ -207,8 +213,8 @@ def _validation(metrics: Sequence[dict[str, float]]) -> list[tuple[str, str]]:
     last = evaluated[-1]
     best = max(evaluated, key=lambda m: m["val/reward_mean"])
     text = (
-        f"{last['val/reward_mean']:.3f} (step {last['step']:.0f}); "
-        f"best {best['val/reward_mean']:.3f} (step {best['step']:.0f})"
+        f"{reward_text(last['val/reward_mean'])} (step {last['step']:.0f}); "
+        f"best {reward_text(best['val/reward_mean'])} (step {best['step']:.0f})"
     )
     failed = sum(m.get("val/failed", 0.0) for m in evaluated)
     if failed:
@@ -276,6 +282,11 @@ def _stalls(run: RunData) -> str:
         + [e.time for e in run.events[:1]]
     )
     return "\n".join([str(len(stalls)), *(stall_line(s, origin) for s in stalls)])
+
+
+def _diagnoses(run: RunData) -> list[str]:
+    """Each stall's first diagnosis in full (with the stacks), in the log's order."""
+    return [describe(e) for e in run.events if isinstance(e, StallDiagnosed) and e.repeat == 0]
 
 
 def stall_line(stall: StallSummary, origin: float) -> str:

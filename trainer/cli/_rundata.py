@@ -10,9 +10,11 @@ folder without a log falls back to ``summary.json``, and one with neither to
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 from typing import NoReturn
 
 import msgspec
@@ -31,7 +33,15 @@ from ..runtime import fold_events
 from ..runtime import named
 from ._usage import UsageError
 
-__all__ = ["RUN_FILES", "RunData", "is_run_folder", "load_run", "read_metrics", "run_folder"]
+__all__ = [
+    "RUN_FILES",
+    "RunData",
+    "is_run_folder",
+    "json_text",
+    "load_run",
+    "read_metrics",
+    "run_folder",
+]
 
 RUN_FILES = (EVENTS_FILE, METRICS_FILE, SUMMARY_FILE)
 
@@ -87,7 +97,7 @@ class RunData:
 def load_run(folder: Path) -> RunData:
     """Read a run folder."""
     run = RunData(folder)
-    run.metrics = read_metrics(folder / METRICS_FILE)
+    run.metrics = read_metrics(folder / METRICS_FILE, run.notes)
     log = folder / EVENTS_FILE
     if log.is_file():
         # "skip": a user's event types are unknown here and nothing the summary needs.
@@ -132,19 +142,75 @@ def _summary_file(path: Path) -> FitSummary | None:
         return None
 
 
-def read_metrics(path: Path) -> list[dict[str, float]]:
+def read_metrics(path: Path, notes: list[str] | None = None) -> list[dict[str, float]]:
     """``metrics.jsonl``: the last line of each step (a redone step replaces the old one),
-    in step order. A line still being written (no newline yet) or damaged is skipped."""
+    in step order, every value a float (``"nan"``, as some writers spell it, is NaN).
+
+    A line still being written (no newline yet) is skipped; a damaged line (not UTF-8, not
+    a JSON object with its step) is skipped, and so is a value that is not a number: each
+    is said in ``notes``, naming the file and the line."""
     if not path.is_file():
         return []
     by_step: dict[int, dict[str, float]] = {}
-    for line in path.read_text().splitlines(keepends=True):
+    damaged: list[str] = []
+    for number, line in enumerate(path.read_bytes().splitlines(keepends=True), start=1):
+        if not line.endswith(b"\n"):
+            continue  # still being written
         try:
-            row = json.loads(line) if line.endswith("\n") else None
-        except (ValueError, RecursionError):  # (nested deeper than Python goes)
+            row = json.loads(line)
+        except UnicodeDecodeError:
+            damaged.append(f"line {number} is not UTF-8 text")
             continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            # Older run folders have the short keys (reward_mean): renamed, so both read
-            # the same.
-            by_step[row["step"]] = named(row)
+        except (ValueError, RecursionError):  # (nested deeper than Python goes)
+            damaged.append(f"line {number} is not JSON")
+            continue
+        if not (isinstance(row, dict) and isinstance(row.get("step"), int)):
+            if line.strip():
+                damaged.append(f"line {number} is not a step's metrics")
+            continue
+        # Older run folders have the short keys (reward_mean): renamed, so both read the same.
+        metrics: dict[str, float] = {"step": row["step"]}
+        for key, value in named(row).items():
+            if key == "step":
+                continue
+            read = _number(value)
+            if read is None:
+                damaged.append(f"line {number}: {key} is {value!r:.40}, not a number")
+            else:
+                metrics[key] = read
+        by_step[row["step"]] = metrics
+    if damaged and notes is not None:
+        more = f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else ""
+        notes.append(f"{path}: {'; '.join(damaged[:3])}{more}: skipped")
     return [by_step[step] for step in sorted(by_step)]
+
+
+def json_text(value: Any) -> str:
+    """``value`` (plain data) as indented JSON that any reader takes: a NaN or an infinity
+    is written as its string (``"nan"``), as the event log writes it, never as the bare
+    ``NaN`` that JSON has no word for."""
+
+    def finite(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return str(item)
+        if isinstance(item, dict):
+            return {k: finite(v) for k, v in item.items()}
+        if isinstance(item, list | tuple):
+            return [finite(v) for v in item]
+        return item
+
+    return json.dumps(finite(value), indent=2, allow_nan=False)
+
+
+def _number(value: object) -> float | None:
+    """A metric's value as a float; None for one that is not a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in _NON_FINITE:
+        return float(value)  # the event log's spelling of a NaN or an infinity
+    return None
+
+
+_NON_FINITE = {"nan", "inf", "-inf", "+inf", "infinity", "-infinity", "+infinity"}

@@ -8,8 +8,8 @@ are worded by the report's own row formatters: a run reads the same in all three
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -101,12 +101,20 @@ def run_runs(args: argparse.Namespace) -> int:
     Raises:
         UsageError: ``DIR`` is not a folder.
     """
+    from ..runtime import reward_text
+    from ._rundata import json_text
+
     folder = Path(args.dir)
     if not folder.is_dir():
         raise UsageError(f"{args.dir}: no such folder")
-    rows = [run_row(run) for run in list_runs(folder)]
+    runs = list_runs(folder)
+    rows = [run_row(run) for run in runs]
+    for run in runs:  # (on stderr: the table or the JSON stays what a script reads)
+        for note in run.notes:
+            where = "" if note.startswith(str(run.folder)) else f"{run.folder}: "
+            print(f"note: {where}{note}", file=sys.stderr)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_text(rows))
         return 0
     if not rows:
         print(f"no run folders in {folder}")
@@ -128,7 +136,7 @@ def run_runs(args: argparse.Namespace) -> int:
             Path(row["folder"]).name,  # the folder in DIR (the JSON has the whole path)
             row["status"],
             steps + attempts,
-            f"{reward:.3f}" if reward is not None else "n/a",
+            reward_text(reward) if reward is not None else "n/a",
             f"{row['duration_s']:.1f} s",
             str(row["restarts"]),
         )

@@ -16,6 +16,8 @@ if _typing.TYPE_CHECKING:
     from ._export import ExportConfig as ExportConfig
     from ._export import PrometheusExportConfig as PrometheusExportConfig
     from ._export import exporter_flag as exporter_flag
+    from ._ray_address import check_reachable as check_reachable
+    from ._ray_address import joined_address as joined_address
     from ._ray_address import parse_ray_address as parse_ray_address
     from ._schema import DEFAULT_WORKERS as DEFAULT_WORKERS
     from ._schema import ActorCpus as ActorCpus

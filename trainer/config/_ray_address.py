@@ -5,16 +5,29 @@ joins with: ``auto`` (a cluster running on this machine), ``local`` (a new insta
 run's own), ``HOST[:PORT]`` (a head's GCS, port 6379 by default) or ``ray://HOST[:PORT]``
 (its Ray Client server, port 10001). The configuration refuses anything else before the run
 folder is made (one line, exit status 2): a mistyped port found only once the run has
-started leaves a run folder and an exit status that say the run failed, not the flag. The
-backend probes the host and port parsed here before ``ray.init`` (:mod:`..rollout.ray._session`).
+started leaves a run folder and an exit status that say the run failed, not the flag. An
+address that names no host Ray could reach (``garbage``) or a head that does not answer is
+refused the same way by the command line, which probes it (:func:`check_reachable`) before
+the run folder is made; the backend probes it again before ``ray.init``
+(:mod:`..rollout.ray._session`), for runs started from Python.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["CLIENT_PORT", "GCS_PORT", "RayAddress", "check_ray_address", "parse_ray_address"]
+__all__ = [
+    "CLIENT_PORT",
+    "GCS_PORT",
+    "RayAddress",
+    "check_ray_address",
+    "check_reachable",
+    "joined_address",
+    "parse_ray_address",
+]
 
 # The ports Ray listens on when an address names none: the GCS of a `ray start --head`, and
 # the Ray Client server behind a ray:// address.
@@ -81,3 +94,46 @@ def check_ray_address(address: str | None, backend: str) -> None:
             f"rollout.ray_address is {address!r} but rollout.backend is {backend!r}; the "
             f"address needs the ray backend (--backend ray)"
         )
+
+
+def joined_address(address: str | None) -> tuple[str, str] | None:
+    """The cluster a Ray driver joins, and the setting that names it: ``address``
+    (``rollout.ray_address``), else the ``RAY_ADDRESS`` environment variable (how Ray users
+    point every driver at their cluster); None for a local instance of the run's own
+    (neither, or ``local``).
+
+    Raises:
+        ValueError: The address is malformed (naming the setting).
+    """
+    setting = "rollout.ray_address"
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address, setting = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    if address is None or parse_ray_address(address, setting).local:
+        return None
+    return address, setting
+
+
+def check_reachable(address: str, timeout_s: float, setting: str = "rollout.ray_address") -> None:
+    """Raise at once when nothing accepts a connection at a cluster ``address``.
+
+    ``ray.init`` retries an address it cannot reach for many minutes (about 20 attempts,
+    each under gRPC's own connect timeout), on the event loop's thread and with nothing on
+    screen: a mistyped address or a cluster that is down would look like a hung trainer.
+    One TCP connection to the host and port tells at once. ``auto`` and ``local`` name no
+    host: they are left to Ray (``auto`` fails fast when no cluster runs on this machine).
+
+    Raises:
+        ConnectionError: The address is refused, unreachable or does not resolve.
+        ValueError: The address is malformed (``setting`` names where it came from).
+    """
+    where = parse_ray_address(address, setting)
+    if where.host is None:
+        return
+    try:
+        socket.create_connection((where.host, where.port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} ({why}): check rollout.ray_address "
+            f"(--ray-address, RAY_ADDRESS) and that the cluster is up (`ray status` on its head)"
+        ) from None

@@ -39,6 +39,7 @@ from ._ray_address import check_ray_address
 
 __all__ = [
     "DEFAULT_WORKERS",
+    "MAX_ROLLOUTS_PER_STEP",
     "AutoscaleConfig",
     "CheckpointConfig",
     "ConfigError",
@@ -62,6 +63,10 @@ NonNegativeInt = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
 # to a few hundred rollouts), a value is a typo that would fill the memory before a word.
 PromptsPerStep = Annotated[int, Meta(ge=1, le=65_536)]
 GroupSize = Annotated[int, Meta(ge=2, le=1024)]
+MAX_ROLLOUTS_PER_STEP = 2**20
+"""The most rollouts a step's batch holds (``rollout.prompts_per_step`` x ``group_size``):
+each is held, with its tokens, log-probs and reward, until the update; 65,536 prompts of
+1,024 rollouts each (67 million) ran out of memory while the batch was being registered."""
 Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
 NonNegativeSeconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
 Fraction = Annotated[float, Meta(ge=0, le=1)]
@@ -155,7 +160,8 @@ class TaskConfig(_Section, frozen=True, kw_only=True):
             length; 64 with a dataset).
         max_prompt_tokens: Longest prompt, in tokens, for a Hugging Face model (a prompt
             must also leave the model's context room for one new token). Checked once, when
-            the prompts load.
+            the prompts load; a prompt of far more characters than any within the limit has
+            is judged without being tokenized.
         prompt_overflow: What a longer prompt does: ``error`` refuses to start, naming its
             file and row; ``drop`` skips it (counted in the run's notes and report);
             ``truncate_left`` keeps its last tokens.
@@ -232,7 +238,8 @@ class RolloutConfig(_Section, frozen=True, kw_only=True):
         workers: Rollout workers. Unset: 2, but one for a Hugging Face model sampling on a
             GPU with the local backend (one sampler per device, each step's rollouts
             generated in batches as large as max_batch_tokens allows).
-        prompts_per_step: Prompt groups per training batch.
+        prompts_per_step: Prompt groups per training batch (times group_size: at most
+            1,048,576 rollouts a step).
         group_size: Rollouts per prompt (the GRPO group, >= 2).
         max_off_policy: Async mode: how many policy versions old a group may be.
         staleness: Async mode: ``drop`` stale groups and refill, or ``wait`` for them.
@@ -298,6 +305,9 @@ class CheckpointConfig(_Section, frozen=True, kw_only=True):
         every: Save every N steps (and at the end of the run).
         keep: Newest checkpoints kept.
         resume: Continue from the run folder's last checkpoint when there is one.
+        adopt: Train from a checkpoint of another run found in the run folder (copied in):
+            its weights and position, under this folder's run id. Off, such a checkpoint is
+            skipped with one line naming the two runs.
         timeout_s: Deadline of writing one checkpoint (and, for a Hugging Face model, its
             model/ folder); a write past it fails the step (WaitDeadlineExceeded) and is
             abandoned: it never replaces a checkpoint written after it.
@@ -306,6 +316,7 @@ class CheckpointConfig(_Section, frozen=True, kw_only=True):
     every: PositiveInt = 10
     keep: PositiveInt = 3
     resume: bool = True
+    adopt: bool = False
     timeout_s: Seconds = 300.0
 
 
@@ -443,6 +454,14 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         self._check_workload()
         rollout = self.rollout
         check_ray_address(rollout.ray_address, rollout.backend)
+        rollouts = rollout.prompts_per_step * rollout.group_size
+        if rollouts > MAX_ROLLOUTS_PER_STEP:
+            raise ValueError(
+                f"rollout.prompts_per_step x rollout.group_size is {rollout.prompts_per_step:,}"
+                f" x {rollout.group_size:,} = {rollouts:,} rollouts a step; a step's batch "
+                f"holds at most {MAX_ROLLOUTS_PER_STEP:,} (each is kept, with its tokens, "
+                "until the update)"
+            )
         if rollout.standby and rollout.backend != "ray":
             raise ValueError(
                 f"rollout.standby is {rollout.standby} but rollout.backend is "
@@ -459,7 +478,7 @@ class TrainerConfig(_Section, frozen=True, kw_only=True):
         task = self.task
         if self.model.path is not None:
             try:
-                check_model_folder(self.model.path)
+                check_model_folder(self.model.path, trust_remote_code=self.model.trust_remote_code)
             except ModelLoadError as exc:
                 raise ValueError(f"model.path: {exc}") from None
             if task.dataset is not None and not task.rewards:
@@ -526,6 +545,11 @@ def convert(data: dict[str, Any]) -> TrainerConfig:
         check_finite(data)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    for section, key in FILE_PATHS:
+        table = data.get(section)
+        if isinstance(table, dict) and table.get(key) == "":
+            # "" is the current folder to a path, and "unset" to a flag: neither is meant.
+            raise ConfigError(f"{section}.{key} is empty: {_UNSET_PATHS[section, key]}")
     try:
         return msgspec.convert(data, TrainerConfig, strict=True)
     except msgspec.ValidationError as exc:
@@ -539,13 +563,24 @@ are (so a config and its data travel together); on the command line, to the curr
 folder. ``task.rewards`` entries that name a file (``path/to/rewards.py:FUNC``) too."""
 
 
+_UNSET_PATHS = {
+    ("run", "out"): "leave it out for a new runs/ folder, or name the run folder",
+    ("model", "path"): "leave it out for the built-in network, or name the model folder",
+    ("task", "dataset"): "leave it out for the built-in task, or name the prompts file",
+    ("task", "val_dataset"): "leave it out for no validation, or name the prompts file",
+}
+"""What leaving out each of :data:`FILE_PATHS` means, for the error of an empty one."""
+
+
 def relative_to_file(data: dict[str, Any], folder: Path) -> None:
     """Rewrite the relative paths of a configuration file's ``data`` (see
     :data:`FILE_PATHS`) to the same files seen from the current folder."""
 
     def moved(value: str) -> str:
         named = Path(value).expanduser()
-        return value if named.is_absolute() else os.path.normpath(folder / named)
+        if not value or named.is_absolute():  # ("" is refused as it is, naming its key)
+            return value
+        return os.path.normpath(folder / named)
 
     for section, key in FILE_PATHS:
         table = data.get(section)
@@ -588,6 +623,11 @@ def load_config(
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except RecursionError:  # tomllib recurses once per level of nesting
+            raise ConfigError(
+                f"config file {path} is not a configuration: its arrays or tables nest "
+                "deeper than a TOML reader goes (a configuration nests a few levels)"
+            ) from None
         except UnicodeDecodeError as exc:
             raise ConfigError(
                 f"config file {path} is not valid TOML: it is not UTF-8 text (byte {exc.start})"

@@ -13,6 +13,7 @@ from .._faces import Face as _Face
 if _typing.TYPE_CHECKING:
     from ._trl_launch import LAUNCH_FILE as LAUNCH_FILE
     from ._trl_launch import RESUME_ENV as RESUME_ENV
+    from ._trl_launch import Launch as Launch
     from ._trl_launch import last_checkpoint as last_checkpoint
     from ._trl_launch import read_launch as read_launch
 

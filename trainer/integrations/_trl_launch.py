@@ -12,6 +12,7 @@ script that already passes ``resume_from_checkpoint`` keeps its own.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict
 from dataclasses import dataclass
@@ -50,7 +51,12 @@ def write_launch(out_dir: Path, launch: Launch) -> None:
     """Write ``launch`` into the run folder (aside, then renamed)."""
     path = out_dir / LAUNCH_FILE
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(asdict(launch), indent=2) + "\n")
+    # A new file (O_EXCL after the unlink), 0o644 whatever the umask: it names a program,
+    # so ``trainbus trl-resume`` runs it only if nobody else may have written it.
+    temporary.unlink(missing_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    with os.fdopen(os.open(temporary, flags, 0o644), "w") as file:
+        file.write(json.dumps(asdict(launch), indent=2) + "\n")
     temporary.replace(path)
 
 

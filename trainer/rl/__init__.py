@@ -24,6 +24,7 @@ if _typing.TYPE_CHECKING:
     from ._datasets import TextPromptStream as TextPromptStream
     from ._datasets import decode_prompt as decode_prompt
     from ._datasets import load_prompt_table as load_prompt_table
+    from ._datasets import prompt_chars as prompt_chars
     from ._grpo import Sample as Sample
     from ._grpo import group_samples as group_samples
     from ._grpo import kl_penalties as kl_penalties
@@ -44,6 +45,7 @@ if _typing.TYPE_CHECKING:
     from ._hparams import PPOConfig as PPOConfig
     from ._hparams import WorkloadError as WorkloadError
     from ._lora_merge import merge_adapter as merge_adapter
+    from ._means import mean as mean
     from ._names import did_you_mean as did_you_mean
     from ._policy import Policy as Policy
     from ._policy import build_policy as build_policy

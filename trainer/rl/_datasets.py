@@ -35,12 +35,15 @@ from ._tasks import Task
 from ._text_tasks import task_text
 
 __all__ = [
+    "MAX_PROMPT_CHARS",
     "DatasetError",
     "PromptTable",
+    "PromptTooLong",
     "TextPrompt",
     "TextPromptStream",
     "decode_prompt",
     "load_prompt_table",
+    "prompt_chars",
 ]
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -51,6 +54,18 @@ Encode = Callable[[Content], tuple[int, ...]]
 
 class DatasetError(WorkloadError):
     """A dataset cannot be used; the message names the file and the problem."""
+
+
+class PromptTooLong(DatasetError):
+    """A prompt has more characters than the stream's ``max_chars``: it is not tokenized.
+
+    Attributes:
+        chars: Its characters (of a string, or of its messages' contents).
+    """
+
+    def __init__(self, message: str, chars: int) -> None:
+        super().__init__(message)
+        self.chars = chars
 
 
 class TextPrompt(Prompt, frozen=True, kw_only=True):
@@ -186,6 +201,46 @@ def _bad_json_line(path: Path) -> str | None:
     return None
 
 
+MAX_PROMPT_CHARS = 1 << 24
+"""The most characters of a prompt a run reads (16 Mi: four million tokens' worth of
+text, tokenized in a few GB), whatever its token limit."""
+
+
+def prompt_chars(max_tokens: int | None, longest_token: int) -> int:
+    """The most characters a prompt of at most ``max_tokens`` tokens can have, for a
+    tokenizer whose longest token is ``longest_token`` characters (four times that: a
+    normalizer may join characters); :data:`MAX_PROMPT_CHARS` at most (and without a
+    limit)."""
+    if max_tokens is None:
+        return MAX_PROMPT_CHARS
+    return min(MAX_PROMPT_CHARS, max_tokens * max(1, longest_token) * 4)
+
+
+def _chars(content: Content) -> int:
+    """The characters of a prompt: of a string, or of its messages' contents."""
+    if isinstance(content, str):
+        return len(content)
+    return sum(len(str(message.get("content", ""))) for message in content)
+
+
+def _not_utf8(path: Path, table: Any) -> str:
+    """Where in ``path`` (read into ``table``) the text that is not UTF-8 is: ``line N``
+    of a text file, else ``row N``."""
+    if path.is_file() and _FORMATS.get(path.suffix.lower()) != "parquet":
+        with path.open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    return f"line {number}"
+    for index in range(len(table)):
+        try:
+            table[index]
+        except UnicodeDecodeError:
+            return f"row {index}"
+    return "a value"
+
+
 def _check_prompt(path: Path, column: str, index: int, value: Any) -> Content:
     if isinstance(value, str | list) and not value:
         # Most tokenizers give it no token at all, and nothing samples from no context.
@@ -219,8 +274,12 @@ def load_prompt_table(path: str | Path, prompt_column: str = "prompt") -> Prompt
             f"{source}: no column {prompt_column!r} (columns: {', '.join(names) or 'none'}); "
             "set task.prompt_column"
         )
+    try:
+        listed = table.to_list()
+    except UnicodeDecodeError:  # a string column holding bytes that are not UTF-8
+        raise DatasetError(f"{source}: {_not_utf8(source, table)} is not UTF-8 text") from None
     rows = []
-    for index, row in enumerate(table.to_list()):
+    for index, row in enumerate(listed):
         content = _check_prompt(source, prompt_column, index, row.pop(prompt_column))
         rows.append((content, row))
     if not rows:
@@ -239,6 +298,10 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
         position: Index of the next prompt; save it and pass it back to resume.
         prefix: Prompt ids are ``f"{prefix}{index}"``.
         shuffle: Shuffle each epoch (validation streams keep the file's order).
+        max_chars: The most characters of a table's prompt (a string, or its messages'
+            contents) the tokenizer reads: a longer one is too long for the run whatever
+            its tokens, and is never tokenized (a tokenizer given a line of a gigabyte
+            takes hundreds of bytes a character, or aborts); None: no bound.
     """
 
     def __init__(
@@ -250,11 +313,14 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
         prefix: str = "p",
         *,
         shuffle: bool = True,
+        max_chars: int | None = None,
     ) -> None:
         super().__init__(seed, position, prefix)
         self.source = source
         self.encode = encode
         self.shuffle = shuffle
+        self.max_chars = max_chars
+        self._cut_chars = False  # truncate_left: a string past max_chars is cut to its end
         self._order: tuple[int, list[int]] = (-1, [])
         self._tokens: dict[int, tuple[int, ...]] = {}  # a table row's tokens, encoded once
         self._task_stream = PromptStream(source, seed) if isinstance(source, Task) else None
@@ -307,7 +373,9 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
             return
         first: dict[bool, int] = {}
         for row, (content, _) in enumerate(self.source.rows):
-            first.setdefault(isinstance(content, str), row)
+            if self.max_chars is None or _chars(content) <= self.max_chars:
+                # (a longer one is judged by the length policy, without being tokenized)
+                first.setdefault(isinstance(content, str), row)
         for row in first.values():
             self._encoded(row)
 
@@ -341,8 +409,24 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
             )
         table = self.source
         kept: list[int] = []
+        hint = "(task.prompt_overflow = 'drop' skips such rows, 'truncate_left' keeps their end)"
+        self._cut_chars = overflow == "truncate_left"
         for row in range(len(table)):
-            tokens = self._encoded(row)
+            try:
+                tokens = self._encoded(row)
+            except PromptTooLong as long:
+                if overflow == "drop":
+                    continue
+                # (truncate_left cuts a string before tokenizing; chat messages are not cut)
+                raise DatasetError(
+                    f"{table.source}: row {row}: the prompt has {long.chars:,} characters, "
+                    f"more than any prompt within {limit_name} has, so it is not tokenized "
+                    + (
+                        "(task.prompt_overflow = 'drop' skips such rows)"
+                        if self._cut_chars
+                        else hint
+                    )
+                ) from None
             if len(tokens) <= max_tokens:
                 kept.append(row)
             elif overflow == "truncate_left":
@@ -351,8 +435,7 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
             elif overflow == "error":
                 raise DatasetError(
                     f"{table.source}: row {row}: the prompt has {len(tokens)} tokens, more "
-                    f"than {limit_name} (task.prompt_overflow = 'drop' skips such rows, "
-                    "'truncate_left' keeps their end)"
+                    f"than {limit_name} {hint}"
                 )
         dropped = len(table) - len(kept)
         if not kept:
@@ -379,6 +462,15 @@ class TextPromptStream(IndexedPromptStream[TextPrompt]):
             return tokens
         content = self.source.rows[row][0]
         where = f"{self.source.source}: row {row}"
+        chars = _chars(content)
+        if self.max_chars is not None and chars > self.max_chars:
+            if not (self._cut_chars and isinstance(content, str)):
+                raise PromptTooLong(
+                    f"{where}: the prompt has {chars:,} characters, more than the "
+                    f"{self.max_chars:,} a prompt of this run may have; it is not tokenized",
+                    chars,
+                )
+            content = content[-self.max_chars :]  # its end: truncate_left keeps the last tokens
         try:
             tokens = self.encode(content)
         except DatasetError:

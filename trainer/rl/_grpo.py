@@ -31,6 +31,7 @@ from trainer.rl._hparams import PPOConfig
 from trainer.rl._kl import kl_estimate
 from trainer.rl._loss_agg import aggregate
 from trainer.rl._loss_agg import loss_normaliser
+from trainer.rl._means import mean
 from trainer.rl._policy import Scores
 from trainer.rl._policy import TokenBatch
 from trainer.rl._tasks import Prompt
@@ -309,8 +310,8 @@ def ppo_update(
         ratio_max=ratio_max,
         grad_norm=statistics.fmean(grad_norms) if grad_norms else math.nan,
         grad_norm_max=max(grad_norms, default=math.nan),
-        reward_mean=statistics.fmean(s.reward for s in samples),
-        adv_abs_mean=statistics.fmean(abs(s.advantage) for s in samples),
+        reward_mean=mean(s.reward for s in samples),  # (rewards of any size: see _means)
+        adv_abs_mean=mean(abs(s.advantage) for s in samples),
         zero_adv_frac=sum(s.advantage == 0 for s in samples) / len(samples),
         response_len=n_tokens / len(samples),
         num_samples=float(len(samples)),

@@ -126,13 +126,25 @@ class ModelLoadError(WorkloadError):
     """The model folder cannot be loaded; the message names the folder and what is wrong."""
 
 
-def check_model_folder(path: str | Path) -> Path:
-    """Check that ``path`` holds a config, weights and a tokenizer (cheap: files only).
+def check_model_folder(path: str | Path, *, trust_remote_code: bool = False) -> Path:
+    """Check that ``path`` holds a config, weights and a tokenizer (cheap: files only), and,
+    without ``trust_remote_code``, that it names no Python code of its own to run.
+
+    A folder whose ``auto_map`` names code is refused even when ``transformers`` has a class
+    of its own for its ``model_type``: that class would be used in silence, and the model
+    trained would not be the one the folder describes.
 
     Raises:
-        ModelLoadError: Naming what is missing.
+        ModelLoadError: Naming what is missing, or the file asking to run code.
     """
     folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        inside = folder.name in ("config.json", *_WEIGHTS, *_TOKENIZER)
+        hint = f"; its folder {folder.parent} may be the model" if inside else ""
+        raise ModelLoadError(
+            f"model folder {folder} is a file, not a folder (a model is a folder written by "
+            f"save_pretrained){hint}"
+        )
     if not folder.is_dir():
         looked = "" if folder.is_absolute() else f" (looked for {folder.absolute()})"
         raise ModelLoadError(f"model folder {folder} does not exist{looked}")
@@ -148,6 +160,10 @@ def check_model_folder(path: str | Path) -> Path:
         raise ModelLoadError(
             f"model folder {folder} has no tokenizer (tokenizer.json or tokenizer_config.json)"
         )
+    if not trust_remote_code:
+        refused = _asks_for_code(folder)
+        if refused is not None:
+            raise refused
     return folder
 
 
@@ -246,6 +262,17 @@ def custom_code_error(folder: Path, exc: BaseException) -> ModelLoadError | None
     when ``exc`` is another failure."""
     if "trust_remote_code" not in str(exc):
         return None
+    return _asks_for_code(folder) or ModelLoadError(
+        f"the model in {folder} needs Python code of its own to load; trainbus runs no code "
+        "it was not asked to: set [model] trust_remote_code = true to run it, only for a "
+        "folder you trust"
+    )
+
+
+def _asks_for_code(folder: Path) -> ModelLoadError | None:
+    """The refusal of a folder whose ``config.json`` or ``tokenizer_config.json`` names
+    Python code of its own (``auto_map``), naming the file and the code; None if neither
+    does."""
     for name in ("config.json", "tokenizer_config.json"):
         modules = _auto_map_modules(folder / name)
         if modules:
@@ -255,11 +282,7 @@ def custom_code_error(folder: Path, exc: BaseException) -> ModelLoadError | None
                 "through its auto_map); trainbus runs no code it was not asked to: set "
                 "[model] trust_remote_code = true to run that code, only for a folder you trust"
             )
-    return ModelLoadError(
-        f"the model in {folder} needs Python code of its own to load; trainbus runs no code "
-        "it was not asked to: set [model] trust_remote_code = true to run it, only for a "
-        "folder you trust"
-    )
+    return None
 
 
 def _auto_map_modules(path: Path) -> list[str]:

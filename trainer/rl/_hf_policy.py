@@ -25,6 +25,7 @@ is what changes in training (the adapter), for weight sync and checkpoints.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import pickle
 import threading
@@ -205,7 +206,7 @@ class HFPolicy(nn.Module):
                 cannot be read (naming the file), the weights do not fit the config, or
                 it does not hold a causal LM (one line naming it).
         """
-        folder = check_model_folder(path)
+        folder = check_model_folder(path, trust_remote_code=trust_remote_code)
         hf = transformers()
         target = resolve_device(device) if isinstance(device, str) else device
         # The config first: the tokenizer reads it too, and would take the blame for it.
@@ -274,6 +275,11 @@ class HFPolicy(nn.Module):
         return None
 
     # --- text ---------------------------------------------------------------------------
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """The characters of the tokenizer's longest token (its added tokens too)."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
 
     def encode(self, prompt: str | Sequence[dict[str, Any]]) -> tuple[int, ...]:
         """Token ids of a prompt: a string, or chat messages rendered with the tokenizer's

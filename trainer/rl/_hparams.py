@@ -24,6 +24,7 @@ __all__ = [
     "KLEstimator",
     "LoraConfig",
     "LossAgg",
+    "MAX_EPOCHS",
     "PPOConfig",
     "PolicyConfig",
     "WorkloadError",
@@ -167,11 +168,17 @@ class Completion(msgspec.Struct, frozen=True):
     rewards: tuple[float | None, ...] = ()
 
 
+MAX_EPOCHS = 100
+"""The most passes over one batch (``ppo.epochs``): verl and TRL make one by default, PPO
+papers 3 to 10; a value past this is a typo, and a step of 2**31 passes never ends."""
+
+
 class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The PPO/GRPO update (the defaults learn the built-in tasks quickly).
 
     Attributes:
-        epochs: passes over each batch.
+        epochs: passes over each batch (at most 100: PPO recipes make 1 to 10, and each
+            pass is a whole update of the batch).
         minibatch_size: samples per optimiser step; None uses the whole batch per step.
         clip_eps: PPO clip range below 1 (ratio >= 1 - clip_eps).
         clip_eps_high: clip range above 1; None means ``clip_eps`` (set it higher for
@@ -202,7 +209,7 @@ class PPOConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             each minibatch in one pass.
     """
 
-    epochs: Annotated[int, Meta(ge=1, le=MAX_COUNT)] = 2
+    epochs: Annotated[int, Meta(ge=1, le=MAX_EPOCHS)] = 2
     minibatch_size: Annotated[int, Meta(ge=1, le=MAX_COUNT)] | None = None
     clip_eps: Annotated[float, Meta(gt=0, lt=1)] = 0.2
     clip_eps_high: Annotated[float, Meta(gt=0)] | None = None

@@ -10,6 +10,7 @@ folder, with the run's tokenizer, that ``AutoModelForCausalLM.from_pretrained`` 
 from __future__ import annotations
 
 import json
+import pickle
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ._hf import peft
 from ._hf import tokenizer_error
 from ._hf import transformers
 from ._hparams import WorkloadError
+from ._unreadable import why_unreadable
 
 __all__ = ["adapter_folder", "merge_adapter"]
 
@@ -50,6 +52,14 @@ def adapter_folder(run: str | Path) -> Path:
     )
 
 
+def _adapter_weights(adapter: Path) -> str:
+    """The adapter's weights file, as peft picks it (safetensors first)."""
+    for name in ("adapter_model.safetensors", "adapter_model.bin"):
+        if (adapter / name).is_file():
+            return name
+    return "adapter_model.safetensors"
+
+
 def merge_adapter(run: str | Path, out: str | Path, base: str | Path | None = None) -> Path:
     """Write the base model with the run's adapter merged in, and the tokenizer, to ``out``.
 
@@ -77,6 +87,8 @@ def merge_adapter(run: str | Path, out: str | Path, base: str | Path | None = No
         hint = "" if base is not None else " (the base the adapter names; pass --base DIR)"
         raise WorkloadError(f"base model: {exc}{hint}") from None
     hf, library = transformers(), peft()
+    from safetensors import SafetensorError  # (with transformers: installed alike)
+
     try:  # (the base's own Python code, if it names any, is not run: trust_remote_code)
         model: Any = hf.AutoModelForCausalLM.from_pretrained(
             base_folder, local_files_only=True, trust_remote_code=False
@@ -84,9 +96,19 @@ def merge_adapter(run: str | Path, out: str | Path, base: str | Path | None = No
     except (OSError, ValueError, KeyError) as exc:
         raise WorkloadError(f"base model: {load_error(base_folder, exc)}") from None
     try:
-        with warnings.catch_warnings():  # peft's reading of a deprecated transformers property
+        with warnings.catch_warnings():
+            # peft's reading of a deprecated transformers property; torch's remark on the
+            # pickle protocol of an adapter_model.bin (its error below says what matters)
             warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
             tuned = library.PeftModel.from_pretrained(model, adapter, local_files_only=True)
+    except (SafetensorError, pickle.UnpicklingError, EOFError) as exc:
+        # torch loads an adapter_model.bin weights-only (so it never runs code from it); its
+        # own text advises weights_only=False, the wrong advice for a file of unknown origin.
+        raise WorkloadError(
+            f"cannot read the adapter's weights in {adapter}: {_adapter_weights(adapter)}: "
+            f"{why_unreadable(exc, 'weights file')}"
+        ) from None
     except (RuntimeError, ValueError, KeyError) as exc:  # shapes or modules of another model
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise WorkloadError(

@@ -29,7 +29,10 @@ def why_unreadable(error: BaseException, kind: str) -> str:
     if detail is not None:
         what = detail.group(1).strip()
         if what.startswith("Unsupported global"):
-            return f"it holds objects other than tensors and plain data ({what})"
+            # (the rest is torch's advice on allowing the class: not for a file of unknown origin)
+            named = re.search(r"GLOBAL (\S+)", what)
+            which = f"a {named.group(1)}" if named else what
+            return f"it holds objects other than tensors and plain data ({which})"
         return f"it is corrupt, or not a {kind} ({what.lower()})"
     if "zip archive" in text:
         return "it is corrupt or cut short (not a complete zip archive)"

@@ -158,6 +158,7 @@ def stuck_rollouts(holdings: Iterable[Holding], now: float) -> tuple[StuckRollou
             attempt=group.attempt,
             worker_id=holding.worker_id,
             held_s=now - holding.since,
+            step=holding.work.step,
         )
         for holding in holdings
         for group in holding.work.groups

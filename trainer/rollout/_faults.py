@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -190,7 +191,9 @@ class FaultInjector:
         self._record = path
         fired: list[str] = []
         try:
-            fired = list(json.loads(path.read_text())["fired"]) if path.exists() else []
+            # (lstat: a link or a FIFO planted there is not read; the run refuses it)
+            if path.exists() and stat.S_ISREG(path.lstat().st_mode):
+                fired = list(json.loads(path.read_text())["fired"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             logger.error("cannot read %s (%s): every planned fault may fire again", path, exc)
         unmatched = Counter(fired)
@@ -210,7 +213,11 @@ class FaultInjector:
         fired = [self.faults[i].spec for i in sorted(self._fired)]
         temporary = path.with_name(path.name + ".tmp")
         try:
-            with temporary.open("w") as file:
+            # A new file of this process's (O_EXCL after the unlink): never written through
+            # a link planted in the run folder.
+            temporary.unlink(missing_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            with os.fdopen(os.open(temporary, flags, 0o644), "w") as file:
                 json.dump({"fired": fired}, file)
                 file.flush()
                 os.fsync(file.fileno())

@@ -33,6 +33,7 @@ import msgspec
 
 from eventbus import Event
 
+from ..rl import mean
 from ._rollout_events import RewardTimed
 from ._rollout_events import RolloutFailed
 from ._rollout_events import RolloutFinished
@@ -173,7 +174,7 @@ class WorkerEvents:
                     rollouts=len(results),
                     failed=len(failed),
                     duration_s=duration_s,
-                    reward_mean=sum(rewards) / len(rewards) if rewards else None,
+                    reward_mean=mean(rewards) if rewards else None,
                 )
             )
 

@@ -21,6 +21,7 @@ if _typing.TYPE_CHECKING:
     from ._describe import describe as describe
     from ._describe import skipped_updates as skipped_updates
     from ._describe_workers import count as count
+    from ._describe_workers import reward_text as reward_text
     from ._diagnosis import StallWatchdog as StallWatchdog
     from ._extload import load_extension as load_extension
     from ._fold import REWARD_METRIC as REWARD_METRIC
@@ -28,6 +29,8 @@ if _typing.TYPE_CHECKING:
     from ._fold import FitSummary as FitSummary
     from ._fold import RunFold as RunFold
     from ._fold import fold_events as fold_events
+    from ._folder_paths import RunFolderError as RunFolderError
+    from ._folder_paths import untrusted as untrusted
     from ._metrics import from_trl as from_trl
     from ._metrics import named as named
     from ._restarts import RestartBudget as RestartBudget
@@ -38,7 +41,6 @@ if _typing.TYPE_CHECKING:
     from ._run import check_layout as check_layout
     from ._run_state import extension_states as extension_states
     from ._run_state import load_extension_states as load_extension_states
-    from ._runlock import RunFolderError as RunFolderError
     from ._runlock import check_unowned as check_unowned
     from ._runlock import last_owner as last_owner
     from ._selfheal import SelfHealingExtension as SelfHealingExtension

@@ -11,9 +11,11 @@ Next to each file, ``step-NNNNNNNN.pt.sha256`` records its SHA-256 in ``sha256su
 changed after it was written (a disk, copy or memory error flipping a few bytes of a
 tensor loads without a word and trains NaN) no longer matches and is skipped like a
 truncated one, and so is a checkpoint the store's ``check`` rejects (non-finite weights:
-the trainer's second line of defence). A checkpoint found bad is remembered: it is not read
-or reported again while it stays as it is, so no recovery restores it twice. A checkpoint
-without a checksum file (written before they were recorded) is read unverified.
+the trainer's second line of defence) and one whose state records another ``step`` than
+its name (an older checkpoint copied in under a later name). A checkpoint found bad is
+remembered: it is not read or reported again while it stays as it is, so no recovery
+restores it twice. A checkpoint without a checksum file (written before they were
+recorded) is read unverified.
 
 A save can be *abandoned* (its caller's deadline passed while the write hung): it then never
 renames, so a write that finishes late cannot replace a checkpoint written after it, and a
@@ -22,21 +24,26 @@ new save of the same step writes a temporary file of its own.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
 import os
 import pickle
 import re
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from typing import BinaryIO
 
 import torch
 
 from ..rl import why_unreadable
+from ._folder_paths import NotARegularFile
+from ._folder_paths import open_fd
 
 __all__ = [
     "CheckpointError",
@@ -131,6 +138,7 @@ class CheckpointStore:
         self._writing: set[Path] = set()  # temporary files being written (abandoned ones too)
         # Checkpoints found bad, by file and its (size, mtime): skipped unread while unchanged.
         self._bad: dict[tuple[Path, int, int], UnreadableCheckpoint] = {}
+        self._refused: set[Path] = set()  # entries named like checkpoints that are not files
 
     def list(self) -> list[StoredCheckpoint]:
         """Checkpoints on disk, oldest first."""
@@ -144,9 +152,22 @@ class CheckpointStore:
         found = []
         for path in self.folder.iterdir():
             match = _NAME.match(path.name)
-            if match:
-                found.append(StoredCheckpoint(int(match.group(1)), path, path.stat().st_size))
+            if not match:
+                continue
+            try:
+                info = path.lstat()
+            except FileNotFoundError:
+                continue  # (pruned meanwhile)
+            if not stat.S_ISREG(info.st_mode):
+                self._refuse_once(path)  # a link, a FIFO, a folder: never read
+                continue
+            found.append(StoredCheckpoint(int(match.group(1)), path, info.st_size))
         return sorted(found, key=lambda c: c.step)
+
+    def _refuse_once(self, path: Path) -> None:
+        if path not in self._refused:
+            self._refused.add(path)
+            logger.error("%s is not a regular file: not a checkpoint, never read", path)
 
     def save(
         self, step: int, state: dict[str, Any], abandoned: threading.Event | None = None
@@ -256,6 +277,15 @@ class CheckpointStore:
             state = _load(io.BytesIO(data), stored.path)
         else:
             state = self.load(stored.path)
+        recorded = state.get("step")
+        if isinstance(recorded, int) and recorded != stored.step:
+            # Resuming from it would redo the steps after its own, under a later name.
+            raise UnreadableCheckpoint(
+                stored.path,
+                f"it holds step {recorded}, not {stored.step} (a copy of another checkpoint "
+                "under a later name)",
+                "unusable",
+            )
         why = self.check(state) if self.check is not None else None
         if why:
             raise UnreadableCheckpoint(stored.path, why, "unusable")
@@ -278,7 +308,12 @@ class CheckpointStore:
             UnreadableCheckpoint: It does not load, or does not match its checksum.
         """
         path = Path(path)
-        state = _load(path, path)  # first: its own reason (cut short, ...) says more
+        try:
+            file = _open(path)
+        except OSError as exc:
+            raise UnreadableCheckpoint(path, why_unreadable(exc, "torch checkpoint")) from exc
+        with file:
+            state = _load(file, path)  # first: its own reason (cut short, ...) says more
         _verify(path)
         return state
 
@@ -323,7 +358,8 @@ def _verify(path: Path) -> None:
     """
     checksum = _sum_path(path)
     try:
-        line = checksum.read_text(encoding="ascii")
+        with _open(checksum) as file:
+            line = file.read(200).decode("ascii")
     except FileNotFoundError:
         return  # written before checksums were recorded
     except (OSError, ValueError) as exc:
@@ -337,7 +373,7 @@ def _verify(path: Path) -> None:
         )
     digest = hashlib.sha256()
     try:
-        with path.open("rb") as file:
+        with _open(path) as file:
             while block := file.read(1 << 20):
                 digest.update(block)
     except OSError as exc:
@@ -351,7 +387,21 @@ def _verify(path: Path) -> None:
         )
 
 
-def _load(source: str | Path | io.BytesIO, name: str | Path) -> dict[str, Any]:
+def _open(path: Path) -> BinaryIO:
+    """``path`` opened to read, only if it is a regular file (a link is not followed, and a
+    FIFO does not block the reader).
+
+    Raises:
+        FileNotFoundError: It is missing.
+        OSError: It is not a regular file (the message says what it is), or cannot be read.
+    """
+    try:
+        return os.fdopen(open_fd(path, os.O_RDONLY), "rb")
+    except NotARegularFile as exc:
+        raise OSError(errno.EINVAL, f"it is {exc.kind}, not a file") from None
+
+
+def _load(source: BinaryIO | io.BytesIO, name: str | Path) -> dict[str, Any]:
     # weights_only: a checkpoint holds tensors and plain data only (extension state too),
     # so loading one never runs code from the file.
     try:

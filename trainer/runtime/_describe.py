@@ -45,6 +45,7 @@ from ..rollout import WeightsSynced
 from ..rollout import WorkerLost
 from ..rollout import WorkerRestarted
 from ._describe_workers import WORKER_DESCRIBERS
+from ._describe_workers import reward_text
 from ._describe_workers import worker_label
 from ._metrics import named
 
@@ -121,23 +122,21 @@ def _step_started(e: StepStarted, context: Context) -> str:
 
 # (metrics key, how it is shown, shown when zero): the vitals a user watches, in this order.
 # The reference KL is 0 throughout when the KL penalty is off: then it is left out.
-_STEP_METRICS: tuple[tuple[str, str, bool], ...] = (
-    ("reward/mean", "reward {:.3f}", True),
-    ("val/reward_mean", "val reward {:.3f}", True),  # on the steps that validate
-    ("actor/kl", "kl(ref) {:.4f}", False),
-    ("actor/approx_kl", "kl(old) {:.4f}", True),
-    ("actor/clip_frac", "clip {:.3f}", True),
-    ("actor/entropy", "entropy {:.3f}", True),
-    ("perf/samples_per_s", "{:.0f} samples/s", True),
+_STEP_METRICS: tuple[tuple[str, Callable[[float], str], bool], ...] = (
+    ("reward/mean", lambda value: f"reward {reward_text(value)}", True),
+    ("val/reward_mean", lambda value: f"val reward {reward_text(value)}", True),  # validating
+    ("actor/kl", "kl(ref) {:.4f}".format, False),
+    ("actor/approx_kl", "kl(old) {:.4f}".format, True),
+    ("actor/clip_frac", "clip {:.3f}".format, True),
+    ("actor/entropy", "entropy {:.3f}".format, True),
+    ("perf/samples_per_s", "{:.0f} samples/s".format, True),
 )
 _LONG_WAIT_S = 1.0  # a shorter wait for rollouts is the normal rhythm of a step
 
 
 def _step_finished(e: StepFinished, context: Context) -> str:
     m = named(e.metrics)  # an older log has the short keys (reward_mean)
-    shown = [
-        form.format(m[key]) for key, form, zero in _STEP_METRICS if key in m and (zero or m[key])
-    ]
+    shown = [form(m[key]) for key, form, zero in _STEP_METRICS if key in m and (zero or m[key])]
     shown.append(f"{e.duration_s:.2f} s")
     wait = m.get("timing_s/wait", 0.0)
     if wait >= _LONG_WAIT_S:
@@ -154,7 +153,7 @@ def _completions_sampled(e: CompletionsSampled, context: Context) -> str:
     lines = [f"{step_label(e.step, context)}: {len(e.samples)} sample completions"]
     for sample in e.samples:
         lines.append(
-            f"    reward {sample.reward:.3f}, advantage {sample.advantage:+.3f}: "
+            f"    reward {reward_text(sample.reward)}, advantage {sample.advantage:+.3f}: "
             f"{_quoted(sample.prompt)} -> {_quoted(sample.completion)}"
         )
     return "\n".join(lines)

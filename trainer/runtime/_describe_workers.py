@@ -51,6 +51,12 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def reward_text(value: float) -> str:
+    """A reward as every reader shows it: three decimals (``0.169``), or four significant
+    digits past a million (``2.5e+307``, not 308 digits of a reward function's bug)."""
+    return f"{value:.3f}" if abs(value) < 1e6 or value != value else f"{value:.4g}"
+
+
 def _membership(e: WorkerJoined | WorkerLeft, context: object) -> str:
     verb = "joined" if isinstance(e, WorkerJoined) else "left"
     now = count(e.workers, "worker")
@@ -67,7 +73,7 @@ def _started(e: RolloutStarted, context: object) -> str:
 
 
 def _finished(e: RolloutFinished, context: object) -> str:
-    reward = f", reward {e.reward_mean:.3f}" if e.reward_mean is not None else ""
+    reward = f", reward {reward_text(e.reward_mean)}" if e.reward_mean is not None else ""
     failed = f", {e.failed} failed" if e.failed else ""
     return (
         f"{_who(e)} finished {e.work_id} in {e.duration_s:.3f} s: "

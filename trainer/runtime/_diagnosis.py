@@ -10,7 +10,9 @@ At any stage, an event loop that does not run a callback within ``loop_probe_s``
 stall's cause: nothing on it runs, rollout results and deadlines included. Its thread's stack
 comes first and the event says ``loop_blocked``. For a ``rollouts`` stall the event lists
 every rollout a worker holds and each holding worker's stack (the backend reads them: thread
-frames locally, py-spy or the actor's diagnosis thread on Ray). For the trainer's own stages
+frames locally, py-spy or the actor's diagnosis thread on Ray); for a ``held`` one (a worker
+holding its work that long while the trainer goes on), the work held that long and its
+workers' stacks. For the trainer's own stages
 it holds the trainer's stacks: the ``fit`` task's await chain and the threads doing the
 stage's work (those the stage ran, and those helping the trainer, such as the Ray backend's
 ``ray.put``); while the rollout side stops, the workers that have not stopped yet.
@@ -24,6 +26,7 @@ serves every host; what a diagnosis holds is each host's :meth:`StallWatchdog.di
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -148,9 +151,9 @@ class StallWatchdog:
         self.latest = event
         self.published += 1
         # The terminal's line of a stall, from this thread: it shows even while the event
-        # loop, which runs the views and the event log, is blocked. Stacks the first time.
-        text = describe(event)
-        logger.warning("stalled: %s", text if event.repeat == 0 else text.split("\n", 1)[0])
+        # loop, which runs the views and the event log, is blocked. One line, as every
+        # warning: the stacks are the event's, in events.jsonl and `trainbus report`.
+        logger.warning("stalled: %s", describe(event).split("\n", 1)[0])
         return event
 
     def _write_first(self, event: StallDiagnosed) -> None:
@@ -225,6 +228,11 @@ class StallDiagnoser(StallWatchdog):
         if stall.stage == "rollouts":
             holdings = self._holdings(notes if loop is None else [])
             stuck = stuck_rollouts(holdings, self._clock())
+            stacks += self._worker_stacks(holdings, notes)
+        elif stall.stage == "held":  # only the work held that long: the rest is healthy
+            now, after_s = self._clock(), self.watch.diagnose_after_s
+            holdings = tuple(h for h in self._holdings([]) if now - h.since >= after_s)
+            stuck = stuck_rollouts(holdings, now)
             stacks += self._worker_stacks(holdings, notes)
         else:
             stacks += self._trainer_stacks(stall)
@@ -350,6 +358,7 @@ def start_stall_diagnosis(
     watch = StallWatch(
         after_s,
         progress_at=lambda: driver.progress_at,
+        held_since=functools.partial(oldest_holding, backend),
         clock=driver.clock,
         stage_after_s=stage_thresholds(config),
     )
@@ -359,6 +368,18 @@ def start_stall_diagnosis(
     # The watchdog thread starts at the first stage entered while someone listens.
     stages.watch_with(watch, diagnoser.ensure_running, diagnoser)
     return diagnoser
+
+
+def oldest_holding(backend: RolloutBackend, step: int) -> tuple[str, float] | None:
+    """The worker holding the oldest piece of work dispatched before ``step``, and since
+    when (``time.monotonic()``, the rollout side's clock); None when none holds any (or the
+    backend does not say)."""
+    holdings: Callable[[], tuple[Holding, ...]] | None = getattr(backend, "holdings", None)
+    held = [h for h in (holdings() if holdings is not None else ()) if h.work.step < step]
+    if not held:
+        return None
+    oldest = min(held, key=lambda holding: holding.since)
+    return oldest.worker_id, oldest.since
 
 
 def stop_stall_diagnosis(diagnoser: StallDiagnoser | None, stages: Stages) -> None:

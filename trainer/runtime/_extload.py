@@ -10,6 +10,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from eventbus import EXTENSION_FAILURES
 from eventbus import ExtensionError
 
 from ..config import TrainerConfig
@@ -62,7 +63,7 @@ def load_extension(spec: str) -> object:
         raise ExtensionError(
             f"extension {spec!r}: {where}: {type(exc).__name__}: {exc.msg}"
         ) from None
-    except Exception as exc:  # noqa: BLE001  (its module raised on import: name it, one line)
+    except EXTENSION_FAILURES as exc:  # (its module raised on import: name it, one line)
         raise ExtensionError(
             f"extension {spec!r}: importing {module_name!r} raised {_one_line(exc)}"
         ) from None
@@ -75,8 +76,10 @@ def load_extension(spec: str) -> object:
     if isinstance(target, type) or (callable(target) and not hasattr(target, "api_version")):
         try:
             return target()
-        except Exception as exc:  # noqa: BLE001  (reported as an ExtensionError naming it)
-            raise ExtensionError(f"extension {spec!r}: building it failed: {exc}") from None
+        except EXTENSION_FAILURES as exc:  # (reported as an ExtensionError naming it)
+            raise ExtensionError(
+                f"extension {spec!r}: building it failed: {_one_line(exc)}"
+            ) from None
     return target
 
 

@@ -28,6 +28,7 @@ every other count is the whole run's.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -53,6 +54,7 @@ from eventbus.runtime import StallDiagnosed
 from eventbus.runtime import StepFinished
 from replay import BatchReconciled
 
+from ..rl import mean
 from ..rollout import FaultInjected
 from ..rollout import RolloutRestarted
 from ..rollout import WorkerJoined
@@ -154,7 +156,12 @@ class RunFold:
 
     def follow(self, bus: EventBus, *, diagnosed: bool = False) -> Subscription:
         """Subscribe to what this fold reads of ``bus`` (:func:`live_events`); feed it with
-        :meth:`drain`. Close the subscription when the run ends."""
+        :meth:`drain`. Close the subscription when the run ends.
+
+        Every type the fold reads is reserved for the host (:meth:`EventBus.reserve`): one an
+        extension publishes (re-publishing what it receives, say) never reaches the record.
+        """
+        bus.reserve(*FOLDS)
         events = live_events(diagnosed)
         return bus.subscribe(*events, maxsize=100_000, name="trainbus.run-record")
 
@@ -230,15 +237,21 @@ class RunFold:
         at: float,
         step: int | None = None,
         which: Callable[[StallSummary], bool] = lambda stall: True,
+        *,
+        acted: bool = True,
     ) -> None:
         """End the open stalls (of steps up to ``step``, when given; those ``which``
-        accepts) with ``ended_by``."""
+        accepts) with ``ended_by``; ``acted``: by acting on them (a restart, ...), so each
+        lasted until ``at``. A held stall (work held while the trainer went on) that
+        nothing acted on lasted as long as its last diagnosis saw: its worker may have
+        delivered since without a word."""
         for stall in [
             s for s in self._open_stalls if (step is None or s.step <= step) and which(s)
         ]:
             self._open_stalls.remove(stall)
             stall.ended_by = ended_by
-            stall.lasted_s = max(stall.lasted_s, at - stall.began)
+            if acted or stall.stage != HELD_STAGE:
+                stall.lasted_s = max(stall.lasted_s, at - stall.began)
 
     def _stall_diagnosed(self, e: StallDiagnosed) -> None:
         key = (e.step, e.stage)
@@ -288,18 +301,25 @@ class RunFold:
         s.steps = e.step
         if self._open is not None:
             self._open.end_step = e.step
-        self._end_stalls("the step went on by itself", e.time, step=e.step)
+        # (work held while the trainer goes on is not ended by its steps going on)
+        self._end_stalls(
+            "the step went on by itself", e.time, e.step, lambda s: s.stage != HELD_STAGE
+        )
         reward = metrics.get(REWARD_METRIC)
         if reward is None:
             return
         self.rewards[e.step] = float(reward)
+        s.final_reward = float(reward)
+        # A step whose mean is NaN (no reward at all) is not an average's point: it would
+        # make every average of the next ten NaN, and the best average NaN for good.
         window = [
             self.rewards[k]
             for k in range(e.step - MOVING_AVERAGE + 1, e.step + 1)
-            if k in self.rewards
+            if k in self.rewards and math.isfinite(self.rewards[k])
         ]
-        average = sum(window) / len(window)
-        s.final_reward = float(reward)
+        if not window:
+            return
+        average = mean(window)
         s.reward_moving_average = average
         if s.best_reward_moving_average is None or average > s.best_reward_moving_average:
             s.best_reward_moving_average = average
@@ -407,7 +427,7 @@ class RunFold:
     def _fit_finished(self, e: FitFinished) -> None:
         # An end recorded later (the attempt was killed while it closed) came at its last event.
         at = self._last_time if e.closed_later else e.time
-        self._end_stalls("the run ended", at)
+        self._end_stalls("the run ended", at, acted=False)
         if e.stopped_early:
             self._close_open_attempt("stopped", None, at, e.reason or "stopped early")
         else:
@@ -416,7 +436,7 @@ class RunFold:
     def _fit_failed(self, e: FitFailed) -> None:
         # The failed step's wait (its deadline, lost rollouts) cost time no StepFinished has.
         self._count_wait(e.wait_s, e.step)
-        self._end_stalls(f"the run failed: {e.error_type}: {e.message}", e.time)
+        self._end_stalls(f"the run failed: {e.error_type}: {e.message}", e.time, acted=False)
         if e.error_type == "CancelledError":  # the message is the stop's reason, if any
             self._close_open_attempt("interrupted", None, e.time, e.message or None)
         else:
@@ -424,6 +444,9 @@ class RunFold:
 
 
 _KILLED = "the process ended (killed)"
+
+HELD_STAGE = "held"
+"""The stage of a stall that is work a worker held while the trainer went on."""
 
 ENDS_THE_PROCESS = frozenset({"checkpoint-crash"})
 """The injected faults that kill the trainer's process: an attempt killed after one was

@@ -33,6 +33,7 @@ from ..rl import frozen_copy
 from ..rl import group_samples
 from ..rl import kl_penalties
 from ..rl import lr_scheduler
+from ..rl import mean
 from ..rl import ppo_update
 from ..rl import reference_logprobs
 from ..rl import reward_names
@@ -191,7 +192,7 @@ class Learner:
             )
         ]
         metrics["prompt_len"] = sum(len(s.prompt_tokens) for s in samples) / len(samples)
-        metrics["reward_mean"] = sum(rewards) / len(rewards)
+        metrics["reward_mean"] = mean(rewards)  # (rewards of any size: see trainer.rl._means)
         metrics["reward_max"] = max(rewards)
         metrics["groups"] = float(len(batch))
         metrics["staleness_mean"] = sum(staleness) / len(staleness)
@@ -242,7 +243,7 @@ def _per_function(names: list[str], completions: list[Completion]) -> dict[str, 
             for c in completions
             if index < len(c.rewards) and (value := c.rewards[index]) is not None
         ]
-        metrics[f"reward/{name}/mean"] = statistics.fmean(values) if values else math.nan
+        metrics[f"reward/{name}/mean"] = mean(values) if values else math.nan
         metrics[f"reward/{name}/std"] = statistics.stdev(values) if len(values) > 1 else 0.0
     return metrics
 

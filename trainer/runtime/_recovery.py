@@ -88,7 +88,7 @@ class Recovery:
         state, learner = self.state, self.state.learner
         failed_step = failed_step if failed_step is not None else learner.step + 1
         try:
-            latest = state.store.load_latest()
+            latest = await state.load_latest()
         except NoCheckpointLoads as exc:
             logger.error("no checkpoint to restore from: %s", exc)
             return False

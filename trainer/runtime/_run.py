@@ -26,6 +26,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -34,14 +35,17 @@ from eventbus import EventBus
 from eventbus import JsonlSink
 from eventbus import Subscription
 from eventbus import read_events
+from eventbus.runtime import StepFinished
 
 from ._fold import REWARD_METRIC
 from ._fold import FitSummary
 from ._fold import RunFold
 from ._fold import fold_events
+from ._folder_paths import RunFolderError
+from ._folder_paths import check_entry
+from ._folder_paths import opener
 from ._metrics import named
 from ._runlock import LOCK_FILE
-from ._runlock import RunFolderError
 from ._runlock import RunFolderLock
 
 __all__ = [
@@ -89,7 +93,7 @@ def repair_torn_tail(path: Path) -> int:
         return 0
     if size == 0:
         return 0
-    with path.open("rb+") as file:
+    with open(path, "rb+", opener=opener) as file:
         file.seek(-1, os.SEEK_END)
         if file.read(1) == b"\n":
             return 0
@@ -116,24 +120,22 @@ def repair_torn_tail(path: Path) -> int:
 
 
 def check_layout(out_dir: Path) -> None:
-    """Refuse a run folder whose files are not what a run writes there: ``summary.json``
-    or the logs replaced by a folder, ``checkpoints/`` by a file (the run would fail when
-    it writes them, after training).
+    """Refuse a run folder whose paths are not what a run writes there: a symbolic link, a
+    FIFO or a device where a file or folder of the run belongs (the run would write, cut or
+    delete through it, or block reading it), ``summary.json`` or the logs replaced by a
+    folder, ``checkpoints/`` by a file (the run would fail when it writes them, after
+    training). The folder itself may be a link: the user named it.
 
     Raises:
-        RunFolderError: Naming the first such path.
+        RunFolderError: Naming the first such path (nothing was written).
     """
     for name, folder in _LAYOUT:
-        path = out_dir / name
-        if not os.path.lexists(path) or (path.is_dir() if folder else path.is_file()):
-            continue
-        what = "a folder" if path.is_dir() else "not a regular file"
-        if folder:
-            what = "not a folder"
-        raise RunFolderError(
-            f"--out {out_dir}: {path} is {what}, where the run keeps its "
-            f"{'checkpoints' if folder else name}; move it away, or use another run folder"
-        )
+        check_entry(out_dir / name, folder=folder)
+    checkpoints = out_dir / "checkpoints"
+    if checkpoints.is_dir():
+        for path in sorted(checkpoints.iterdir()):
+            if path.name.startswith("step-"):  # (what the checkpoint store reads or removes)
+                check_entry(path, role="a checkpoint or its checksum")
 
 
 _LAYOUT = (
@@ -142,7 +144,9 @@ _LAYOUT = (
     (SUMMARY_FILE, False),
     (FAULTS_FILE, False),
     (LOCK_FILE, False),
+    ("trl-launch.json", False),
     ("checkpoints", True),
+    ("model", True),
 )
 """The paths a run writes in its folder, and whether each is a folder."""
 
@@ -154,6 +158,9 @@ class RunFolder:
         self.out_dir = out_dir
         self._log: JsonlSink | None = None  # the event log, while recording
         self._log_error: RunFolderWriteError | None = None  # its write failed
+        # Each step's metrics as the earlier attempts' log has them (its last StepFinished):
+        # what a damaged metrics.jsonl is rebuilt from.
+        self._logged_metrics: dict[int, dict[str, Any]] = {}
 
     def check_writes(self) -> None:
         """Raise the error of a write to the event log that failed (it is written on the
@@ -184,11 +191,17 @@ class RunFolder:
         return self.out_dir / name if self.out_dir is not None else None
 
     def repair(self) -> None:
-        """Cut a torn last line off every file the run appends to."""
+        """Cut a torn last line off every file the run appends to, and remove what a write
+        killed before its rename left aside (``summary.json.tmp``, ...)."""
         for name in (EVENTS_FILE, METRICS_FILE):
             path = self._path(name)
             if path is not None:
                 repair_torn_tail(path)
+        for name in (METRICS_FILE, SUMMARY_FILE):
+            path = self._path(name + ".tmp")
+            if path is not None and os.path.lexists(path):
+                logger.info("removing %s, left by a write that was killed", path)
+                path.unlink()
 
     def earlier_events(self) -> list[Event]:
         """The events earlier attempts of this run logged (none without a log).
@@ -199,7 +212,9 @@ class RunFolder:
         path = self._path(EVENTS_FILE)
         if path is None or not path.is_file():
             return []
-        return list(read_events(path, errors="skip"))
+        events = list(read_events(path, errors="skip"))
+        self._logged_metrics = {e.step: e.metrics for e in events if isinstance(e, StepFinished)}
+        return events
 
     def _earlier_record(self) -> RunFold:
         """The record of the earlier attempts: folded from the event log; from
@@ -225,21 +240,35 @@ class RunFolder:
 
     def _rewards(self) -> dict[int, float]:
         """The mean reward of each step ``metrics.jsonl`` holds."""
-        path = self._path(METRICS_FILE)
         rewards: dict[int, float] = {}
-        if path is None or not path.is_file():
-            return rewards
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                continue
+        for row in self._metric_rows()[0].values():
             reward = named(row).get(REWARD_METRIC)
             if isinstance(reward, int | float):
                 rewards[row["step"]] = float(reward)
         return rewards
+
+    def _metric_rows(self) -> tuple[dict[int, dict[str, Any]], list[int]]:
+        """The rows of ``metrics.jsonl`` by step (the last one of a step), and the numbers
+        of the lines that are not a row (not UTF-8, not JSON, not an object with an integer
+        ``step``)."""
+        path = self._path(METRICS_FILE)
+        rows: dict[int, dict[str, Any]] = {}
+        damaged: list[int] = []
+        if path is None or not path.is_file():
+            return rows, damaged
+        for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+                row = None
+            step = row.get("step") if isinstance(row, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                rows[step] = row
+            else:
+                damaged.append(number)
+        return rows, damaged
 
     @contextmanager
     def recording(
@@ -283,6 +312,7 @@ class RunFolder:
                     self.out_dir / EVENTS_FILE,
                     name="trainbus.events-log",
                     on_error=self._event_log_failed,
+                    opener=opener,
                 )
                 sink = bus.register_extension(jsonl)
                 self._log = jsonl
@@ -301,21 +331,49 @@ class RunFolder:
                 lock.release()  # last: the log is complete before another trainer may append
 
     def rewind_metrics(self, step: int) -> None:
-        """Keep only the lines of steps up to ``step``: the steps after it will be redone,
-        and ``metrics.jsonl`` holds one line per step. Lines that do not parse are dropped."""
+        """Make ``metrics.jsonl`` one line for each step up to ``step``, in order: the steps
+        after it will be redone.
+
+        A step whose line is missing or damaged (a torn or garbled line, bytes that are not
+        UTF-8) is rebuilt from the earlier attempts' event log, whose ``StepFinished`` holds
+        the same metrics; a warning names the file and each line that could not be rebuilt.
+        """
         path = self._path(METRICS_FILE)
-        if path is None or not path.exists():
+        if path is None:
             return
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):  # (nested deeper than Python goes)
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-                kept.append(line)
+        rows, damaged = self._metric_rows()
+        if not path.exists() and not self._logged_metrics:
+            return
+        kept = {k: row for k, row in rows.items() if k <= step}
+        rebuilt = sorted(k for k in self._logged_metrics if k <= step and k not in kept and k >= 1)
+        for k in rebuilt:
+            kept[k] = {"step": k, **self._logged_metrics[k]}
+        lost = [k for k in range(1, step + 1) if k not in kept]
+        if damaged:
+            logger.warning(
+                "%s: line%s %s %s not a metrics row (damaged); removed",
+                path,
+                "s" if len(damaged) > 1 else "",
+                ", ".join(map(str, damaged[:10])) + (", ..." if len(damaged) > 10 else ""),
+                "are" if len(damaged) > 1 else "is",
+            )
+        if rebuilt:
+            logger.warning(
+                "%s lacked the lines of %s: rebuilt from %s",
+                path,
+                _steps(rebuilt),
+                self._path(EVENTS_FILE),
+            )
+        if lost:
+            logger.warning(
+                "%s has no line for %s, and %s has none to rebuild it from",
+                path,
+                _steps(lost),
+                self._path(EVENTS_FILE),
+            )
+        lines = (json.dumps(kept[k]) for k in sorted(kept))
         # Aside, then renamed: a failed write leaves the file as it was.
-        self._replace(path, "".join(f"{line}\n" for line in kept).encode())
+        self._replace(path, "".join(f"{line}\n" for line in lines).encode())
 
     def append_metrics(self, step: int, metrics: dict[str, float]) -> None:
         """One line of ``metrics.jsonl``.
@@ -327,7 +385,7 @@ class RunFolder:
         if path is None:
             return
         line = (json.dumps({"step": step, **metrics}) + "\n").encode()
-        with path.open("ab", buffering=0) as file:
+        with open(path, "ab", buffering=0, opener=opener) as file:
             end = file.seek(0, os.SEEK_END)
             try:
                 if file.write(line) != len(line):
@@ -347,15 +405,45 @@ class RunFolder:
             return
         self._replace(path, msgspec.json.format(msgspec.json.encode(summary)) + b"\n")
 
+    def summary_unwritten(self) -> bool:
+        """Whether ``summary.json`` is missing or unreadable (its write was killed, say), so
+        the record a resume folds from the event log must be written."""
+        path = self._path(SUMMARY_FILE)
+        if path is None:
+            return False
+        try:
+            msgspec.json.decode(path.read_bytes(), type=FitSummary)
+        except (OSError, msgspec.DecodeError):
+            return True
+        return False
+
     @staticmethod
     def _replace(path: Path, data: bytes) -> None:
-        """Write ``path`` aside and rename it into place; on failure, remove what was written
-        aside and raise :class:`RunFolderWriteError`."""
+        """Write ``path`` aside, durably, and rename it into place; on failure, remove what
+        was written aside and raise :class:`RunFolderWriteError`.
+
+        The file aside is made anew (``O_EXCL``, after removing what a killed write left
+        there, a link included), so nothing is ever written through a link.
+        """
         temporary = path.with_name(path.name + ".tmp")
         try:
-            temporary.write_bytes(data)
+            temporary.unlink(missing_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            with os.fdopen(os.open(temporary, flags, 0o644), "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
             temporary.replace(path)
         except OSError as exc:
             with contextlib.suppress(OSError):  # (the write's error is the one to report)
                 temporary.unlink(missing_ok=True)
             raise RunFolderWriteError(path, exc) from None
+
+
+def _steps(steps: list[int]) -> str:
+    """``steps`` in a few words: ``step 3``, ``steps 3, 4, 7``, ``12 steps (3 to 20)``."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) <= 5:
+        return "steps " + ", ".join(map(str, steps))
+    return f"{len(steps)} steps ({steps[0]} to {steps[-1]})"

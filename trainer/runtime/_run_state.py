@@ -28,6 +28,7 @@ import anyio
 import msgspec
 import torch
 
+from eventbus import EXTENSION_FAILURES
 from eventbus import EventBus
 from eventbus.runtime import Capability
 from eventbus.runtime import CheckpointRestored
@@ -41,9 +42,9 @@ from ..rollout import RolloutDriver
 from ._checkpoint import CheckpointStore
 from ._checkpoint import NoCheckpointLoads
 from ._checkpoint import StoredCheckpoint
+from ._folder_paths import RunFolderError
 from ._learner import Learner
 from ._run import RunFolder
-from ._runlock import RunFolderError
 from ._stall import Stages
 from ._stall import WaitDeadlineExceeded
 
@@ -75,6 +76,9 @@ class RunState:
         export: Called after each checkpoint is written, on the same thread (writes the
             run folder's ``model/`` for a Hugging Face model).
         run_id: The run's id, stable across resumes (a checkpoint carries it).
+        claimed: Whether ``run_id`` is the run folder's already (its record names it, or a
+            checkpoint of it was applied): a checkpoint of another run is then not applied
+            unless ``checkpoint.adopt``, and applying one never changes the id.
         stages: The trainer's stages (the write is marked as a wait for stall diagnosis).
         saved_step: The step of the last checkpoint written or applied (None: none yet), so
             that the trainer writes a step's checkpoint once.
@@ -91,9 +95,30 @@ class RunState:
     store: CheckpointStore
     export: Callable[[], None] | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    claimed: bool = False
     stages: Stages = field(default_factory=Stages)
     saved_step: int | None = None
     changed: dict[str, list[Any]] = field(default_factory=dict)
+
+    def claim(self, run_id: str) -> None:
+        """Take ``run_id``, the one the run folder's record names (nothing: it names none,
+        the id stays unclaimed until a checkpoint is applied or the run starts)."""
+        if run_id:
+            self.run_id, self.claimed = run_id, True
+
+    def unusable(self, state: dict[str, Any]) -> str | None:
+        """Why the checkpoint ``state`` must not be applied (the checkpoint store's check):
+        non-finite weights, or another run's checkpoint (unless ``checkpoint.adopt``)."""
+        why = non_finite_weights(state)
+        if why is not None:
+            return why
+        owner = state.get("run_id")
+        if self.claimed and owner != self.run_id and not self.config.checkpoint.adopt:
+            return (
+                f"it is a checkpoint of run {owner}, not of this folder's run {self.run_id} "
+                "(copied in from another run folder?); --adopt trains from it"
+            )
+        return None
 
     async def sync_weights(self) -> None:
         """Push the learner's weights to the rollout workers, within
@@ -176,7 +201,8 @@ class RunState:
         """
         if state.get("format") != CHECKPOINT_FORMAT:
             raise RuntimeError(f"unsupported checkpoint format {state.get('format')!r}")
-        self.run_id = state["run_id"]
+        if not self.claimed:  # (an adopted checkpoint's weights come under the folder's id)
+            self.claim(str(state["run_id"]))
         self.learner.load_state_dict(state)
         self.saved_step = self.learner.step
         self.stream.position = state["stream_position"]
@@ -188,7 +214,21 @@ class RunState:
             self.files.rewind_metrics(self.learner.step)
         return [decode_prompt(p) for p in state.get("in_flight", [])]
 
-    def resume(self, out_dir: Path | None) -> tuple[StoredCheckpoint, list[Prompt]] | None:
+    async def load_latest(self) -> tuple[StoredCheckpoint, dict[str, Any]] | None:
+        """The newest checkpoint that loads and may be applied (see
+        :meth:`CheckpointStore.load_latest`), read off the event loop within
+        ``checkpoint.timeout_s``: a disk that hangs is a diagnosed stall with a deadline.
+
+        Raises:
+            NoCheckpointLoads: There are checkpoints and none of them loads.
+            WaitDeadlineExceeded: Reading them took longer than ``checkpoint.timeout_s``.
+        """
+        timeout = self.config.checkpoint.timeout_s
+        with self.stages.bounded("restore", self.learner.step, timeout, "checkpoint.timeout_s"):
+            load = self.stages.in_thread(self.store.load_latest)
+            return await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
+
+    async def resume(self, out_dir: Path | None) -> tuple[StoredCheckpoint, list[Prompt]] | None:
         """Continue from the run folder's last checkpoint, if asked and there is one.
 
         Nothing is published: the caller announces the resume (after ``FitStarted``, so an
@@ -214,7 +254,7 @@ class RunState:
                 )
             return None
         try:
-            latest = self.store.load_latest()
+            latest = await self.load_latest()
         except NoCheckpointLoads as exc:
             # Starting afresh here would add a second run (another run id) to the folder's
             # record, and its report would add the two up.
@@ -283,7 +323,7 @@ def extension_states(bus: EventBus) -> dict[str, Any]:
         try:
             state = state_dict()
             _check_plain(state)
-        except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+        except EXTENSION_FAILURES as exc:  # (logged, counted, published)
             bus.report_extension_failure(registration, "state_dict", exc)
             continue
         states[registration.name] = state
@@ -299,7 +339,7 @@ def load_extension_states(bus: EventBus, states: dict[str, Any]) -> None:
         load: Callable[[Any], None] = registration.extension.load_state_dict  # type: ignore[attr-defined]
         try:
             load(states[registration.name])
-        except Exception as exc:  # noqa: BLE001  (logged, counted, published)
+        except EXTENSION_FAILURES as exc:  # (logged, counted, published)
             bus.report_extension_failure(registration, "load_state_dict", exc)
 
 
@@ -356,9 +396,10 @@ def _first_not_plain(value: Any, path: str) -> tuple[str, Any] | None:
     return path, value
 
 
-# Resuming is how a run is extended (more steps) and a folder may have moved: these two say
-# nothing about what was trained. Any other difference is the user's to know about.
-_RESUME_MAY_CHANGE = frozenset({"run.steps", "run.out"})
+# Resuming is how a run is extended (more steps), a folder may have moved, and adopting is
+# said for one resume: these say nothing about what was trained. Any other difference is the
+# user's to know about.
+_RESUME_MAY_CHANGE = frozenset({"run.steps", "run.out", "checkpoint.adopt"})
 
 
 def changed_settings(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[Any]]:

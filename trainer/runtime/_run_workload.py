@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +37,7 @@ from ..rl import build_policy
 from ..rl import check_columns
 from ..rl import load_rewards
 from ..rl import make_task
+from ..rl import mean
 from ..rl import render
 from ..rl import reward_names
 from ..rollout import ALSO_AN_EVENT
@@ -89,6 +89,7 @@ class RunWorkload:
             from ..rl import HFPolicy
             from ..rl import TextPromptStream
             from ..rl import load_prompt_table
+            from ..rl import prompt_chars
             from ..rl import resolve_dtype
 
             # Float32 master weights (and optimizer state); forward and backward passes
@@ -116,16 +117,20 @@ class RunWorkload:
             else:
                 source = load_prompt_table(task.dataset, task.prompt_column)
                 check_columns(rewards, source.columns, source.source)
-            stream = TextPromptStream(source, hf.encode, seed)
-            stream.check()  # a prompt the tokenizer cannot render fails now
             limit = _prompt_limit(config, hf.context_length)
+            # A prompt too long for any tokens of the limit is judged without tokenizing it.
+            chars = prompt_chars(limit[0] if limit else None, hf.longest_token_chars)
+            stream = TextPromptStream(source, hf.encode, seed, max_chars=chars)
+            stream.check()  # a prompt the tokenizer cannot render fails now
             if limit is not None:
                 self._limit(stream, *limit)
             self.stream = stream
             if task.val_dataset is not None:
                 table = load_prompt_table(task.val_dataset, task.prompt_column)
                 check_columns(rewards, table.columns, table.source)
-                val = TextPromptStream(table, hf.encode, seed, prefix="val", shuffle=False)
+                val = TextPromptStream(
+                    table, hf.encode, seed, prefix="val", shuffle=False, max_chars=chars
+                )
                 if limit is not None:
                     self._limit(val, *limit)
                 self.val_prompts = [val.prompt_at(i) for i in range(len(val))]
@@ -177,7 +182,7 @@ class RunWorkload:
         rewards = [r for group in outcomes for _, r in group if not isinstance(r, RewardFailure)]
         failed = sum(isinstance(r, RewardFailure) for group in outcomes for _, r in group)
         return {
-            "val/reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
+            "val/reward_mean": mean(rewards) if rewards else float("nan"),
             "val/failed": float(failed),
         }
 

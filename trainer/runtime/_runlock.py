@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from ._folder_paths import RunFolderError
+from ._folder_paths import open_fd
+
 __all__ = [
     "LOCK_FILE",
     "Owner",
-    "RunFolderError",
     "RunFolderInUse",
     "RunFolderLock",
     "check_unowned",
@@ -34,11 +36,6 @@ __all__ = [
 ]
 
 LOCK_FILE = ".lock"
-
-
-class RunFolderError(RuntimeError):
-    """A run folder this run cannot use (one line saying why and what to do); the command
-    line exits with status 2, as for other bad input."""
 
 
 class RunFolderInUse(RunFolderError):
@@ -84,8 +81,10 @@ class RunFolderLock:
         """
         if self._fd is not None:
             raise RuntimeError(f"the lock on {self.folder} is already held")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Nobody else's to write (0o755 whatever the umask): a TRL run's folder names the
+        # program that resumes it.
+        self.folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = open_fd(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -130,7 +129,7 @@ def check_unowned(folder: Path) -> None:
         RunFolderInUse: Another trainer holds its lock.
     """
     try:
-        fd = os.open(folder / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_fd(folder / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
         return  # a trainer creates the file before it locks it: nobody holds it
     try:
@@ -163,8 +162,8 @@ def last_owner(folder: Path) -> Owner | None:
     """The trainer that owns ``folder``, or the one that did when it was killed (a clean
     end empties the lock file), read without taking the lock; None when none is named."""
     try:
-        fd = os.open(folder / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = open_fd(folder / LOCK_FILE, os.O_RDONLY)
+    except (OSError, RunFolderError):  # (not a lock file the run wrote: it names nobody)
         return None
     try:
         pid, host = _read_owner(fd)

@@ -4,7 +4,9 @@ An ordinary extension on the public contract (a user could have written it):
 
 * From ``SampleWait`` events it tracks progress of the current wait. A *stall* is no new
   sample for ``stall_timeout_s`` while rollouts are outstanding. A ``WorkerLost`` event
-  counts as a stall at once.
+  counts as a stall at once, and so does a worker that has held work of an earlier step for
+  ``stall_timeout_s`` (``Host.held_rollouts``) while the others keep the trainer fed (in
+  async mode no sample wait then ever stalls).
 * At the next ``SAMPLE_WAIT`` or ``STEP_BOUNDARY`` safe point it votes
   ``RESTART_REQUIRED``, with a reason that says what it saw and, when a ``StallDiagnosed``
   of that step came first, the diagnosis (who holds what, stuck where). The trainer then
@@ -127,7 +129,7 @@ class SelfHealingExtension:
             self._observe(event.state)
         elif isinstance(event, WorkerLost):
             self._stall = f"worker {event.worker_id} lost: {event.reason}"
-        elif isinstance(event, StallDiagnosed) and event.stage == "rollouts":
+        elif isinstance(event, StallDiagnosed) and event.stage in ("rollouts", "held"):
             self._diagnosis = event
 
     def _observe(self, state: SampleWaitState) -> None:
@@ -149,14 +151,45 @@ class SelfHealingExtension:
         point = safe_point.point
         if point is SafePoint.TERMINAL_FAILURE:
             return self._recover(safe_point)
-        if point in (SafePoint.SAMPLE_WAIT, SafePoint.STEP_BOUNDARY) and self._stall:
-            step = safe_point.step if safe_point.step is not None else -1
+        if point not in (SafePoint.SAMPLE_WAIT, SafePoint.STEP_BOUNDARY):
+            return Decision.CONTINUE, ""
+        reason = None
+        if self._stall:
             reason, self._stall = self._with_diagnosis(self._stall, safe_point), None
+        else:
+            reason = self._held_too_long(context.host, safe_point)
+        if reason:
+            step = safe_point.step if safe_point.step is not None else -1
             self._progress.reset()  # the restarted wait is watched from scratch
             self.stall_restarts += 1
             self.history.append({"kind": "stall", "step": step, "reason": reason})
             return Decision.RESTART_REQUIRED, reason
         return Decision.CONTINUE, ""
+
+    def _held_too_long(self, host: Host | None, safe_point: SafePointReached) -> str | None:
+        """Why a worker that has held its work for ``stall_timeout_s`` is a stall, though
+        no wait stalled (its diagnosis says where it is stuck); None when no worker has, or
+        the host does not say."""
+        held = getattr(host, "held_rollouts", None)
+        step = safe_point.step if safe_point.step is not None else 0
+        stuck = [
+            r
+            for r in (held() if held else ())
+            # Work of an earlier step: the trainer went on without it. (Work of the step
+            # being waited for is that wait's: it stalls if the work does not come.)
+            if r.held_s >= self.stall_timeout_s and r.step is not None and r.step < step
+        ]
+        if not stuck:
+            return None
+        worker = max(stuck, key=lambda r: r.held_s).worker_id
+        past = f"past the stall timeout of {self.stall_timeout_s:g} s, while the trainer went on"
+        diagnosis = self._diagnosis
+        if diagnosis is not None and diagnosis.stage == "held":
+            self._diagnosis = None
+            return f"{diagnosis.headline(after_s=safe_point.time - diagnosis.time)}, {past}"
+        mine = [r for r in stuck if r.worker_id == worker]
+        count = f"{len(mine)} rollout" + ("" if len(mine) == 1 else "s")
+        return f"worker {worker} holds {count} for {max(r.held_s for r in mine):.1f} s, {past}"
 
     def _with_diagnosis(self, reason: str, safe_point: SafePointReached) -> str:
         """``reason``, followed by the diagnosis of this step's stall when there is one, its

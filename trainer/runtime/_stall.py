@@ -9,6 +9,11 @@ again each time it has lasted ``repeat_factor`` times longer; any progress ends 
 
 Entering and leaving a stage is a list append and pop; nothing here runs between stages.
 
+A worker that holds a piece of work that long after the trainer went on to a later step is
+a stall too (stage ``held``): in async mode the others may keep the trainer fed while one is
+hung, and the trainer's own waits then never stall. (In sync mode the trainer waits for
+every piece of work of its step: a hung one stalls that wait.)
+
 A wait with a deadline (:meth:`Stages.bounded`) is a stage that is also cancelled when its
 deadline passes: a stall that did not end becomes :class:`WaitDeadlineExceeded`, naming the
 setting and carrying the stall's latest diagnosis, never a silent hang.
@@ -43,10 +48,12 @@ STAGES: Mapping[str, str] = {
     "weight_sync": "the weight sync to the rollout workers",
     "validation": "the validation",
     "checkpoint": "the checkpoint write",
+    "restore": "reading the last checkpoint",
     "restart": "restarting the rollout workers",
     "close": "stopping the rollout workers",
     "safe_point": "the votes of a safe point",
     "drain": "the extensions' last events",
+    "held": "a rollout a worker holds while the trainer goes on",
 }
 """The waits of the trainer a stall diagnosis can name (``StallDiagnosed.stage``), each with
 the words a :class:`WaitDeadlineExceeded` message names it by."""
@@ -92,6 +99,9 @@ class StallWatch:
         diagnose_after_s: A stall is first due after this long without progress (> 0).
         progress_at: Clock time of the last rollout progress (a worker took work or
             delivered a result); consulted in the ``rollouts`` stage.
+        held_since: Given the trainer's current step, the worker holding the oldest piece
+            of work dispatched at an earlier step (the trainer went on without it), and
+            since when (the clock's time it took it); None when no worker holds any.
         clock: Monotonic seconds (tests inject a fake one).
         repeat_factor: A stall is due again each time it has lasted this many times longer.
         stage_after_s: Stages first due after another time than ``diagnose_after_s``, by
@@ -103,6 +113,7 @@ class StallWatch:
         diagnose_after_s: float,
         *,
         progress_at: Callable[[], float] = lambda: -math.inf,
+        held_since: Callable[[int], tuple[str, float] | None] = lambda step: None,
         clock: Callable[[], float] = time.monotonic,
         repeat_factor: float = 4.0,
         stage_after_s: Mapping[str, float] | None = None,
@@ -115,11 +126,16 @@ class StallWatch:
         self.stage_after_s = dict(stage_after_s or {})
         self.repeat_factor = repeat_factor
         self._progress_at = progress_at
+        self._held_since = held_since
         self._clock = clock
         self._stages: list[_Stage] = []
+        self._step = 0  # the step of the last stage entered (a held stall is of it)
         # The stall last reported: (stage, its last progress) and how often it was reported.
         self._reported: tuple[_Stage, float] | None = None
         self._repeats = 0
+        # Likewise for the held work: ((worker, since), the step it was first reported at).
+        self._held_reported: tuple[tuple[str, float], int] | None = None
+        self._held_repeats = 0
 
     # --- the trainer's side ---------------------------------------------------------------
 
@@ -129,6 +145,7 @@ class StallWatch:
         now = self._clock()
         entry = _Stage(name, step, now, now)
         self._stages.append(entry)
+        self._step = step
         try:
             yield
         finally:
@@ -177,7 +194,11 @@ class StallWatch:
         return last
 
     def due(self) -> Stall | None:
-        """The stall to diagnose now, or None (each threshold is reported once)."""
+        """The stall to diagnose now, or None (each threshold is reported once): the
+        trainer's innermost wait, else work a worker has held too long (``held``)."""
+        return self._stage_due() or self._held_due()
+
+    def _stage_due(self) -> Stall | None:
         stages = tuple(self._stages)
         if not stages:
             return None
@@ -200,17 +221,48 @@ class StallWatch:
         self._reported, self._repeats = (stage, last), self._repeats + 1
         return stall
 
+    def _held_due(self) -> Stall | None:
+        held = self._held_since(self._step)
+        if held is None or self._waits_stalled():
+            return None
+        reported = self._held_reported
+        if reported is None or reported[0] != held:
+            reported, self._held_repeats = (held, self._step), 0  # other work: a new stall
+        held_s = self._clock() - held[1]
+        if held_s < self.diagnose_after_s * self.repeat_factor**self._held_repeats:
+            return None
+        # (the step it was first reported at, so its repeats are one stall)
+        stall = Stall("held", reported[1], held_s, held_s, self._held_repeats, {})
+        self._held_reported, self._held_repeats = reported, self._held_repeats + 1
+        return stall
+
+    def _waits_stalled(self) -> bool:
+        """Whether the trainer is in a stalled wait for rollouts: that stall's diagnosis
+        names the held work already."""
+        stages = tuple(self._stages)
+        if not stages or stages[-1].name != "rollouts":
+            return False
+        stage = stages[-1]
+        return self._clock() - self._last_progress(stage) >= self._after_s(stage)
+
     def next_due_in(self) -> float:
         """Seconds until :meth:`due` could next find a stall, given no progress meanwhile
-        (``diagnose_after_s`` when the trainer is between stages)."""
+        (``diagnose_after_s`` when the trainer is between stages and no work is held)."""
         stages = tuple(self._stages)
-        if not stages:
-            return self.diagnose_after_s
-        stage = stages[-1]
-        last = self._last_progress(stage)
-        repeats = self._repeats if self._reported == (stage, last) else 0
-        threshold = self._after_s(stage) * self.repeat_factor**repeats
-        return max(0.0, last + threshold - self._clock())
+        due_in = self.diagnose_after_s
+        if stages:
+            stage = stages[-1]
+            last = self._last_progress(stage)
+            repeats = self._repeats if self._reported == (stage, last) else 0
+            threshold = self._after_s(stage) * self.repeat_factor**repeats
+            due_in = last + threshold - self._clock()
+        held = self._held_since(self._step)
+        if held is not None:
+            reported = self._held_reported
+            repeats = self._held_repeats if reported is not None and reported[0] == held else 0
+            threshold = self.diagnose_after_s * self.repeat_factor**repeats
+            due_in = min(due_in, held[1] + threshold - self._clock())
+        return max(0.0, due_in)
 
     def _after_s(self, stage: _Stage) -> float:
         return self.stage_after_s.get(stage.name, self.diagnose_after_s)

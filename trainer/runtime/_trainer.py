@@ -82,7 +82,6 @@ from ._run import FAULTS_FILE
 from ._run import RunFolder
 from ._run import RunFolderWriteError
 from ._run_state import RunState
-from ._run_state import non_finite_weights
 from ._run_workload import RunWorkload
 from ._sample_wait import RolloutsLost
 from ._sample_wait import WaitClock
@@ -174,7 +173,7 @@ class PPOTrainer:
             self.out_dir / "checkpoints" if self.out_dir is not None else None,
             keep=config.checkpoint.keep,
             before_rename=faults.before_checkpoint_rename if faults else None,
-            check=non_finite_weights,
+            check=lambda state: self.state.unusable(state),
         )
         self.driver = make_driver(
             config, self.stream, self.backend, self.bus, interrupts=interrupts_sample_wait
@@ -214,6 +213,8 @@ class PPOTrainer:
         self._active_step: int | None = None  # the step being trained, for FitFailed
         self._waiting = WaitClock()  # how long the step being trained waited, for FitFailed
         self.already_finished = False  # the last fit() found the run done and did nothing
+        # ... and wrote its summary.json, which was missing (its write had been killed).
+        self.summary_rewritten = False
         # The last fit() found the run's steps all trained but its end unrecorded (killed
         # while closing), and recorded it: FitFinished and summary.json, nothing else.
         self.closed_unfinished = False
@@ -336,13 +337,24 @@ class PPOTrainer:
         # The attempt's one clock: FitStarted.start_s and FitFinished.duration_s count from
         # here, so the event, summary.json and the report give one duration.
         began = time.perf_counter()
-        resumed = self.state.resume(self.out_dir)
+        # The run id is the folder's once its record names one (a run killed before its
+        # first checkpoint resumes under it), and a checkpoint of another run is not applied.
+        self.state.claim(self.record.summary().run_id)
+        resumed = await self.state.resume(self.out_dir)
         start_step = self.step
         self.already_finished = resumed is not None and start_step >= config.run.steps
         self.closed_unfinished = False
+        self.summary_rewritten = False
         if self.already_finished:
             if self.record.trained_all_unclosed():
                 return await self._close_unfinished()
+            summary = self.record.summary()
+            if self.files.summary_unwritten():
+                # Its write was killed: the event log still has the whole record.
+                self.files.write_summary(summary)
+                self.summary_rewritten = True
+                logger.info("summary.json was missing or unreadable: written from the event log")
+                return summary
             # A rerun of a finished run: nothing to train, so nothing is written either (a
             # larger run.steps extends it).
             logger.warning(
@@ -352,7 +364,7 @@ class PPOTrainer:
                 config.run.steps,
                 extra=ALSO_AN_EVENT,  # the command line says so in its own last line
             )
-            return self.record.summary()
+            return summary
         self.files.rewind_metrics(start_step)
         # What the extensions' queues dropped before this fit() is not this run's to report.
         self._dropped_before = {r.id: r.statistics().dropped for r in self.bus.registrations()}
@@ -362,19 +374,22 @@ class PPOTrainer:
         stop_reason = ""
         try:
             if bus.wants(FitStarted):
-                bus.publish(
-                    FitStarted(
-                        run_id=self.run_id,
-                        start_step=start_step,
-                        total_steps=config.run.steps,
-                        mode=config.run.mode,
-                        backend=self.backend.name,
-                        resumed=start_step > 0,
-                        start_s=time.perf_counter() - began,
-                        changed=self.state.changed,
-                        notices=tuple(self.workload.notices),
-                    )
+                started = FitStarted(
+                    run_id=self.run_id,
+                    start_step=start_step,
+                    total_steps=config.run.steps,
+                    mode=config.run.mode,
+                    backend=self.backend.name,
+                    resumed=start_step > 0,
+                    start_s=time.perf_counter() - began,
+                    changed=self.state.changed,
+                    notices=tuple(self.workload.notices),
                 )
+                bus.publish(started)
+                # On disk before anything else of the run (its first checkpoint): this is
+                # what claims the run id for the folder.
+                self.files.write_now(started)
+            self.state.claim(self.run_id)
             if resumed is not None:
                 stored, in_flight = resumed
                 self.state.announce_restored(stored, "resume")
@@ -544,6 +559,16 @@ class PPOTrainer:
         none), the stop's reason."""
         if isinstance(error, asyncio.CancelledError) and self._stop_requested is not None:
             return str(error) or self._stop_requested
+        if isinstance(error, MemoryError) and not str(error):
+            # Python's MemoryError says nothing; the batch is what grows with the settings.
+            rollout = self.config.rollout
+            return (
+                f"out of memory; a step's batch here is {rollout.prompts_per_step:,} prompts x "
+                f"{rollout.group_size:,} rollouts = "
+                f"{rollout.prompts_per_step * rollout.group_size:,} rollouts "
+                "(rollout.prompts_per_step x rollout.group_size), each kept with its tokens "
+                "until the update: lower them"
+            )
         return str(error)
 
     async def _train_step(self) -> None:

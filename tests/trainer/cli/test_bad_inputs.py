@@ -179,8 +179,8 @@ def test_a_summary_json_that_is_a_folder_is_refused_before_training(
     before = sorted(str(p) for p in run.rglob("*"))
     assert main(["train", "--steps", "4", "--no-progress", "--out", str(run)]) == 2
     assert one_error_line(capsys) == (
-        f"error: --out {run}: {run / 'summary.json'} is a folder, where the run keeps its "
-        "summary.json; move it away, or use another run folder"
+        f"error: {run / 'summary.json'} is a folder, where the run keeps its summary.json; "
+        "nothing was read or written through it: move it away, or use another run folder (--out)"
     )
     assert sorted(str(p) for p in run.rglob("*")) == before
 

@@ -169,7 +169,8 @@ def test_a_model_folder_with_code_of_its_own_never_runs_it_unless_asked(
     )
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        "error: model/config.json asks to run Python code from the model folder (custom.py, "
+        "error: model.path: model/config.json asks to run Python code from the model folder "
+        "(custom.py, "
         "through its auto_map); trainbus runs no code it was not asked to: set [model] "
         "trust_remote_code = true to run that code, only for a folder you trust"
     ]

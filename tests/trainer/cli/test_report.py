@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -39,6 +40,7 @@ TINY_TOML = "[rollout]\nprompts_per_step = 8\ngroup_size = 4\npoll_interval_s = 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 _TRAINED: dict[str, Path] = {}
+_TRAINING: dict[str, subprocess.CompletedProcess[str]] = {}  # what trained_run printed
 
 
 def trained_run(factory: pytest.TempPathFactory) -> Path:
@@ -59,7 +61,7 @@ def trained_run(factory: pytest.TempPathFactory) -> Path:
             cwd=root,
         )
         assert done.returncode == 0, done.stderr
-        _TRAINED["run"] = out
+        _TRAINED["run"], _TRAINING["run"] = out, done
     return _TRAINED["run"]
 
 
@@ -97,6 +99,22 @@ def report(folder: Path, *flags: str) -> int:
 
 
 # --- the command, on a real run -----------------------------------------------------------
+
+
+def test_a_stall_is_one_line_on_the_terminal_and_its_stacks_are_in_the_report(
+    run_dir: Path,
+) -> None:
+    trained = _TRAINING["run"]
+    lines = trained.stderr.splitlines()
+    stalled = [i for i, line in enumerate(lines) if "trainbus.diagnosis: stalled: " in line]
+    assert stalled, trained.stderr
+    # No stack under it: each next line is another record, not an indented frame.
+    assert all(not lines[i + 1].startswith(" ") for i in stalled if i + 1 < len(lines))
+    last = trained.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(rf"\d+ stalls? diagnosed, stacks: trainbus report {run_dir}", last)
+    done = trainbus("report", run_dir, "--no-plots")
+    assert "\nstalled: step 2: rollouts stalled" in done.stdout
+    assert "    local-0." in done.stdout  # a worker's stack, indented under it
 
 
 def test_report_prints_the_table_and_writes_valid_plots(run_dir: Path) -> None:

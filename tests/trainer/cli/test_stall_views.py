@@ -5,6 +5,7 @@ and counts down to the self-healing stall timeout."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,8 +13,10 @@ import msgspec
 import pytest
 from rich.console import Console
 
+from eventbus import Event
 from eventbus import EventBus
 from eventbus import ExtensionContext
+from eventbus.runtime import FitFinished
 from eventbus.runtime import FitStarted
 from eventbus.runtime import SampleWait
 from eventbus.runtime import StackFrame
@@ -140,6 +143,28 @@ def test_report_lists_each_stall_with_when_how_long_where_and_what_ended_it() ->
     assert lines[2].endswith("; still stalled when the log ends")
 
 
+def test_report_prints_each_stalls_first_diagnosis_with_its_stacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The terminal showed one line a stall: the stacks are read here, afterwards.
+    from eventbus import encode_event
+    from trainer.cli._main import main
+
+    events = [
+        FitStarted(run_id="r", total_steps=6, seq=1, time=100.0),
+        msgspec.structs.replace(at(DIAGNOSIS, 110.0, 0, 2.0), seq=2),
+        msgspec.structs.replace(at(DIAGNOSIS, 116.0, 1, 8.0), seq=3),  # a repeat: not again
+    ]
+    (tmp_path / "events.jsonl").write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+    assert main(["report", str(tmp_path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    first = describe(at(DIAGNOSIS, 110.0, 0, 2.0))
+    assert f"\nstalled: {first}\n" in out and out.count("stalled: step 4") == 1
+    assert "        myrewards.py:41 score" in out.splitlines()
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stall_diagnoses"] == [first]
+
+
 def test_a_stall_inside_another_wait_and_the_wait_end_together() -> None:
     # The rollout side restarting (stage restart) stalls inside the stalled wait for rollouts;
     # the restart ends both.
@@ -154,6 +179,35 @@ def test_a_stall_inside_another_wait_and_the_wait_end_together() -> None:
         ("rollouts", "rollout side restarted (1 rollouts reissued)", 6.0),
         ("restart", "rollout side restarted (1 rollouts reissued)", 2.0),
     ]
+
+
+HELD = msgspec.structs.replace(DIAGNOSIS, stage="held", repeat=0)
+
+
+@pytest.mark.parametrize(
+    ("end", "ended_by", "lasted_s"),
+    [
+        (RolloutRestarted(step=9, reissued=("p7#0",), time=120.0), "rollout side restarted", 10.0),
+        # Nothing acted on it: as long as its last diagnosis saw (it may have delivered).
+        (FitFinished(step=12, time=150.0), "the run ended", 8.0),
+    ],
+    ids=["restarted", "run-ended"],
+)
+def test_work_held_while_the_trainer_went_on_is_one_stall_its_steps_do_not_end(
+    end: Event, ended_by: str, lasted_s: float
+) -> None:
+    events = [
+        FitStarted(run_id="r", total_steps=12, time=100.0),
+        at(HELD, 112.0, 0, 2.0),
+        StepFinished(step=5, time=113.0),
+        at(HELD, 118.0, 1, 8.0),  # the same held work, diagnosed again at a later step
+        StepFinished(step=8, time=119.0),
+        end,
+    ]
+    [stall] = fold_events(events).summary().stalls
+    assert (stall.step, stall.stage, stall.diagnoses) == (4, "held", 2)
+    assert stall.ended_by.startswith(ended_by)
+    assert stall.lasted_s == pytest.approx(lasted_s)
 
 
 START = msgspec.structs.replace(DIAGNOSIS, step=0, stage="start", stuck=(), repeat=0)

@@ -110,6 +110,11 @@ def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:
             "rollout.ray_address is 'auto' but rollout.backend is 'local'",
         ),
         ({"rollout.standby": 2}, "rollout.standby is 2 but rollout.backend is 'local'"),
+        (  # each within its bounds, together a batch of 67 million rollouts
+            {"rollout.prompts_per_step": 65536, "rollout.group_size": 1024},
+            "rollout.prompts_per_step x rollout.group_size is 65,536 x 1,024 = 67,108,864 "
+            "rollouts a step; a step's batch holds at most 1,048,576",
+        ),
         (
             {"ppo.kl_estimator": "low_var_kl"},
             "ppo.kl_estimator: 'low_var_kl' is not one of 'k1', 'k2', 'k3'",
@@ -198,7 +203,7 @@ OUT_OF_RANGE = [
     ("rollout.prompts_per_step", 10**12, "rollout.prompts_per_step: expected `int` <= 65536"),
     ("rollout.group_size", 10**20, "rollout.group_size: expected `int` <= 1024"),
     ("run.steps", 10**19, "run.steps: expected `int` <= 2147483647"),
-    ("ppo.epochs", 10**12, "ppo.epochs: expected `int` <= 2147483647"),
+    ("ppo.epochs", 2**31 - 1, "ppo.epochs: expected `int` <= 100"),  # a step without end
     ("model.heads", 0, "model.heads: expected `int` >= 1"),
     ("model.d_model", -8, "model.d_model: expected `int` >= 1"),
     ("model.vocab_size", 10**9, "model.vocab_size: expected `int` <= 1048576"),

@@ -1,13 +1,13 @@
 """The parts of the TRL bridge, each on its own: the decision table cell by cell, the stage a
 stack names, guarded reward functions, the ledger of a step's rewards, votes across ranks (a
 fake transport between two threads), the bus's thread, the watchdog's diagnosis of a real
-blocked thread, the metric names, the launch record and ``trainbus trl-resume``."""
+blocked thread, the metric names and the export argument (the launch record and ``trainbus
+trl-resume`` are tests/trainer/cli/test_trl_resume.py's)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -20,23 +20,14 @@ import pytest
 
 from eventbus import Decision
 from eventbus import Vote
-from eventbus import encode_event
-from eventbus.runtime import FitFinished
-from eventbus.runtime import FitStarted
 from eventbus.runtime import SafePoint
 from eventbus.runtime import SafePointOutcome
 from eventbus.runtime import StackFrame
-from eventbus.runtime import StepFinished
 from eventbus.runtime import ThreadStack
 from eventbus.testing import ScriptedVoter
-from trainer.cli._main import main
 from trainer.integrations._trl_decisions import AT_STEP_BOUNDARY
 from trainer.integrations._trl_decisions import TrlAction
 from trainer.integrations._trl_decisions import steer
-from trainer.integrations._trl_launch import Launch
-from trainer.integrations._trl_launch import last_checkpoint
-from trainer.integrations._trl_launch import read_launch
-from trainer.integrations._trl_launch import write_launch
 from trainer.integrations._trl_ranks import OneProcess
 from trainer.integrations._trl_ranks import decode_outcome
 from trainer.integrations._trl_ranks import encode_outcome
@@ -562,11 +553,10 @@ def test_a_step_that_stays_stuck_is_diagnosed_again_each_time_it_lasts_four_time
     assert seen == [None, (3, 0, 5.0), None, (3, 1, 20.0), None, (3, 2, 80.0)]
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("stalled: step 3: step stalled 5.0 s")
-    assert "\n    trainer [trainer-y (training)]" in lines[0]  # the stacks, the first time
-    assert "\n" not in lines[1]  # then the headline alone
+    assert all("\n" not in line for line in lines)  # one line each: the stacks are the event's
 
 
-# --- metric names, the launch record, trl-resume ------------------------------------------
+# --- metric names, the export argument ------------------------------------------------
 
 
 def test_trl_logs_read_under_the_metric_tables_names() -> None:
@@ -605,112 +595,3 @@ def test_the_export_argument_is_checked_as_export_flags_are() -> None:
     with pytest.raises(ValueError, match="diagnose_after_s must be >= 0"):
         TrainbusCallback(diagnose_after_s=-1)
     assert TrainbusCallback(export="prometheus:9000").export.prometheus.port == 9000
-
-
-def _trl_run_folder(
-    tmp_path: Path, *, status: str, world_size: int = 1, checkpoint: bool = True
-) -> Path:
-    run, output = tmp_path / "run", tmp_path / "trl"
-    run.mkdir()
-    (output / "checkpoint-2").mkdir(parents=True)
-    if checkpoint:
-        (output / "checkpoint-2" / "trainer_state.json").write_text("{}")
-    (output / "checkpoint-9").mkdir()  # no trainer_state.json: not a checkpoint
-    write_launch(
-        run,
-        Launch(
-            ["train.py", "--lr", "1e-6"], "/usr/bin/python3", str(tmp_path), str(output), world_size
-        ),
-    )
-    events: list[Any] = [FitStarted(run_id="r1", total_steps=4, seq=1, time=1.0)]
-    done = 4 if status == "finished" else 2
-    events += [StepFinished(step=k, seq=1 + k, time=1.0 + k) for k in range(1, done + 1)]
-    if status == "stopped":
-        events.append(
-            FitFinished(
-                step=2, stopped_early=True, reason="restart_required (w: lost)", seq=9, time=9.0
-            )
-        )
-    elif status == "finished":
-        events.append(FitFinished(step=4, seq=9, time=9.0))
-    (run / "events.jsonl").write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
-    return run
-
-
-def test_the_launch_record_and_the_last_checkpoint(tmp_path: Path) -> None:
-    run = _trl_run_folder(tmp_path, status="stopped")
-    launch = read_launch(run)
-    assert launch is not None and launch.argv == ["train.py", "--lr", "1e-6"]
-    assert last_checkpoint(tmp_path / "trl") == tmp_path / "trl" / "checkpoint-2"
-    assert last_checkpoint(tmp_path / "nowhere") is None
-    (run / "trl-launch.json").write_text("{")
-    with pytest.raises(ValueError, match=r"trl-launch\.json: not a launch record"):
-        read_launch(run)
-
-
-def test_trl_resume_prints_how_it_resumes_a_stopped_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    run = _trl_run_folder(tmp_path, status="stopped")
-    assert main(["trl-resume", str(run), "--dry-run"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{run}: stopped at step 2: restart_required (w: lost)"
-    assert lines[1] == f"resuming from {tmp_path / 'trl' / 'checkpoint-2'}"
-    assert lines[2] == (
-        f"  cd {tmp_path} && TRAINBUS_TRL_RESUME={tmp_path / 'trl' / 'checkpoint-2'} "
-        "/usr/bin/python3 train.py --lr 1e-6"
-    )
-
-
-def test_trl_resume_runs_the_script_again_with_the_checkpoint_named(tmp_path: Path) -> None:
-    run = _trl_run_folder(tmp_path, status="stopped")
-    seen = tmp_path / "seen.json"
-    script = tmp_path / "train.py"
-    script.write_text(
-        "import json, os, sys\n"
-        f"json.dump([os.environ['TRAINBUS_TRL_RESUME'], sys.argv[1:]], open({str(seen)!r}, 'w'))\n"
-        "sys.exit(3)\n"
-    )
-    import sys
-
-    launch = read_launch(run)
-    assert launch is not None
-    write_launch(run, Launch(launch.argv, sys.executable, launch.cwd, launch.output_dir))
-    assert main(["trl-resume", str(run)]) == 3  # the script's own status
-    assert json.loads(seen.read_text()) == [
-        str(tmp_path / "trl" / "checkpoint-2"),
-        ["--lr", "1e-6"],
-    ]
-
-
-@pytest.mark.parametrize(
-    ("status", "world_size", "checkpoint", "code", "said"),
-    [
-        ("finished", 1, True, 0, "finished at step 4: nothing to resume"),
-        ("stopped", 1, False, 2, "no checkpoint in"),
-        ("stopped", 2, True, 2, "it trained on 2 processes: relaunch it with your launcher"),
-    ],
-)
-def test_trl_resume_says_when_it_cannot(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    status: str,
-    world_size: int,
-    checkpoint: bool,
-    code: int,
-    said: str,
-) -> None:
-    run = _trl_run_folder(tmp_path, status=status, world_size=world_size, checkpoint=checkpoint)
-    assert main(["trl-resume", str(run)]) == code
-    captured = capsys.readouterr()
-    assert said in captured.out + captured.err
-
-
-def test_trl_resume_refuses_a_folder_that_is_not_a_trl_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    run = _trl_run_folder(tmp_path, status="stopped")
-    (run / "trl-launch.json").unlink()
-    assert main(["trl-resume", str(run)]) == 2
-    assert "not a TRL run folder (no trl-launch.json)" in capsys.readouterr().err
-    assert main(["trl-resume", str(tmp_path / "none")]) == 2

@@ -83,13 +83,22 @@ def test_a_folder_asking_to_run_its_own_code_is_refused_and_its_code_never_runs(
     assert not marker.exists()
 
 
-def test_a_tokenizer_asking_for_its_own_code_gets_transformers_class_instead(
-    hf_model: Path, tmp_path: Path
+@pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
+def test_a_folder_naming_code_is_refused_even_where_transformers_has_a_class_of_its_own(
+    hf_model: Path, tmp_path: Path, file: str
 ) -> None:
+    # The model's own type (gpt2) has classes of transformers' own: they would be used in
+    # silence, and the folder's code, which says how it wants to be built, ignored.
     marker = tmp_path / "ran"
-    folder = with_custom_code(hf_model, tmp_path / "model", "tokenizer_config.json", marker)
-    policy = HFPolicy.load(folder)  # the model's own type has a tokenizer class: that one
-    assert policy.decode(policy.encode("12=")) == "12="
+    folder = with_custom_code(hf_model, tmp_path / "model", file, marker)
+    data = json.loads((folder / "config.json").read_text())
+    data["model_type"] = json.loads((hf_model / "config.json").read_text())["model_type"]
+    (folder / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ModelLoadError) as refused:
+        HFPolicy.load(folder)
+    assert str(refused.value).startswith(
+        f"{folder / file} asks to run Python code from the model folder (custom.py, "
+    )
     assert not marker.exists()
 
 

@@ -103,7 +103,7 @@ def test_resume_refuses_a_model_folder_now_holding_another_model(
     hf_model: Path, tmp_path: Path
 ) -> None:
     from trainer.rl._hf_init import init_model
-    from trainer.runtime._runlock import RunFolderError
+    from trainer.runtime._folder_paths import RunFolderError
 
     model = tmp_path / "model"
     init_model(model, texts=["="], context=32)

@@ -221,6 +221,28 @@ async def test_an_extension_failing_during_a_training_error_never_replaces_it() 
     assert ("on_event", "FitFailed") in hooks
 
 
+async def test_an_empty_memory_error_says_how_large_the_batch_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fit = PPOTrainer(tiny_config(run__steps=2))
+    recorder = ScriptedVoter(name="recorder")
+    fit.register_runtime_extension(recorder)
+
+    def out_of_memory(step: int, version: int) -> None:
+        raise MemoryError  # what Python raises: no word of what did not fit
+
+    monkeypatch.setattr(fit.driver, "dispatch_step", out_of_memory)
+    with pytest.raises(MemoryError):
+        await fit.fit()
+    [failed] = [e for e in recorder.events if isinstance(e, rt.FitFailed)]
+    assert (failed.step, failed.error_type) == (1, "MemoryError")
+    assert failed.message == (
+        "out of memory; a step's batch here is 8 prompts x 4 rollouts = 32 rollouts "
+        "(rollout.prompts_per_step x rollout.group_size), each kept with its tokens until "
+        "the update: lower them"
+    )
+
+
 async def test_a_failing_after_fit_hook_on_success_is_reported(tmp_path: Path) -> None:
     fit = PPOTrainer(tiny_config(run__steps=1), out_dir=tmp_path)
     fit.register_runtime_extension(Saboteur(only=rt.SafePoint.AFTER_FIT))

@@ -190,6 +190,54 @@ def test_merge_of_what_is_not_an_adapter_is_one_line(
     assert len(lines) == 1 and lines[0].startswith("error: model merge: ") and message in lines[0]
 
 
+class NotATensor:
+    """What a pickled adapter_model.bin may hold beside its tensors."""
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing`:FutureWarning")
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (
+            "pickled",
+            "adapter_model.bin: it holds objects other than tensors and plain data "
+            f"(a {__name__}.NotATensor)",
+        ),
+        ("cut", "adapter_model.safetensors: it is corrupt, cut short or not a weights file"),
+    ],
+)
+def test_merge_of_adapter_weights_it_cannot_read_is_one_line(
+    hf_model: Path,
+    tmp_path: Path,
+    damage: str,
+    why: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from peft import LoraConfig
+    from peft import get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from trainer.cli._main import main
+
+    folder = tmp_path / "run" / "model"
+    base_model = AutoModelForCausalLM.from_pretrained(hf_model, local_files_only=True)
+    get_peft_model(
+        base_model, LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True)
+    ).save_pretrained(folder)
+    weights = folder / "adapter_model.safetensors"
+    if damage == "pickled":  # torch.save of the adapter, with an object that is no tensor
+        torch.save({**load_file(weights), "extra": NotATensor()}, folder / "adapter_model.bin")
+        weights.unlink()
+    else:
+        weights.write_bytes(weights.read_bytes()[:100])
+    assert main(["model", "merge", str(tmp_path / "run"), "--base", str(hf_model)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: model merge: cannot read the adapter's weights in {folder}: ")
+    assert why in line and "weights_only" not in line  # not torch's advice to load it unsafely
+    assert not (tmp_path / "run" / "merged").exists()
+
+
 def test_adapter_dropout_is_on_only_where_gradients_are(hf_model: Path) -> None:
     from trainer.rl._hparams import LoraConfig
 

@@ -130,6 +130,49 @@ def test_the_check_encodes_each_row_once_at_load(hf_model: Path, prompts: Path) 
     assert len(calls) == 5
 
 
+# A line far longer than any prompt within the limit: 620 characters would do (the test
+# model's 31 tokens of at most 5 characters, four times over); a gigabyte aborted the tokenizer.
+LONG = "1" * 100_000 + "="
+
+
+def long_prompts(tmp_path: Path) -> Path:
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "target": "1"}) + "\n" for p in [LONG, "12="]))
+    return path
+
+
+def test_a_prompt_too_long_for_any_tokens_of_the_limit_is_never_tokenized(
+    hf_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.rl._hparams import WorkloadError
+
+    encoded: list[int] = []
+    real = HFPolicy.encode
+
+    def encode(self: HFPolicy, prompt: Any) -> tuple[int, ...]:
+        encoded.append(len(prompt))
+        return real(self, prompt)
+
+    monkeypatch.setattr(HFPolicy, "encode", encode)
+    dataset = long_prompts(tmp_path)
+    with pytest.raises(WorkloadError) as refused:
+        PPOTrainer(config(hf_model, dataset))
+    assert str(refused.value) == (
+        f"{dataset}: row 0: the prompt has 100,001 characters, more than any prompt within "
+        "the model's context (32) less a token to generate has, so it is not tokenized "
+        "(task.prompt_overflow = 'drop' skips such rows, 'truncate_left' keeps their end)"
+    )
+    assert max(encoded) < 1000
+    dropped = PPOTrainer(config(hf_model, dataset, task__prompt_overflow="drop"))
+    assert [dropped.stream.prompt_at(i).content for i in range(2)] == ["12=", "12="]  # type: ignore[attr-defined]
+    cut = PPOTrainer(config(hf_model, dataset, task__prompt_overflow="truncate_left"))
+    policy = cut.policy
+    assert isinstance(policy, HFPolicy)
+    kept = {p.content: p.tokens for p in map(cut.stream.prompt_at, range(2))}  # type: ignore[attr-defined]
+    assert kept[LONG] == real(policy, LONG[-100:])[-31:]  # its end, as a short one's would be
+    assert max(encoded) < 1000
+
+
 def test_validation_prompts_follow_the_same_policy(hf_model: Path, prompts: Path) -> None:
     fit = PPOTrainer(
         config(

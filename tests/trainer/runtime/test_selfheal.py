@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 import torch
 
+from eventbus import RUNTIME_EXTENSION_API_VERSION
 from eventbus import Decision
 from eventbus import Event
 from eventbus.runtime import Capability
 from eventbus.runtime import CheckpointRestored
 from eventbus.runtime import SafePoint
+from eventbus.runtime import SafePointReached
 from eventbus.testing import ScriptedVoter
 from replay import BatchReconciled
 from replay import GroupResult
@@ -112,6 +114,43 @@ async def test_a_hung_worker_is_restarted_and_the_run_completes() -> None:
     assert "no progress for" in restarts[0].reason
     assert restarts[0].reissued
     assert run.healer.stall_restarts == 1
+    run.check()
+
+
+class StopAfterRestart:
+    """Stops the run at the step boundary after the rollout side restarted (so a test waits
+    for the restart, not for a number of steps a fast machine might finish first)."""
+
+    name = "stop-after-restart"
+    api_version = RUNTIME_EXTENSION_API_VERSION
+    required_capabilities = (Capability.EVENTS, Capability.SAFE_POINTS)
+
+    def __init__(self) -> None:
+        self.restarted = False
+
+    def on_event(self, context: object, event: Event) -> None:
+        self.restarted = self.restarted or isinstance(event, RolloutRestarted)
+
+    def on_safe_point(self, context: object, point: SafePointReached) -> Decision:
+        stop = self.restarted and point.point is SafePoint.STEP_BOUNDARY
+        return Decision.STOP if stop else Decision.CONTINUE
+
+
+async def test_a_hung_worker_is_restarted_while_the_others_keep_an_async_run_fed() -> None:
+    # The probe: async mode, hang@4; the other worker fed the buffer (76 results to 3), the
+    # trainer never waited, and nothing was diagnosed or restarted.
+    # (300 steps: a cap, hundreds of times what the restart takes; it stops at the restart)
+    run = Run(["hang@4"], run__mode="async", run__steps=300, diagnose__after_s=0.5)
+    run.trainer.register_runtime_extension(StopAfterRestart())
+    summary = await run.trainer.fit()
+    (restart,) = run.events(RolloutRestarted)
+    assert restart.step > 4  # the trainer went on meanwhile
+    assert "while the trainer went on" in restart.reason
+    assert "stuck in `" in restart.reason  # with the diagnosis of where
+    held = [s for s in summary.stalls if s.stage == "held"]
+    assert any(s.ended_by.startswith("rollout side restarted") for s in held)
+    assert summary.status == "stopped"  # (by the test's extension, right after the restart)
+    assert len(run.batches) == summary.steps  # every step trained once
     run.check()
 
 

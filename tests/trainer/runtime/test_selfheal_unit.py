@@ -12,6 +12,7 @@ from eventbus import ExtensionContext
 from eventbus.runtime import SafePoint
 from eventbus.runtime import SafePointReached
 from eventbus.runtime import SampleWait
+from eventbus.runtime import StuckRollout
 from tests._events import sample_wait
 from trainer import ConfigError
 from trainer import SelfHealingExtension
@@ -96,6 +97,57 @@ async def test_every_stall_seen_votes_a_restart_the_trainers_budget_bounds_them(
         votes.append((await healer.on_safe_point(CONTEXT, at(SafePoint.SAMPLE_WAIT)))[0])
     assert votes == [Decision.RESTART_REQUIRED] * 4
     assert healer.stall_restarts == 4
+
+
+class HoldingHost:
+    """A host whose workers hold rollouts (``held_rollouts``), as the trainer's view says."""
+
+    def __init__(self, *held: tuple[str, float], step: int = 2) -> None:
+        self.held = [
+            StuckRollout(
+                rollout_id=f"r{i}", group_id="g", attempt=1, worker_id=w, held_s=s, step=step
+            )
+            for i, (w, s) in enumerate(held)
+        ]
+
+    def held_rollouts(self) -> tuple[StuckRollout, ...]:
+        return tuple(self.held)
+
+
+@pytest.mark.parametrize("point", [SafePoint.STEP_BOUNDARY, SafePoint.SAMPLE_WAIT])
+async def test_a_worker_holding_its_work_past_the_timeout_votes_a_restart(
+    healer: SelfHealingExtension, point: SafePoint
+) -> None:
+    # The others keep the trainer fed (async mode): no wait stalls, one worker is hung.
+    host = HoldingHost(("w0", 0.3), ("w1", 10.5), ("w1", 10.5))
+    context = ExtensionContext(
+        name="self-healing", bus=EventBus(), capabilities=frozenset(), host=host
+    )
+    decision, reason = await healer.on_safe_point(context, at(point))
+    assert decision is Decision.RESTART_REQUIRED
+    assert reason == (
+        "worker w1 holds 2 rollouts for 10.5 s, past the stall timeout of 10 s, while the "
+        "trainer went on"
+    )
+    host.held = host.held[:1]  # restarted: w0's fresh work only
+    assert (await healer.on_safe_point(context, at(point)))[0] is Decision.CONTINUE
+
+
+@pytest.mark.parametrize(
+    "host",
+    [HoldingHost(("w1", 9.9)), HoldingHost(("w1", 30.0), step=3)],
+    ids=["within-the-timeout", "work-of-the-step-waited-for"],
+)
+async def test_a_worker_is_left_alone_within_the_timeout_or_on_the_steps_own_work(
+    healer: SelfHealingExtension, host: HoldingHost
+) -> None:
+    # (Work of the step being waited for is that wait's: slow rollouts that still arrive
+    # are no stall, a hung one stalls the wait.)
+    context = ExtensionContext(
+        name="self-healing", bus=EventBus(), capabilities=frozenset(), host=host
+    )
+    decision, _ = await healer.on_safe_point(context, at(SafePoint.SAMPLE_WAIT))
+    assert decision is Decision.CONTINUE
 
 
 async def test_terminal_failures_vote_a_recovery_at_once(healer: SelfHealingExtension) -> None:

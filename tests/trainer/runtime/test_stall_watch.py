@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -19,6 +20,7 @@ from trainer.runtime._diagnosis import stage_thresholds
 from trainer.runtime._diagnosis import start_stall_diagnosis
 from trainer.runtime._diagnosis import stop_stall_diagnosis
 from trainer.runtime._stall import Stages
+from trainer.runtime._stall import Stall
 from trainer.runtime._stall import StallWatch
 
 from ..helpers import Clock
@@ -105,6 +107,75 @@ def test_an_inner_stage_ending_is_progress_for_the_outer_one(clock: Clock) -> No
         assert watch.due() is None  # 4 s since the restart ended
         clock.now += 1
         assert watch.due() is not None
+
+
+def _holding(held: dict[str, tuple[int, float]]) -> Callable[[int], tuple[str, float] | None]:
+    """``held_since`` over ``held`` (worker -> the step its work was dispatched at, and when
+    it took it), as the diagnosis reads the backend's holdings."""
+
+    def oldest(step: int) -> tuple[str, float] | None:
+        earlier = [(since, worker) for worker, (at, since) in held.items() if at < step]
+        return (min(earlier)[1], min(earlier)[0]) if earlier else None
+
+    return oldest
+
+
+def test_work_held_while_the_trainer_went_on_is_a_stall(clock: Clock) -> None:
+    # Async mode: the trainer trains steps 5, 6, ... on the others' rollouts while one
+    # worker holds work of step 4.
+    held = {"w1": (4, clock.now)}
+    watch = StallWatch(5.0, clock=clock, held_since=_holding(held))
+    with watch.stage("update", step=4):
+        clock.now += 1.0  # (work of the step being trained is that step's wait's business)
+    for step in (5, 6):
+        with watch.stage("rollouts", step=step):
+            clock.now += 1.0
+        with watch.stage("update", step=step):
+            clock.now += 0.5
+            assert watch.due() is None
+    assert watch.next_due_in() == pytest.approx(1.0)  # held for 4.0 s (between stages: 5.0)
+    clock.now += 1.0
+    stall = watch.due()
+    assert stall is not None
+    assert (stall.stage, stall.step, stall.repeat) == ("held", 6, 0)
+    assert stall.stalled_s == pytest.approx(5.0)
+    assert watch.due() is None
+    with watch.stage("update", step=9):
+        pass
+    clock.now += 15.0  # (between stages) the same work, 4x longer: one stall, repeated
+    assert watch.due() == Stall("held", 6, 20.0, 20.0, 1, {})
+    held["w1"] = (9, clock.now)  # delivered, and it took new work: a new stall, if any
+    with watch.stage("update", step=10):
+        pass
+    clock.now += 5.0
+    renewed = watch.due()
+    assert renewed is not None and (renewed.step, renewed.repeat) == (10, 0)
+
+
+def test_work_of_the_step_being_waited_for_is_that_waits_stall(clock: Clock) -> None:
+    # Sync mode: the trainer waits for the work it dispatched; a hung worker stalls the
+    # wait (diagnosed as "rollouts"), never a "held" stall besides.
+    held = {"w1": (3, clock.now)}
+    watch = StallWatch(5.0, clock=clock, held_since=_holding(held))
+    with watch.stage("rollouts", step=3):
+        clock.now += 5.0
+        stall = watch.due()
+        assert stall is not None and stall.stage == "rollouts"
+        clock.now += 30.0
+        repeat = watch.due()  # its repeat at 4x
+        assert repeat is not None and (repeat.stage, repeat.repeat) == ("rollouts", 1)
+        assert all(watch.due() is None for _ in range(3))
+
+
+def test_a_stalled_wait_for_rollouts_names_the_held_work_itself(clock: Clock) -> None:
+    # Work of an earlier step held while the wait for rollouts stalls: one diagnosis.
+    held = {"w1": (2, clock.now)}
+    watch = StallWatch(5.0, clock=clock, held_since=_holding(held))
+    with watch.stage("rollouts", step=3):
+        clock.now += 6.0
+        first = watch.due()
+        assert first is not None and first.stage == "rollouts"
+        assert watch.due() is None
 
 
 def test_in_thread_names_the_threads_doing_the_stage(clock: Clock) -> None:

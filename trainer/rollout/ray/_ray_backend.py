@@ -250,6 +250,9 @@ class RayBackend(ServingActors):
                 replaced.append(actor.worker_id)
             elif actor.busy:
                 actor.deadline = deadline  # the supervisor kills it if it is still busy then
+                # What it holds is superseded (reissued under a new attempt): nobody waits
+                # for it, so it is no longer held work that a stall is made of.
+                self._holdings.release(actor.worker_id)
                 self._displace(actor, live, reason)
             else:
                 await self._cancel_slot(actor)  # it waits on the old queue

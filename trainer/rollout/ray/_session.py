@@ -10,22 +10,24 @@ again with :func:`shutdown_ray`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import signal
-import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
 
-from ...config import parse_ray_address
+from ...config import check_reachable
+from ...config import joined_address
 from ._leftovers import clean_leftovers
 from ._leftovers import forget_local_instance
 from ._leftovers import record_local_instance
 
-__all__ = ["check_reachable", "init_ray", "note_local_processes", "shutdown_ray"]
+__all__ = ["init_ray", "note_local_processes", "shutdown_ray"]
 
 logger = logging.getLogger("trainbus.ray")
 
@@ -68,39 +70,11 @@ def init_ray(address: str | None, cpus_needed: float, connect_timeout_s: float =
     return True
 
 
-def check_reachable(address: str, timeout_s: float, setting: str = "rollout.ray_address") -> None:
-    """Raise at once when nothing accepts a connection at a cluster ``address``.
-
-    ``ray.init`` retries an address it cannot reach for many minutes (about 20 attempts,
-    each under gRPC's own connect timeout), on the event loop's thread and with nothing on
-    screen: a mistyped address or a cluster that is down would look like a hung trainer.
-    One TCP connection to the host and port tells at once. ``auto`` and ``local`` name no
-    host: they are left to Ray (``auto`` fails fast when no cluster runs on this machine).
-
-    Raises:
-        ConnectionError: The address is refused, unreachable or does not resolve.
-        ValueError: The address is malformed (``setting`` names where it came from).
-    """
-    where = parse_ray_address(address, setting)
-    if where.host is None:
-        return
-    try:
-        socket.create_connection((where.host, where.port), timeout=timeout_s).close()
-    except OSError as exc:
-        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise ConnectionError(
-            f"no Ray cluster answers at {address} ({why}): check rollout.ray_address "
-            f"(--ray-address, RAY_ADDRESS) and that the cluster is up (`ray status` on its head)"
-        ) from None
-
-
 def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # RAY_ADDRESS is how Ray users point every driver at their cluster.
-    setting = "rollout.ray_address"
-    if address is None and os.environ.get("RAY_ADDRESS"):
-        address, setting = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
-    if address is not None and not parse_ray_address(address, setting).local:
+    joined = joined_address(address)
+    if joined is not None:
+        address, setting = joined
         check_reachable(address, connect_timeout_s, setting)
         logger.info("joining the Ray cluster at %s", address)
         _ray_init(address=address)
@@ -112,21 +86,56 @@ def _start(address: str | None, cpus_needed: float, connect_timeout_s: float) ->
     clean_leftovers()
     logger.info("starting a local Ray instance (%d CPUs)", cpus)
     global _local_instance
-    _ray_init(
-        # "local": a new instance, even when a `ray start` cluster runs on this machine
-        # (without it Ray would join that one, and refuse num_cpus).
-        address="local",
-        num_cpus=cpus,
-        include_dashboard=False,
-        object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
-        # A local instance serves this process only: keep it off the network.
-        _node_ip_address="127.0.0.1",
-    )
+    with _loopback_stays_loopback():
+        _ray_init(
+            # "local": a new instance, even when a `ray start` cluster runs on this machine
+            # (without it Ray would join that one, and refuse num_cpus).
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
+            # A local instance serves this process only: keep it off the network.
+            _node_ip_address="127.0.0.1",
+        )
     _local_instance = True
     record_local_instance()
 
 
 _local_instance = False  # this process started a local Ray instance (and records it)
+
+# Ray's switch between its one-machine addressing (macOS, Windows: loopback) and a cluster's.
+_CLUSTER_ADDRESSING = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_stays_loopback() -> Iterator[None]:
+    """While a local instance starts: Ray's one-machine addressing, as on macOS and Windows.
+
+    On Linux, ``ray.init`` takes a loopback ``_node_ip_address`` for a mistake and replaces
+    it by the machine's own address, which it finds by routing a UDP socket towards
+    8.8.8.8:53 (no packet is sent). On a machine with a network that put the instance on
+    the machine's address; where there is none (a loopback-only namespace) every start
+    printed "Failed to determine local IP via external connectivity to: 8.8.8.8:53 ...,
+    falling back to hostname resolution". With one-machine addressing Ray never asks, and
+    the instance's processes (they inherit the environment) keep loopback too.
+    """
+    from ray._private import ray_constants
+
+    had, variable = (
+        getattr(ray_constants, "ENABLE_RAY_CLUSTER", None),
+        os.environ.get(_CLUSTER_ADDRESSING),
+    )
+    ray_constants.ENABLE_RAY_CLUSTER = False  # (read at import: this process's own copy)
+    os.environ[_CLUSTER_ADDRESSING] = "0"
+    try:
+        yield
+    finally:
+        if had is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = had
+        if variable is None:
+            os.environ.pop(_CLUSTER_ADDRESSING, None)
+        else:
+            os.environ[_CLUSTER_ADDRESSING] = variable
 
 
 def _ray_init(**options: Any) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.config._ray_address import check_reachable
 from trainer.rollout.ray import _session
-from trainer.rollout.ray._session import check_reachable
 
 from ...runfolder import trainbus
 
@@ -102,9 +102,11 @@ def test_train_with_an_unreachable_address_fails_at_once_with_one_line(
     done = trainbus(
         "train", "--backend", "ray", "--ray-address", address, "--steps", "2", "--out", str(out)
     )
-    assert done.returncode == 1
-    assert f"failed: ConnectionError: no Ray cluster answers at {address}" in done.stderr
-    assert "Traceback" not in done.stderr
+    # Refused before the run folder is made: the flag is wrong, not the run.
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: no Ray cluster answers at {address} (")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -150,6 +152,32 @@ def test_local_starts_the_confined_local_instance_not_rays_default(
     assert kwargs["include_dashboard"] is False
     assert kwargs["num_cpus"] == 2
     assert cleaned == ["clean", "record"]  # a killed run's leftovers are stopped next time
+
+
+def test_a_local_instance_keeps_loopback_and_never_asks_for_the_machines_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from ray._private import services
+
+    asked: list[object] = []
+
+    def perspective(address: object = None) -> str:
+        asked.append(address)  # Ray's route towards 8.8.8.8:53, for the machine's address
+        return "10.9.8.7"
+
+    monkeypatch.setattr(services, "node_ip_address_from_perspective", perspective)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    # What ray.init does with the local instance's _node_ip_address="127.0.0.1" on Linux:
+    assert services.resolve_ip_for_localhost("127.0.0.1") == "10.9.8.7"
+    assert asked == [None]
+    with _session._loopback_stays_loopback():
+        assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+        assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # its processes too
+    assert asked == [None]  # not asked again
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ  # as it was
+    assert services.resolve_ip_for_localhost("127.0.0.1") == "10.9.8.7"
 
 
 def test_rays_own_records_go_through_the_command_lines_table(
